@@ -1,0 +1,187 @@
+"""Command line: `trainplan plan | models | gpus`.
+
+Bad input prints one line `error: <field>: <rule>` on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from .errors import PlanError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
+                  help="Plan and measure large-language-model training on GPUs.")
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(err: PlanError) -> None:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+class RecomputeOpt(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class ScheduleOpt(str, Enum):
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"
+    interleaved = "interleaved"
+    zb = "zb"
+
+
+class PrecisionOpt(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+class AttentionOpt(str, Enum):
+    flash = "flash"
+    sdpa = "sdpa"
+    eager = "eager"
+
+
+class FrameworkOpt(str, Enum):
+    deepspeed = "deepspeed"
+    megatron = "megatron"
+    fsdp = "fsdp"
+    torch = "torch"
+
+
+class OptimizerOpt(str, Enum):
+    adamw = "adamw"
+    adam = "adam"
+    sgd = "sgd"
+    sgd_momentum = "sgd-momentum"
+    adafactor = "adafactor"
+    adam_8bit = "adam-8bit"
+    lion = "lion"
+
+
+class FinetuneOpt(str, Enum):
+    full = "full"
+    lora = "lora"
+    qlora = "qlora"
+
+
+class GradDtypeOpt(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+def _v(x):
+    return x.value if isinstance(x, Enum) else x
+
+
+@app.command()
+def plan(
+    model: Annotated[str, typer.Option(help="Catalog name (see `trainplan models`) or path to a config.json / spec .toml")] = "llama-3-8b",
+    gpu: Annotated[str, typer.Option(help="Accelerator (see `trainplan gpus`)")] = "H100-SXM",
+    gpus: Annotated[int | None, typer.Option(help="Total GPUs (default tp x pp x cp x dp)")] = None,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (NVLink domain)")] = 8,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline-parallel stages")] = 1,
+    dp: Annotated[int | None, typer.Option(help="Data-parallel size (derived from --gpus when omitted)")] = None,
+    cp: Annotated[int, typer.Option(help="Context-parallel size")] = 1,
+    ep: Annotated[int, typer.Option(help="Expert-parallel size (MoE)")] = 1,
+    zero: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3 = FSDP)")] = 0,
+    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism (with TP)")] = False,
+    mbs: Annotated[int, typer.Option(help="Micro-batch size (sequences)")] = 1,
+    gbs: Annotated[int | None, typer.Option(help="Global batch (sequences); gradient accumulation = gbs / (dp x mbs)")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length (default min(model max, 4096))")] = None,
+    recompute: Annotated[RecomputeOpt, typer.Option(help="Activation recomputation")] = RecomputeOpt.none,
+    recompute_layers: Annotated[int | None, typer.Option(help="With --recompute full: layers per stage to recompute")] = None,
+    schedule: Annotated[ScheduleOpt, typer.Option(help="Pipeline schedule")] = ScheduleOpt.one_f_one_b,
+    vpp: Annotated[int | None, typer.Option(help="Virtual stages per GPU (interleaved schedule)")] = None,
+    stage_layers: Annotated[str | None, typer.Option(help="Layers per pipeline stage, e.g. 7,8,8,7")] = None,
+    precision: Annotated[PrecisionOpt, typer.Option(help="fp32, or 16-bit / fp8 mixed precision with fp32 master weights")] = PrecisionOpt.bf16,
+    grad_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Override the framework's gradient dtype")] = None,
+    optimizer: Annotated[OptimizerOpt, typer.Option(help="Optimizer")] = OptimizerOpt.adamw,
+    offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer", help="Optimizer state and master weights on CPU")] = False,
+    offload_params: Annotated[bool, typer.Option("--offload-params", help="Parameters on CPU (ZeRO-3)")] = False,
+    attention: Annotated[AttentionOpt, typer.Option(help="flash (FlashAttention), sdpa (PyTorch SDPA) or eager (materialised scores)")] = AttentionOpt.flash,
+    dropout: Annotated[float, typer.Option(help="Dropout probability (0 = off)")] = 0.0,
+    framework: Annotated[FrameworkOpt, typer.Option(help="Byte conventions: deepspeed, megatron, fsdp (FSDP2) or torch (DDP + autocast)")] = FrameworkOpt.deepspeed,
+    finetune: Annotated[FinetuneOpt, typer.Option(help="full, lora or qlora")] = FinetuneOpt.full,
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank")] = 16,
+    lora_targets: Annotated[str, typer.Option(help="LoRA target linears: q,k,v,o,gate,up,down")] = "q,k,v,o,gate,up,down",
+    qlora_bits: Annotated[int, typer.Option(help="QLoRA base-weight bits: 4 (NF4) or 8")] = 4,
+    overhead_gib: Annotated[float | None, typer.Option(help="Runtime memory outside the allocator (GiB)")] = None,
+    fragmentation: Annotated[float | None, typer.Option(help="Allocator fragmentation, fraction of allocated")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Print each term's formula with numbers")] = False,
+) -> None:
+    """Will it fit? Per-GPU memory per pipeline stage for a model, cluster and layout."""
+    options = {k: _v(v) for k, v in locals().items() if k not in ("as_json", "explain")}
+    from .plan import make_plan
+    from .report import evaluate, to_json
+
+    try:
+        result = evaluate(make_plan(**options))
+        data = to_json(result)
+    except PlanError as err:
+        _fail(err)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    from .render import render_plan
+
+    render_plan(data)
+    if explain:
+        from .explain import explain_lines
+
+        typer.echo("")
+        typer.echo("\n".join(explain_lines(result)))
+
+
+@app.command()
+def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the model catalog with exact parameter counts."""
+    from .specs import catalog
+
+    rows = [{"name": m.name, "family": m.family, "params": m.params, "active_params": m.active_params,
+             "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
+             "vocab": m.vocab, "experts": m.experts, "source": m.source} for m in catalog.models()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from .render import render_models
+
+    render_models(rows)
+
+
+@app.command()
+def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the accelerator catalog."""
+    from .specs import catalog
+
+    rows = [g.model_dump() for g in catalog.gpus()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from .render import render_gpus
+
+    render_gpus(rows)
+
+
+def main() -> None:
+    try:
+        app()
+    except PlanError as err:  # raised outside a command body (e.g. a broken catalog)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Bytes saved for backward, derived from the tensors each op saves.
+
+One rule covers every architecture: walk the ops of a layer, and for each op count the
+tensors autograd keeps for its backward (deduplicated: a tensor saved by two ops counts once).
+What each op saves, per token, for hidden size h, query width q, key/value widths k, v,
+MLP width f (elements; `act` bytes each unless stated):
+
+* norm (LayerNorm / fused RMSNorm): its input h, plus fp32 statistics (mean and rstd for
+  LayerNorm, rstd for RMSNorm). Eager RMSNorm (`x * rsqrt(mean(x²)) * w`, Hugging Face and
+  `torch.nn.functional.rms_norm` on CPU) also keeps the normalised x: one more h.
+* linear: its input (the previous op's output), only when its weight is trainable.
+* attention core: q, k, v (new tensors after RoPE, or views of the fused QKV output; their
+  storage is q + k + v either way), then
+    - flash (FlashAttention, bshd layout): the output (the output projection's input is a
+      view of it) and the fp32 log-sum-exp per head;
+    - sdpa (`torch.nn.functional.scaled_dot_product_attention`, bhsd layout): the same, plus
+      the contiguous copy the output projection saves after the transpose back;
+    - eager (materialised scores): the softmax output, a·s² per sequence, plus with dropout
+      its 1-byte mask and the dropped copy; keys and values repeated to every query head
+      for GQA; the output projection's input.
+* GELU MLP: the GELU input f and output f. SwiGLU: eager keeps gate, silu(gate), up and
+  their product (4f); a fused SwiGLU kernel keeps gate and up and recomputes silu (3f).
+* dropout: a 1-byte mask per element (CUDA's bool mask).
+* MoE: router logits and probabilities (E each), the top-k weights, the dispatched copies
+  of each token (k·h, expert inputs) and the expert outputs before weighting (k·h), expert
+  MLP intermediates for k tokens, shared experts like a dense MLP.
+
+Checks: with flash attention and no dropout a GPT layer keeps 16·sbh elements; with
+16-bit activations and 1-byte dropout masks that is Korthikanti et al. 2023's 34·sbh
+bytes, and eager attention adds their 5·a·s²·b (Table 2). Tensor parallelism splits what is
+inside the attention heads and the MLP; sequence parallelism splits the rest
+(norm inputs, dropout masks) over the same ranks; context parallelism splits tokens.
+
+Every function takes numbers or numpy arrays and broadcasts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ATTENTION = ("flash", "sdpa", "eager")
+ATTENTION_CODE = {name: i for i, name in enumerate(ATTENTION)}
+RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
+
+FP32 = 4
+TOKEN_ID_BYTES = 8  # int64 token ids, kept by the embedding's backward
+MASK_BYTES = 1  # torch.bool dropout mask (CUDA)
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Per-token widths of one transformer layer (whole model, before any parallel split)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int  # key/value heads (= heads for MHA and MLA)
+    q: int  # query width
+    k: int  # key width
+    v: int  # value width
+    attn_out: int  # attention output width (input of the output projection)
+    latent: int  # MLA latent widths kept replicated (q_lora + kv_lora + rope), 0 otherwise
+    ffn: int  # dense MLP width
+    mlp_matrices: int  # 2 for GELU, 3 for SwiGLU
+    layernorm: bool
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0  # total width of the shared experts
+    capacity_factor: float = 1.0
+
+
+def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
+                linear_in_bytes, attention, recompute, fused, dropout,
+                saves=None) -> dict:
+    """Bytes one layer saves for one micro-batch, by term.
+
+    tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
+    rank's attention scores span; tp: tensor-parallel size; sp: 1 with sequence
+    parallelism; attention: ATTENTION_CODE; recompute: RECOMPUTE_CODE (full recompute is
+    applied by the caller); fused: 1 for fused norm/SwiGLU kernels; dropout: 1 when
+    dropout is on; saves: 0/1 per LoRA target name for whether a linear's input is kept
+    (None = full training, every linear trainable).
+    """
+    s = saves or {}
+    save = {n: s.get(n, 1) for n in ("q", "k", "v", "o", "gate", "up", "down")}
+    save_attn_in = np.maximum(np.maximum(save["q"], save["k"]), save["v"])
+    save_mlp_in = np.maximum(save["gate"], save["up"])
+    h = shape.hidden
+    rep = np.where(sp, tp, 1)  # divisor for replicated-by-TP tensors
+    eager_norm = (1 - np.asarray(fused)) * (0 if shape.layernorm else 1)
+    stats = 2 if shape.layernorm else 1
+    flash, sdpa, eager = (np.asarray(attention) == i for i in range(3))
+    # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
+    # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
+    kv_div = np.where(eager, tp, np.minimum(tp, shape.kv_heads))
+    t = {}
+    # -- attention block
+    t["attn_norm"] = tokens * (h * (1 + eager_norm) * act_bytes + stats * FP32) / rep
+    t["attn_input"] = tokens * h * save_attn_in * linear_in_bytes / rep
+    t["mla_latents"] = tokens * shape.latent * (2 + eager_norm) * act_bytes / rep
+    k_w = np.where(eager, shape.q, shape.k)  # eager GQA repeats K/V to every query head
+    v_w = np.where(eager, shape.attn_out, shape.v)
+    t["qkv"] = tokens * (shape.q / tp + (k_w + v_w) / kv_div) * act_bytes
+    t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * (flash | sdpa)
+    t["attn_lse"] = tokens * shape.heads * FP32 / tp * (flash | sdpa)
+    t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * (sdpa | eager) * save["o"]
+    scores = tokens * seq * shape.heads / tp  # a·s² per sequence = a·s per token
+    keep_scores = eager * (np.asarray(recompute) == 0)
+    t["attn_scores"] = scores * (act_bytes + dropout * (MASK_BYTES + act_bytes)) * keep_scores
+    t["attn_dropout_mask"] = tokens * h * MASK_BYTES * dropout / rep
+    # -- MLP block
+    t["mlp_norm"] = tokens * (h * (1 + eager_norm) * act_bytes + stats * FP32) / rep
+    t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes / rep
+    t["mlp_dropout_mask"] = tokens * h * MASK_BYTES * dropout / rep
+    if moe:
+        e, k, cf = shape.experts, shape.top_k, shape.capacity_factor
+        t["router"] = tokens * (2 * e + k) * act_bytes / rep
+        t["expert_dispatch"] = tokens * 2 * k * cf * h * act_bytes / rep
+        t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused,
+                                                      save["down"], act_bytes, linear_in_bytes) / tp
+        t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused,
+                                                    save["down"], act_bytes, linear_in_bytes) / tp
+    else:
+        t["mlp"] = tokens * _mlp_elems(shape.ffn, shape.mlp_matrices, fused, save["down"],
+                                       act_bytes, linear_in_bytes) / tp
+    return t
+
+
+def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes):
+    """Bytes per token inside the MLP (between its input and output projections)."""
+    if matrices == 2:  # GELU: activation input; its output is the down projection's input
+        inner = f * act_bytes
+    else:  # SwiGLU: gate and up (fused) or gate, silu(gate), up (eager)
+        inner = f * act_bytes * (3 - np.asarray(fused))
+    return inner + f * linear_in_bytes * save_down
+
+
+def checkpoint_bytes(hidden, *, tokens, tp, sp, act_bytes):
+    """Full recompute keeps only each layer's input (Korthikanti et al. 2023: 2sbh per layer
+    in 16 bits; divided by t when sequence parallelism already splits it)."""
+    return tokens * hidden * act_bytes / np.where(sp, tp, 1)
+
+
+def embedding_terms(hidden, *, tokens, tp, sp, dropout) -> dict:
+    return {
+        "token_ids": tokens * TOKEN_ID_BYTES,
+        "embedding_dropout_mask": tokens * hidden * MASK_BYTES * dropout / np.where(sp, tp, 1),
+    }
+
+
+def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_bytes, layernorm, fused) -> dict:
+    """Final norm, the output layer's input and the fp32 log-probabilities the loss keeps
+    (vocab-parallel cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t)."""
+    rep = np.where(sp, tp, 1)
+    eager_norm = (1 - np.asarray(fused)) * (0 if layernorm else 1)
+    stats = 2 if layernorm else 1
+    return {
+        "final_norm": tokens * (hidden * (1 + eager_norm) * act_bytes + stats * FP32) / rep,
+        "head_input": tokens * hidden * linear_in_bytes / rep,
+        "logits": tokens * vocab_padded * FP32 / tp,
+    }

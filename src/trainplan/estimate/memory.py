@@ -1,0 +1,290 @@
+"""Per-GPU training memory, per pipeline stage (DESIGN §3).
+
+    total = weights + gradients + (master weights + optimizer state)
+          + activations (saved for backward, x in-flight micro-batches of the schedule)
+          + other (ZeRO-3 gathered units, communication buckets, loss workspace,
+                   runtime reserve and allocator fragmentation)
+
+`stage_memory` is the one formula: it takes numbers or numpy arrays (stages, or whole
+batches of layouts for search) and returns arrays. `estimate_memory` feeds it a resolved
+Layout, one array element per pipeline stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..plan import Layout, conventions
+from ..specs.model import Linear, ModelSpec
+from ..units import GiB
+from . import activations as act
+from .pipeline import SCHEDULE_CODE, in_flight, last_stage_logits_in_flight
+from .recipe import Recipe, recipe
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """Parameters of one layer grouped by how they are split across ranks."""
+
+    split: float = 0  # divided by tp (column/row-parallel weights, column biases)
+    kv: float = 0  # K/V projections: divided by min(tp, kv_heads)
+    rep: float = 0  # replicated: norms, row-parallel biases, router
+    expert: float = 0  # routed experts: divided by ep x tp
+    factored_rep: float = 0  # Adafactor row+column state elements (not split)
+    factored_split: float = 0  # ... split by tp
+    lora: float = 0  # LoRA adapter parameters (split by tp)
+
+
+def _group(linears: list[Linear], vectors: int, kv_heads: int, lora_targets, lora_rank) -> LayerParams:
+    g = dict(split=0.0, kv=0.0, rep=float(vectors), expert=0.0, factored_rep=float(vectors),
+             factored_split=0.0, lora=0.0)
+    for lin in linears:
+        w = lin.count * lin.fan_in * lin.fan_out
+        b = lin.count * lin.fan_out if lin.bias else 0
+        if lin.expert:
+            g["expert"] += w + b
+        elif lin.tp == "kv":
+            g["kv"] += w + b
+        elif lin.tp == "none":
+            g["rep"] += w + b
+        else:
+            g["split"] += w + (b if lin.tp == "col" else 0)
+            g["rep"] += b if lin.tp == "row" else 0
+        # Adafactor: one row and one column vector per matrix; TP splits one of them.
+        kept, split = (lin.fan_in, lin.fan_out) if lin.tp in ("col", "kv") else (lin.fan_out, lin.fan_in)
+        if lin.tp == "none":
+            kept, split = lin.fan_in + lin.fan_out, 0
+        g["factored_rep"] += lin.count * kept + b
+        g["factored_split"] += lin.count * split
+        if lin.name in lora_targets:
+            g["lora"] += lin.count * lora_rank * (lin.fan_in + lin.fan_out)
+    return LayerParams(**g)
+
+
+@dataclass(frozen=True)
+class ModelNumbers:
+    dense: LayerParams
+    moe: LayerParams
+    shape: act.LayerShape
+    kv_heads: int
+    hidden: int
+    position_params: int  # learned position embedding (replicated)
+    norm_params: int  # final norm
+    tied: bool
+    layernorm: bool
+
+
+@lru_cache(maxsize=256)
+def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0) -> ModelNumbers:
+    dense_i = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
+    moe_i = next((i for i in range(model.layers) if model.is_moe_layer(i)), None)
+    kvh = model.heads if model.is_mla else model.n_kv_heads
+
+    def group(i):
+        if i is None:
+            return LayerParams()
+        return _group(model.layer_linears(i), model.layer_vector_params(i), kvh, lora_targets, lora_rank)
+
+    latent = 0
+    if model.is_mla:
+        latent = (model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim
+    shared_ffn = (model.shared_expert_ffn or model.expert_ffn or model.ffn) * model.shared_experts
+    shape = act.LayerShape(
+        hidden=model.hidden, heads=model.heads, kv_heads=kvh, q=model.q_dim, k=model.kv_dim,
+        v=model.v_dim, attn_out=model.attn_out_dim, latent=latent, ffn=model.ffn,
+        mlp_matrices=model.mlp_matrices, layernorm=model.norm == "layernorm",
+        experts=model.experts, top_k=model.top_k, expert_ffn=model.expert_ffn or model.ffn,
+        shared_ffn=shared_ffn, capacity_factor=model.capacity_factor or 1.0,
+    )
+    return ModelNumbers(
+        dense=group(dense_i), moe=group(moe_i), shape=shape, kv_heads=kvh, hidden=model.hidden,
+        position_params=model.max_position * model.hidden if model.position == "learned" else 0,
+        norm_params=(2 if model.norm == "layernorm" else 1) * model.hidden,
+        tied=model.tied_embeddings, layernorm=model.norm == "layernorm",
+    )
+
+
+def _per_rank(lp: LayerParams, tp, ep, kv_heads):
+    """(dense part, expert part) of one layer's parameters held by one rank."""
+    dense = lp.split / tp + lp.kv / np.minimum(tp, kv_heads) + lp.rep
+    return dense, lp.expert / (ep * tp)
+
+
+def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first, last,
+                 in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
+                 vocab_padded, attention, recompute, recompute_layers, dropout, lora,
+                 lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
+                 fragmentation, loss_workspace_bytes) -> dict:
+    """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast)."""
+    h = mn.hidden
+    first = np.asarray(first, dtype=float)
+    last = np.asarray(last, dtype=float)
+    layers = dense_layers + moe_layers
+    # ---- parameters held by this rank
+    d_dense, d_exp = _per_rank(mn.dense, tp, ep, mn.kv_heads)
+    m_dense, m_exp = _per_rank(mn.moe, tp, ep, mn.kv_heads)
+    embed = vocab_padded * h / tp + mn.position_params
+    head_matrix = np.where((mn.tied) & (np.asarray(pp) == 1), 0.0, vocab_padded * h / tp)
+    head = head_matrix + mn.norm_params
+    p_dense = dense_layers * d_dense + moe_layers * m_dense + first * embed + last * head
+    p_expert = dense_layers * d_exp + moe_layers * m_exp
+    p_stage = p_dense + p_expert
+    adapters = (dense_layers * mn.dense.lora + moe_layers * mn.moe.lora) / tp
+    trainable_dense = np.where(lora, adapters, p_dense)
+    trainable_expert = np.where(lora, 0.0, p_expert)
+    trainable = trainable_dense + trainable_expert
+
+    # ZeRO shards over the data-parallel group (times CP, whose ranks hold the same
+    # parameters); expert parameters over the expert-data-parallel group dp·cp/ep.
+    shard_dense = dp * cp
+    shard_expert = np.maximum(dp * cp / ep, 1)
+
+    def sharded(per_param_bytes, stage_from):
+        div_d = np.where(zero >= stage_from, shard_dense, 1)
+        div_e = np.where(zero >= stage_from, shard_expert, 1)
+        return per_param_bytes * (trainable_dense / div_d + trainable_expert / div_e)
+
+    frozen = np.where(lora, p_stage, 0.0)
+    weights = np.where(lora, frozen * r.frozen_weight_bytes + adapters * r.weight_bytes,
+                       p_dense * r.weight_bytes / np.where(zero >= 3, shard_dense, 1)
+                       + p_expert * r.weight_bytes / np.where(zero >= 3, shard_expert, 1))
+    weights = np.where(offload_params, 0.0, weights)
+    grads = sharded(r.grad_bytes, 2)
+    master = np.where(offload_optimizer, 0.0, sharded(r.master_bytes, 1))
+    opt_state = sharded(r.optimizer_bytes, 1)
+    if r.factored_optimizer:
+        fac = (dense_layers * (mn.dense.factored_rep + mn.dense.factored_split / tp)
+               + moe_layers * (mn.moe.factored_rep + mn.moe.factored_split / tp)
+               + first * (vocab_padded + h) + last * (vocab_padded + h + mn.norm_params))
+        opt_state = opt_state + fac * FP32 / np.where(zero >= 1, shard_dense, 1)
+    opt_state = np.where(offload_optimizer, 0.0, opt_state)
+
+    # ---- activations: one micro-batch's saved tensors x micro-batches in flight
+    tokens = mbs * seq / cp
+    common = dict(tokens=tokens, seq=seq, tp=tp, sp=sp, act_bytes=r.act_bytes,
+                  linear_in_bytes=r.linear_in_bytes, attention=attention, recompute=recompute,
+                  fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves)
+    dense_terms = act.layer_terms(mn.shape, moe=False, **common)
+    moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
+    dense_layer = sum(dense_terms.values())
+    moe_layer = sum(moe_terms.values()) if moe_terms else 0.0
+    ckpt = act.checkpoint_bytes(h, tokens=tokens, tp=tp, sp=sp, act_bytes=r.act_bytes)
+    full = np.asarray(recompute) == act.RECOMPUTE_CODE["full"]
+    n_ckpt = np.where(full, np.minimum(recompute_layers, layers), 0)
+    frac_ckpt = np.where(layers > 0, n_ckpt / np.maximum(layers, 1), 0.0)
+    stored_layers = dense_layers * dense_layer + moe_layers * moe_layer
+    per_mb_layers = stored_layers * (1 - frac_ckpt) + n_ckpt * ckpt
+    emb = act.embedding_terms(h, tokens=tokens, tp=tp, sp=sp, dropout=dropout)
+    hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.act_bytes,
+                        linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
+                        fused=float(r.fused_kernels))
+    parts = {
+        "layers": per_mb_layers * in_flight_mb,
+        # Backward of a checkpointed layer re-materialises that layer's activations once.
+        "recompute_working_set": np.where(n_ckpt > 0, np.maximum(
+            np.where(dense_layers > 0, dense_layer, 0), np.where(moe_layers > 0, moe_layer, 0)), 0.0),
+        "embedding": first * sum(emb.values()) * in_flight_mb,
+        "head_and_loss": last * sum(hd.values()) * logits_in_flight,
+        "autocast_weight_copies": p_stage * r.autocast_copy_bytes,
+    }
+    activations = sum(parts.values())
+
+    # ---- other: gathered ZeRO-3 units, buckets, loss workspace, runtime
+    unit = np.maximum(np.where(dense_layers > 0, d_dense + d_exp, 0),
+                      np.where(moe_layers > 0, m_dense + m_exp, 0))
+    unit = np.maximum(unit, np.maximum(first * embed, last * head))
+    # Current unit + the prefetched next one in the compute dtype, plus the unsharded
+    # gradient of the current unit before its reduce-scatter.
+    zero3_gather = np.where(zero >= 3, unit * (2 * r.compute_weight_bytes + r.grad_bytes), 0.0)
+    bucket = np.minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
+    bucket = bucket + np.where(r.grad_bucket_copy & (np.asarray(dp) > 1), trainable * r.grad_bytes, 0.0)
+    loss_ws = last * tokens * vocab_padded / tp * loss_workspace_bytes
+    allocated = weights + grads + master + opt_state + activations + zero3_gather + bucket + loss_ws
+    fragment = allocated * fragmentation
+    other = zero3_gather + bucket + loss_ws + fragment + reserved_bytes
+    total = allocated + fragment + reserved_bytes
+    return {
+        "params": weights, "grads": grads, "master": master, "optimizer_state": opt_state,
+        "optimizer": master + opt_state, "activations": activations, "other": other,
+        "total": total, "zero3_gather": zero3_gather, "comm_buckets": bucket,
+        "loss_workspace": loss_ws, "fragmentation": fragment,
+        "runtime_reserved": reserved_bytes + 0 * total,
+        "param_count": p_stage, "trainable_params": trainable,
+        "activation_parts": parts, "dense_layer_terms": dense_terms, "moe_layer_terms": moe_terms,
+        "embedding_terms": emb, "head_terms": hd, "checkpoint_per_layer": ckpt,
+        "per_microbatch_layers": per_mb_layers,
+        "cpu_offload": np.where(offload_optimizer, sharded(r.master_bytes, 1) + sharded(r.optimizer_bytes, 1), 0.0)
+        + np.where(offload_params, p_stage * r.weight_bytes / np.where(zero >= 3, shard_dense, 1), 0.0),
+    }
+
+
+def layout_inputs(layout: Layout) -> dict:
+    """The keyword arguments of `stage_memory` for a layout, one array entry per stage."""
+    plan = layout.plan
+    conv = conventions()
+    pp = layout.pp
+    stages = np.arange(pp)
+    sched = SCHEDULE_CODE[plan.schedule]
+    lora = plan.finetune != "full"
+    lora_saves = {t: float(t in plan.lora_targets) for t in ("q", "k", "v", "o", "gate", "up", "down")} \
+        if lora else None
+    run = conv["runtime"]
+    reserved = (plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB
+    frag = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
+    return dict(
+        dense_layers=np.asarray(layout.stage_dense_layers, dtype=float),
+        moe_layers=np.asarray(layout.stage_moe_layers, dtype=float),
+        first=(stages == 0).astype(float), last=(stages == pp - 1).astype(float),
+        in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp),
+        logits_in_flight=last_stage_logits_in_flight(sched, layout.micro_batches),
+        tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
+        mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
+        attention=act.ATTENTION_CODE[plan.attention], recompute=act.RECOMPUTE_CODE[plan.recompute],
+        recompute_layers=plan.recompute_layers if plan.recompute_layers is not None else 10**9,
+        dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves,
+        offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
+        reserved_bytes=reserved, fragmentation=frag,
+        loss_workspace_bytes=float(run["loss_workspace_bytes"]),
+    )
+
+
+def numbers_for(layout: Layout) -> ModelNumbers:
+    plan = layout.plan
+    targets = tuple(plan.lora_targets) if plan.finetune != "full" else ()
+    return model_numbers(layout.model, targets, plan.lora_rank if targets else 0)
+
+
+def estimate_memory(layout: Layout) -> dict:
+    """Per-stage memory for a resolved layout (arrays of length pp)."""
+    return stage_memory(numbers_for(layout), recipe(layout.plan), **layout_inputs(layout))
+
+
+def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
+    """Largest micro-batch that fits every stage (respecting gbs divisibility when the
+    global batch was given); 0 when even 1 does not fit. Evaluated for all candidates at
+    once through the same array formula."""
+    plan = layout.plan
+    cands = np.arange(1, limit + 1)
+    if plan.gbs is not None:
+        cands = cands[(layout.gbs % (layout.dp * cands)) == 0]
+        m = layout.gbs // (layout.dp * cands)
+    else:
+        m = np.full(cands.shape, layout.micro_batches)
+    inputs = layout_inputs(layout)
+    sched = SCHEDULE_CODE[plan.schedule]
+    stages = np.arange(layout.pp)[:, None]
+    inputs.update(
+        mbs=cands[None, :],
+        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp),
+        logits_in_flight=last_stage_logits_in_flight(sched, m[None, :]),
+        dense_layers=inputs["dense_layers"][:, None], moe_layers=inputs["moe_layers"][:, None],
+        first=inputs["first"][:, None], last=inputs["last"][:, None],
+    )
+    total = stage_memory(numbers_for(layout), recipe(plan), **inputs)["total"]
+    fits = (np.max(total, axis=0) <= layout.gpu.capacity_bytes)
+    return int(cands[fits].max()) if fits.any() else 0

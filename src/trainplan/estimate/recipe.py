@@ -1,0 +1,63 @@
+"""Bytes per parameter and per activation element for a plan's precision, optimizer and
+framework: the numbers `memory` multiplies by. Values come from catalog/conventions.toml."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import DTYPE_BYTES, Plan, conventions
+
+
+@dataclass(frozen=True)
+class Recipe:
+    weight_bytes: float  # persistent weights per trainable parameter (full fine-tuning)
+    compute_weight_bytes: float  # the dtype weights are gathered/cast to for compute
+    grad_bytes: float
+    master_bytes: float
+    optimizer_bytes: float  # optimizer state per trainable parameter (elementwise part)
+    factored_optimizer: bool  # Adafactor: add 4 bytes x (rows + cols) per matrix
+    act_bytes: float  # activation element
+    linear_in_bytes: float  # activation saved as a GEMM input (fp8 keeps these in 1 byte)
+    fused_kernels: bool
+    frozen_weight_bytes: float  # base weights under LoRA / QLoRA
+    autocast_copy_bytes: float  # 16-bit weight casts autocast saves for backward (plain torch)
+    reduce_bucket_elems: float
+    grad_bucket_copy: bool
+
+    def describe(self) -> str:
+        return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "
+                f"{self.master_bytes:g} B + optimizer {self.optimizer_bytes:g} B per parameter")
+
+
+def recipe(plan: Plan) -> Recipe:
+    conv = conventions()
+    fw = conv["frameworks"][plan.framework]
+    opt = float(conv["optimizers"][plan.optimizer])
+    mixed = plan.precision != "fp32"
+    if mixed:
+        weight = float(fw["weight_bytes"])
+        grad = float(fw.get(f"grad_bytes_{plan.precision}", fw["grad_bytes"]))
+        master = float(fw["master_bytes"])
+        act = 2.0
+        compute_w = 2.0
+    else:
+        weight, grad, master, act, compute_w = 4.0, 4.0, 0.0, 4.0, 4.0
+    if plan.grad_dtype is not None:
+        grad = float(DTYPE_BYTES[plan.grad_dtype])
+    linear_in = act
+    if plan.precision == "fp8":
+        weight += float(conv["fp8"]["weight_cache_bytes"])
+        linear_in = float(conv["fp8"]["linear_input_bytes"])
+    if plan.finetune == "qlora":
+        key = "nf4_bits" if plan.qlora_bits == 4 else "int8_bits"
+        frozen = float(conv["quantized_base"][key]) / 8
+    else:
+        frozen = compute_w
+    autocast = 2.0 if (mixed and fw.get("autocast_weight_copy", False)) else 0.0
+    return Recipe(
+        weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
+        optimizer_bytes=opt, factored_optimizer=plan.optimizer == "adafactor", act_bytes=act,
+        linear_in_bytes=linear_in, fused_kernels=bool(fw["fused_kernels"]), frozen_weight_bytes=frozen,
+        autocast_copy_bytes=autocast, reduce_bucket_elems=float(fw["reduce_bucket_elems"]),
+        grad_bucket_copy=bool(fw["grad_bucket_copy"]),
+    )

@@ -1,0 +1,325 @@
+"""The plan: parallel layout, precision recipe, optimizer, batch, recompute, schedule.
+
+`Plan` holds what the user asked for (CLI options, web JSON, Python). `resolve()` checks it
+against the model and the accelerator, derives what was left out (dp, the global batch,
+the per-stage layer split) and returns a `Layout` of plain numbers the estimators use.
+Every rule that can fail raises `PlanError(field, rule)`.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import PlanError, from_pydantic
+from .specs import catalog, hf
+from .specs.hardware import GPUSpec
+from .specs.model import LORA_TARGETS, ModelSpec
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit", "lion"]
+Attention = Literal["flash", "sdpa", "eager"]
+Framework = Literal["deepspeed", "megatron", "fsdp", "torch"]
+Finetune = Literal["full", "lora", "qlora"]
+
+# Upper bounds that catch typos (e.g. an extra zero) without limiting real clusters.
+MAX_GPUS = 1_000_000
+MAX_SEQ_LEN = 16 * 1024 * 1024
+MAX_BATCH = 100_000_000
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class Plan(BaseModel):
+    """What to train and how. Omitted layout values are derived by `resolve`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(default="llama-3-8b", description="catalog name, or a path to config.json / spec .toml")
+    hf_config: dict | None = Field(default=None, description="a parsed Hugging Face config.json")
+    gpu: str = "H100-SXM"
+    gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS)
+    gpus_per_node: int = Field(default=8, ge=1, le=1024)
+    tp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    pp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    dp: int | None = Field(default=None, ge=1, le=MAX_GPUS)
+    cp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    ep: int = Field(default=1, ge=1, le=MAX_GPUS)
+    zero: int = Field(default=0, ge=0, le=3)
+    sp: bool = False
+    mbs: int = Field(default=1, ge=1, le=MAX_BATCH)
+    gbs: int | None = Field(default=None, ge=1, le=MAX_BATCH)
+    seq_len: int | None = Field(default=None, ge=1, le=MAX_SEQ_LEN)
+    recompute: Recompute = "none"
+    recompute_layers: int | None = Field(default=None, ge=0)
+    schedule: Schedule = "1f1b"
+    vpp: int | None = Field(default=None, ge=1, le=1024)
+    stage_layers: list[int] | None = None
+    precision: Precision = "bf16"
+    grad_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    optimizer: Optimizer = "adamw"
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    attention: Attention = "flash"
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    framework: Framework = "deepspeed"
+    finetune: Finetune = "full"
+    lora_rank: int = Field(default=16, ge=1, le=65536)
+    lora_targets: list[str] = Field(default_factory=lambda: list(LORA_TARGETS))
+    qlora_bits: Literal[4, 8] = 4
+    overhead_gib: float | None = Field(default=None, ge=0, le=1024)
+    fragmentation: float | None = Field(default=None, ge=0, le=1)
+
+    @field_validator("lora_targets", mode="before")
+    @classmethod
+    def _split_targets(cls, v):
+        if isinstance(v, str):
+            v = [t.strip() for t in v.split(",") if t.strip()]
+        bad = [t for t in v if t not in LORA_TARGETS]
+        if bad:
+            raise ValueError(f"unknown LoRA target(s) {bad}; choose from {', '.join(LORA_TARGETS)}")
+        if not v:
+            raise ValueError("name at least one LoRA target")
+        return v
+
+    @field_validator("stage_layers", mode="before")
+    @classmethod
+    def _split_stages(cls, v):
+        if isinstance(v, str):
+            try:
+                v = [int(x) for x in v.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError("must be comma-separated integers, e.g. 7,8,8,7") from None
+        return v
+
+
+def make_plan(**options) -> Plan:
+    """Build a Plan, turning pydantic's errors into one PlanError naming the field."""
+    try:
+        return Plan(**{k: v for k, v in options.items() if v is not None})
+    except ValidationError as exc:
+        raise from_pydantic(exc) from None
+
+
+# ---- conventions --------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def conventions() -> dict:
+    with open(catalog.CATALOG_DIR / "conventions.toml", "rb") as fh:
+        return tomllib.load(fh)
+
+
+# ---- model and accelerator lookup -------------------------------------------------------
+@lru_cache(maxsize=256)
+def _model_from_path(path: str) -> ModelSpec:
+    p = Path(path)
+    if p.suffix == ".toml":
+        data = catalog.read_toml(p, "model")
+        try:
+            return ModelSpec(**data)
+        except ValidationError as exc:
+            raise from_pydantic(exc, "model.") from None
+    return hf.from_file(p)
+
+
+def load_model(plan: Plan) -> ModelSpec:
+    if plan.hf_config is not None:
+        return hf.from_dict(plan.hf_config, name=plan.hf_config.get("_name_or_path") or "custom")
+    name = plan.model
+    if name.endswith((".json", ".toml")) or "/" in name or Path(name).is_file():
+        return _model_from_path(name)
+    return catalog.model(name)
+
+
+# ---- the resolved layout ------------------------------------------------------------
+@dataclass
+class Layout:
+    """A validated plan as plain numbers. Per-stage lists have one entry per PP stage."""
+
+    plan: Plan
+    model: ModelSpec
+    gpu: GPUSpec
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    zero: int
+    sp: bool
+    mbs: int
+    gbs: int
+    seq_len: int
+    micro_batches: int  # per pipeline per step (gradient-accumulation steps when pp = 1)
+    vpp: int
+    stage_layers: list[int]
+    stage_dense_layers: list[int]
+    stage_moe_layers: list[int]
+    vocab_padded: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def grad_accum(self) -> int:
+        return self.micro_batches
+
+
+def default_stage_split(layers: int, pp: int) -> list[int]:
+    """Even split; when it does not divide, the first and last stages (which also hold the
+    embedding and the output head) give up layers first, as Llama 3 405B does
+    (126 layers on 16 stages: 7 + 14 x 8 + 7; Llama 3 paper §3.3.2)."""
+    per = math.ceil(layers / pp)
+    split = [per] * pp
+    # Take layers from the outside in: last, first, second-to-last, second, ...
+    order: list[int] = []
+    for lo, hi in zip(range(pp), range(pp - 1, -1, -1), strict=True):
+        for i in (hi, lo):
+            if i not in order:
+                order.append(i)
+    deficit, k = per * pp - layers, 0
+    while deficit > 0:
+        split[order[k % pp]] -= 1
+        deficit -= 1
+        k += 1
+    return split
+
+
+def resolve(plan: Plan) -> Layout:
+    """Check a plan against its model and accelerator and derive the missing values."""
+    model = load_model(plan)
+    gpu = catalog.gpu(plan.gpu)
+    warnings: list[str] = []
+    tp, pp, cp, ep = plan.tp, plan.pp, plan.cp, plan.ep
+
+    # -- world size and data parallelism
+    model_parallel = tp * pp * cp
+    if plan.dp is not None:
+        dp = plan.dp
+        gpus = plan.gpus or dp * model_parallel
+        if gpus != dp * model_parallel:
+            raise PlanError("dp", f"gpus ({gpus}) must equal tp x pp x cp x dp = "
+                            f"{tp} x {pp} x {cp} x {dp} = {dp * model_parallel}")
+    else:
+        gpus = plan.gpus or model_parallel
+        if gpus % model_parallel:
+            raise PlanError("gpus", f"must be a multiple of tp x pp x cp = {model_parallel} (got {gpus})")
+        dp = gpus // model_parallel
+
+    # -- tensor parallelism
+    if model.heads % tp:
+        raise PlanError("tp", f"must divide the number of attention heads ({model.heads}); got {tp}")
+    kv = model.n_kv_heads
+    if not model.is_mla and kv % tp and tp % kv:
+        raise PlanError("tp", f"must divide the KV heads ({kv}) or be a multiple of them; got {tp}")
+    ffns = [model.ffn] + ([model.expert_ffn] if model.expert_ffn else [])
+    for f in ffns:
+        if f % tp:
+            raise PlanError("tp", f"must divide the MLP width ({f}); got {tp}")
+    if tp > plan.gpus_per_node:
+        warnings.append(f"TP {tp} > {plan.gpus_per_node} GPUs per node: tensor-parallel all-reduces "
+                        "cross the node boundary (NIC instead of NVLink)")
+    sp = plan.sp
+    if sp and tp == 1:
+        warnings.append("sequence parallelism needs tp > 1; ignored")
+        sp = False
+
+    # -- pipeline
+    if pp > model.layers:
+        raise PlanError("pp", f"cannot exceed the number of layers ({model.layers}); got {pp}")
+    vpp = plan.vpp or 1
+    if plan.schedule == "interleaved":
+        if pp < 2:
+            raise PlanError("schedule", "interleaved needs pp >= 2")
+        if plan.vpp is None or plan.vpp < 2:
+            raise PlanError("vpp", "the interleaved schedule needs --vpp >= 2 (virtual stages per GPU)")
+    elif plan.vpp not in (None, 1):
+        raise PlanError("vpp", f"virtual stages only apply to --schedule interleaved (got {plan.schedule})")
+    if plan.stage_layers is not None:
+        split = list(plan.stage_layers)
+        if len(split) != pp:
+            raise PlanError("stage_layers", f"needs one entry per pipeline stage ({pp}); got {len(split)}")
+        if any(n < 0 for n in split) or sum(split) != model.layers:
+            raise PlanError("stage_layers", f"entries must be >= 0 and sum to the layer count "
+                            f"({model.layers}); got sum {sum(split)}")
+    else:
+        split = default_stage_split(model.layers, pp)
+    if vpp > 1 and any(n % vpp for n in split):
+        raise PlanError("vpp", f"each stage's layer count {split} must divide into {vpp} virtual stages")
+    bounds = [sum(split[:i]) for i in range(pp + 1)]
+    moe_flags = [model.is_moe_layer(i) for i in range(model.layers)]
+    stage_moe = [sum(moe_flags[bounds[i]:bounds[i + 1]]) for i in range(pp)]
+    stage_dense = [n - m for n, m in zip(split, stage_moe, strict=True)]
+
+    # -- context and expert parallelism
+    seq_len = plan.seq_len or min(model.max_position, 4096)
+    if cp > 1:
+        if seq_len % (2 * cp):
+            raise PlanError("cp", f"seq_len ({seq_len}) must be divisible by 2 x cp = {2 * cp} "
+                            "(load-balanced causal context parallelism)")
+        if plan.attention == "eager":
+            raise PlanError("cp", "context parallelism needs --attention flash or sdpa")
+    if ep > 1:
+        if not model.is_moe:
+            raise PlanError("ep", f"expert parallelism needs a mixture-of-experts model; {model.name} is dense")
+        if model.experts % ep:
+            raise PlanError("ep", f"must divide the number of experts ({model.experts}); got {ep}")
+        if (dp * cp) % ep:
+            raise PlanError("ep", f"must divide dp x cp = {dp * cp} (experts are spread over "
+                            f"data-parallel ranks); got {ep}")
+
+    # -- batch
+    if plan.gbs is not None:
+        gbs = plan.gbs
+        if gbs % (dp * plan.mbs):
+            raise PlanError("gbs", f"must be divisible by dp x mbs = {dp} x {plan.mbs} = {dp * plan.mbs}; got {gbs}")
+    else:
+        # Default: one micro-batch per data-parallel rank without PP; 4 x pp with PP so the
+        # 1F1B bubble (p-1)/(m+p-1) stays under 20%.
+        gbs = dp * plan.mbs * (1 if pp == 1 else 4 * pp)
+    micro_batches = gbs // (dp * plan.mbs)
+    if plan.schedule == "interleaved" and micro_batches % pp:
+        raise PlanError("gbs", f"the interleaved schedule needs micro-batches per step "
+                        f"({micro_batches}) divisible by pp ({pp})")
+    if pp > 1 and micro_batches < pp:
+        warnings.append(f"only {micro_batches} micro-batches for {pp} pipeline stages: "
+                        "most stages sit idle; raise --gbs")
+
+    # -- recompute
+    if plan.recompute_layers is not None:
+        if plan.recompute != "full":
+            raise PlanError("recompute_layers", "applies to --recompute full only")
+        if plan.recompute_layers > max(split):
+            raise PlanError("recompute_layers", f"cannot exceed the layers on a stage ({max(split)})")
+
+    # -- precision, optimizer, offload, fine-tuning
+    conv = conventions()
+    if plan.precision != "fp32" and gpu.peak(plan.precision) is None:
+        raise PlanError("precision", f"{gpu.name} has no {plan.precision} support in the catalog; "
+                        f"choose one of: {', '.join(sorted(gpu.peak_tflops))}")
+    if plan.offload_params and plan.zero != 3:
+        raise PlanError("offload_params", "parameter offload needs --zero 3")
+    if plan.finetune != "full" and plan.zero == 3:
+        warnings.append("ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
+    if plan.framework == "megatron" and plan.zero == 2:
+        warnings.append("Megatron-LM has no ZeRO-2 mode; bytes follow the generic ZeRO-2 rule")
+    if plan.dropout > 0 and plan.attention == "eager" and plan.recompute == "none" and seq_len >= 8192:
+        warnings.append("eager attention with dropout stores 5 bytes per attention score; "
+                        "use --attention flash or --recompute selective")
+
+    vocab_multiple = int(conv["frameworks"][plan.framework]["vocab_multiple"])
+    pad = vocab_multiple * tp if vocab_multiple > 1 else 1
+    vocab_padded = math.ceil(model.vocab / pad) * pad
+
+    return Layout(
+        plan=plan, model=model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
+        zero=plan.zero, sp=sp, mbs=plan.mbs, gbs=gbs, seq_len=seq_len,
+        micro_batches=micro_batches, vpp=vpp, stage_layers=split,
+        stage_dense_layers=stage_dense, stage_moe_layers=stage_moe,
+        vocab_padded=vocab_padded, warnings=warnings,
+    )

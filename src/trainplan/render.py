@@ -1,0 +1,113 @@
+"""Human-readable tables for the CLI (rich). Bytes are shown in GiB (2**30), labelled."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .units import GiB, fmt_count
+
+BAR_WIDTH = 30
+# Bar segments: (JSON stage key, glyph, colour)
+SEGMENTS = (("params_bytes", "█", "cyan"), ("grads_bytes", "█", "blue"),
+            ("optimizer_bytes", "█", "magenta"), ("activations_bytes", "█", "yellow"),
+            ("other_bytes", "█", "bright_black"))
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=False, width=140)
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:,.2f}"
+
+
+def memory_bar(stage: dict, capacity: float) -> Text:
+    """A bar of BAR_WIDTH cells = capacity; segments per component; '!' past capacity."""
+    scale = BAR_WIDTH / capacity
+    bar = Text()
+    used = 0
+    for key, glyph, colour in SEGMENTS:
+        cells = round(stage[key] * scale)
+        cells = max(0, min(cells, BAR_WIDTH - used))
+        bar.append(glyph * cells, style=colour)
+        used += cells
+    if stage["total_bytes"] > capacity:
+        bar.append("!", style="bold red")
+    else:
+        bar.append("░" * (BAR_WIDTH - used), style="bright_black")
+        bar.append("|")
+    return bar
+
+
+def render_plan(data: dict) -> None:
+    c = _console()
+    m, par, g, tr, mem = data["model"], data["parallel"], data["gpu"], data["training"], data["memory"]
+    c.print(f"[bold]{m['name']}[/] — {fmt_count(m['params'])} parameters"
+            + (f" ({fmt_count(m['active_params'])} active)" if m["active_params"] != m["params"] else "")
+            + f", {m['layers']} layers, hidden {m['hidden']}")
+    c.print(f"{g['gpus']} x {g['name']} ({g['memory_gib']:g} GiB), {g['gpus_per_node']} per node | "
+            f"TP {par['tp']} · PP {par['pp']} · DP {par['dp']} · CP {par['cp']} · EP {par['ep']} · "
+            f"ZeRO-{par['zero']}{' · SP' if par['sp'] else ''}")
+    c.print(f"micro-batch {par['mbs']} x seq {par['seq_len']}, global batch {par['gbs']} "
+            f"({par['micro_batches']} micro-batches/step), recompute {par['recompute']}, "
+            f"schedule {par['schedule']}{' v=' + str(par['vpp']) if par['vpp'] > 1 else ''}")
+    bpp = tr["bytes_per_param"]
+    c.print(f"{tr['precision']} · {tr['optimizer']} · {tr['framework']} conventions "
+            f"({bpp['weights']:g}+{bpp['grads']:g}+{bpp['master']:g}+{bpp['optimizer']:g} bytes/param) · "
+            f"attention {tr['attention']}" + (f" · {tr['finetune']} r={tr['lora_rank']}" if tr["finetune"] != "full" else ""))
+    t = Table(title="Per-GPU memory by pipeline stage (GiB)", title_justify="left")
+    for col in ("stage", "layers", "params", "grads", "optimizer", "activations", "other", "total"):
+        t.add_column(col, justify="right")
+    t.add_column(f"0 … {mem['capacity_bytes'] / GiB:g} GiB", no_wrap=True)
+    stages = mem["stages"]
+    shown = stages if len(stages) <= 12 else stages[:5] + [None] + stages[-5:]
+    for s in shown:
+        if s is None:
+            t.add_row("…", "", "", "", "", "", "", "", "")
+            continue
+        t.add_row(str(s["stage"]), str(s["layers"]), _gib(s["params_bytes"]), _gib(s["grads_bytes"]),
+                  _gib(s["optimizer_bytes"]), _gib(s["activations_bytes"]), _gib(s["other_bytes"]),
+                  _gib(s["total_bytes"]), memory_bar(s, mem["capacity_bytes"]))
+    c.print(t)
+    legend = Text("  ")
+    for (key, glyph, colour), name in zip(SEGMENTS, ("params", "grads", "optimizer", "activations", "other"), strict=True):
+        legend.append(glyph, style=colour)
+        legend.append(f" {name}  ")
+    c.print(legend)
+    peak, cap = mem["peak_bytes"], mem["capacity_bytes"]
+    if mem["fits"]:
+        c.print(f"[bold green]✅ fits[/]: peak {_gib(peak)} GiB on stage {mem['peak_stage']} of "
+                f"{_gib(cap)} GiB, headroom {_gib(cap - peak)} GiB")
+    else:
+        c.print(f"[bold red]❌ does not fit[/]: peak {_gib(peak)} GiB on stage {mem['peak_stage']} "
+                f"exceeds {_gib(cap)} GiB by {_gib(peak - cap)} GiB")
+    if "max_mbs" in mem:
+        c.print(f"largest micro-batch that fits: {mem['max_mbs'] or 'none (even 1 does not fit)'}")
+    for w in data["warnings"]:
+        c.print(f"[yellow]warning[/]: {w}")
+
+
+def render_models(rows: list[dict]) -> None:
+    t = Table(title="Model catalog")
+    for col in ("name", "family", "params", "active", "layers", "hidden", "heads/kv", "vocab", "experts"):
+        t.add_column(col, justify="left" if col in ("name", "family") else "right")
+    for r in rows:
+        t.add_row(r["name"], r["family"], fmt_count(r["params"]), fmt_count(r["active_params"]),
+                  str(r["layers"]), str(r["hidden"]), f"{r['heads']}/{r['kv_heads']}", str(r["vocab"]),
+                  str(r["experts"] or ""))
+    _console().print(t)
+
+
+def render_gpus(rows: list[dict]) -> None:
+    t = Table(title="Accelerator catalog (dense TFLOP/s)")
+    for col in ("name", "memory GiB", "HBM TB/s", "bf16", "fp16", "fp8", "fp32", "scale-up GB/s", "NIC Gb/s", "TDP W", "$/h"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for r in rows:
+        pk = r["peak_tflops"]
+        t.add_row(r["name"], f"{r['memory_gib']:g}", f"{r['hbm_tbs']:g}",
+                  *(f"{pk[k]:g}" if k in pk else "—" for k in ("bf16", "fp16", "fp8", "fp32")),
+                  f"{r['scale_up_gbs']:g}", f"{r['nic_gbps']:g}", f"{r['tdp_w']:g}",
+                  f"{r['price_usd_per_hour']:.2f}" if r["price_usd_per_hour"] is not None else "—")
+    _console().print(t)

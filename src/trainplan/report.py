@@ -1,0 +1,99 @@
+"""The plan result as the JSON contract of DESIGN §5 (keys are extended, never renamed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .estimate.memory import estimate_memory, max_micro_batch
+from .estimate.recipe import recipe
+from .plan import Layout, Plan, resolve
+
+STAGE_COMPONENTS = ("params", "grads", "master", "optimizer_state", "activations", "zero3_gather",
+                    "comm_buckets", "loss_workspace", "fragmentation", "runtime_reserved")
+
+
+@dataclass
+class PlanResult:
+    layout: Layout
+    memory: dict
+
+    @property
+    def capacity(self) -> float:
+        return self.layout.gpu.capacity_bytes
+
+    @property
+    def peak(self) -> float:
+        return float(np.max(self.memory["total"]))
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.capacity
+
+
+def evaluate(plan: Plan) -> PlanResult:
+    layout = resolve(plan)
+    return PlanResult(layout=layout, memory=estimate_memory(layout))
+
+
+def stage_rows(result: PlanResult) -> list[dict]:
+    m = result.memory
+    pp = result.layout.pp
+
+    def _f(x, i):
+        return float(np.broadcast_to(np.asarray(x, dtype=float), (pp,))[i])
+
+    rows = []
+    for i, n in enumerate(result.layout.stage_layers):
+        comps = {k: _f(m[k], i) for k in STAGE_COMPONENTS}
+        comps["activation_parts"] = {k: _f(v, i) for k, v in m["activation_parts"].items()}
+        rows.append({
+            "stage": i,
+            "layers": n,
+            "params_bytes": _f(m["params"], i),
+            "grads_bytes": _f(m["grads"], i),
+            "optimizer_bytes": _f(m["optimizer"], i),
+            "activations_bytes": _f(m["activations"], i),
+            "other_bytes": _f(m["other"], i),
+            "total_bytes": _f(m["total"], i),
+            "param_count": _f(m["param_count"], i),
+            "cpu_offload_bytes": _f(m["cpu_offload"], i),
+            "components": comps,
+        })
+    return rows
+
+
+def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
+    L = result.layout
+    p = L.plan
+    r = recipe(p)
+    peak = result.peak
+    return {
+        "model": {"name": L.model.name, "params": L.model.params, "active_params": L.model.active_params,
+                  "layers": L.model.layers, "hidden": L.model.hidden, "vocab": L.model.vocab,
+                  "vocab_padded": L.vocab_padded},
+        "gpu": {"name": L.gpu.name, "memory_gib": L.gpu.memory_gib, "gpus": L.gpus,
+                "gpus_per_node": p.gpus_per_node},
+        "parallel": {"tp": L.tp, "pp": L.pp, "dp": L.dp, "cp": L.cp, "ep": L.ep, "zero": L.zero,
+                     "sp": L.sp, "mbs": L.mbs, "gbs": L.gbs, "seq_len": L.seq_len,
+                     "micro_batches": L.micro_batches, "recompute": p.recompute,
+                     "recompute_layers": p.recompute_layers, "schedule": p.schedule, "vpp": L.vpp,
+                     "stage_layers": L.stage_layers},
+        "training": {"precision": p.precision, "optimizer": p.optimizer, "framework": p.framework,
+                     "attention": p.attention, "dropout": p.dropout, "finetune": p.finetune,
+                     "bytes_per_param": {"weights": r.weight_bytes, "grads": r.grad_bytes,
+                                         "master": r.master_bytes, "optimizer": r.optimizer_bytes},
+                     **({"lora_rank": p.lora_rank, "lora_targets": p.lora_targets}
+                        if p.finetune != "full" else {})},
+        "memory": {
+            "capacity_bytes": result.capacity,
+            "peak_bytes": peak,
+            "fits": bool(result.fits),
+            "headroom_bytes": result.capacity - peak,
+            "peak_stage": int(np.argmax(np.broadcast_to(result.memory["total"], (L.pp,)))),
+            **({"max_mbs": max_micro_batch(L)} if with_max_mbs else {}),
+            "stages": stage_rows(result),
+        },
+        "warnings": list(L.warnings),
+    }

@@ -1,0 +1,265 @@
+"""Model spec for decoder-only transformers, with exact parameter counts.
+
+Covers dense GPT-2/GPT-3/Llama-style models (MHA, GQA, MQA; GELU or SwiGLU MLP; LayerNorm
+or RMSNorm; learned or rotary positions; optional biases), mixture-of-experts layers
+(routed top-k experts, shared experts, dense-first layers, MoE layer frequency) and
+DeepSeek's multi-head latent attention (MLA).
+
+Parameter counts are exact sums over the weight matrices and vectors of the
+implementation the catalog cites (e.g. Hugging Face `modeling_llama.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MLPKind = Literal["gelu", "swiglu"]
+NormKind = Literal["layernorm", "rmsnorm"]
+PositionKind = Literal["learned", "rotary", "none"]
+
+# Linear layers that LoRA can target, by the names Hugging Face PEFT users write.
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One weight matrix of a layer: y = x W, W of shape (fan_in, fan_out).
+
+    `tp` says how tensor parallelism splits it: "col" (output dim), "row" (input dim),
+    "kv" (column-split over KV heads, replicated when tp > kv_heads) or "none" (replicated).
+    """
+
+    name: str
+    fan_in: int
+    fan_out: int
+    tp: Literal["col", "row", "kv", "none"]
+    bias: bool = False
+    expert: bool = False  # routed-expert weight (split by expert parallelism)
+    count: int = 1  # identical copies (e.g. one per routed expert)
+
+    @property
+    def params(self) -> int:
+        return self.count * (self.fan_in * self.fan_out + (self.fan_out if self.bias else 0))
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer. Sizes are the published configuration's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    source: str = Field(min_length=1, description="where the numbers come from")
+    family: str = ""
+    published_params: float | None = Field(default=None, gt=0)
+    published_active_params: float | None = Field(default=None, gt=0)
+
+    layers: int = Field(ge=1, le=100_000)
+    hidden: int = Field(ge=1, le=1_000_000)
+    heads: int = Field(ge=1, le=100_000)
+    kv_heads: int | None = Field(default=None, ge=1, le=100_000)
+    head_dim: int | None = Field(default=None, ge=1, le=100_000)
+    ffn: int = Field(ge=1, le=10_000_000)
+    mlp: MLPKind = "swiglu"
+    vocab: int = Field(ge=1, le=100_000_000)
+    tied_embeddings: bool = False
+    norm: NormKind = "rmsnorm"
+    position: PositionKind = "rotary"
+    max_position: int = Field(default=4096, ge=1, le=100_000_000)
+    qkv_bias: bool = False
+    bias: bool = False  # biases on the attention output and MLP linears
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
+
+    # Mixture of experts.
+    experts: int = Field(default=0, ge=0, le=100_000)
+    top_k: int = Field(default=0, ge=0, le=100_000)
+    expert_ffn: int | None = Field(default=None, ge=1, le=10_000_000)
+    shared_experts: int = Field(default=0, ge=0, le=1000)
+    shared_expert_ffn: int | None = Field(default=None, ge=1, le=10_000_000)
+    shared_expert_gate: bool = False  # sigmoid gate on the shared expert (Qwen-MoE)
+    first_dense_layers: int = Field(default=0, ge=0)
+    moe_layer_freq: int = Field(default=1, ge=1)
+    capacity_factor: float | None = Field(default=None, gt=0, le=1000)
+    router_bias: bool = False  # per-expert score-correction bias (DeepSeek-V3)
+
+    # Multi-head latent attention (DeepSeek-V2/V3).
+    q_lora_rank: int | None = Field(default=None, ge=1)
+    kv_lora_rank: int | None = Field(default=None, ge=1)
+    qk_rope_head_dim: int | None = Field(default=None, ge=0)
+    qk_nope_head_dim: int | None = Field(default=None, ge=0)
+    v_head_dim: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        kv = self.n_kv_heads
+        if self.heads % kv != 0:
+            raise ValueError(
+                f"kv_heads ({kv}) must divide heads ({self.heads}) for grouped-query attention"
+            )
+        if self.head_dim is None and not self.is_mla and self.hidden % self.heads != 0:
+            raise ValueError(
+                f"heads ({self.heads}) must divide hidden ({self.hidden}) unless head_dim is given"
+            )
+        if self.experts:
+            if not 1 <= self.top_k <= self.experts:
+                raise ValueError(f"top_k must be between 1 and experts ({self.experts})")
+            if self.first_dense_layers >= self.layers:
+                raise ValueError("first_dense_layers must be below layers")
+        elif self.top_k or self.shared_experts:
+            raise ValueError("top_k and shared_experts need experts > 0")
+        if self.is_mla and (self.qk_rope_head_dim is None or self.qk_nope_head_dim is None
+                            or self.v_head_dim is None):
+            raise ValueError("MLA needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
+        return self
+
+    # ---- derived shapes -------------------------------------------------------------
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection (all heads)."""
+        if self.is_mla:
+            return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        return self.heads * self.dim_head
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (= value) projection (all KV heads)."""
+        if self.is_mla:
+            return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        return self.n_kv_heads * self.dim_head
+
+    @property
+    def v_dim(self) -> int:
+        return self.heads * self.v_head_dim if self.is_mla else self.kv_dim
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Width of the attention output fed to the output projection."""
+        return self.heads * self.v_head_dim if self.is_mla else self.q_dim
+
+    @property
+    def n_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
+
+    def is_moe_layer(self, index: int) -> bool:
+        """DeepSeek rule (modeling_deepseek.py): dense below first_dense_layers, then MoE
+        on every layer whose index is a multiple of moe_layer_freq."""
+        if not self.is_moe or index < self.first_dense_layers:
+            return False
+        return index % self.moe_layer_freq == 0
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.mlp == "swiglu" else 2
+
+    # ---- weight inventory ----------------------------------------------------------
+    def attention_linears(self) -> list[Linear]:
+        h = self.hidden
+        if self.is_mla:
+            nope, rope, vd = self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+            a = self.heads
+            out: list[Linear] = []
+            if self.q_lora_rank:
+                out += [Linear("q_a", h, self.q_lora_rank, "none"),
+                        Linear("q", self.q_lora_rank, a * (nope + rope), "col")]
+            else:
+                out.append(Linear("q", h, a * (nope + rope), "col"))
+            out += [Linear("kv_a", h, self.kv_lora_rank + rope, "none"),
+                    Linear("kv_b", self.kv_lora_rank, a * (nope + vd), "col"),
+                    Linear("o", a * vd, h, "row", bias=self.bias)]
+            return out
+        return [
+            Linear("q", h, self.q_dim, "col", bias=self.qkv_bias),
+            Linear("k", h, self.kv_dim, "kv", bias=self.qkv_bias),
+            Linear("v", h, self.kv_dim, "kv", bias=self.qkv_bias),
+            Linear("o", self.q_dim, h, "row", bias=self.bias),
+        ]
+
+    def mlp_linears(self, ffn: int, *, expert: bool = False, count: int = 1) -> list[Linear]:
+        h = self.hidden
+        up = [Linear("up", h, ffn, "col", bias=self.bias, expert=expert, count=count)]
+        if self.mlp == "swiglu":
+            up.insert(0, Linear("gate", h, ffn, "col", bias=self.bias, expert=expert, count=count))
+        return up + [Linear("down", ffn, h, "row", bias=self.bias, expert=expert, count=count)]
+
+    def layer_linears(self, index: int) -> list[Linear]:
+        out = self.attention_linears()
+        if self.is_moe_layer(index):
+            out += self.mlp_linears(self.expert_ffn or self.ffn, expert=True, count=self.experts)
+            if self.shared_experts:
+                shared_ffn = self.shared_expert_ffn or (self.expert_ffn or self.ffn)
+                out += self.mlp_linears(shared_ffn * self.shared_experts)
+            out.append(Linear("router", self.hidden, self.experts, "none"))
+            if self.shared_expert_gate:
+                out.append(Linear("shared_gate", self.hidden, 1, "none"))
+        else:
+            out += self.mlp_linears(self.ffn)
+        return out
+
+    def layer_vector_params(self, index: int) -> int:
+        """Norm weights/biases and other per-layer vectors not in `layer_linears`."""
+        norm = 2 * self.hidden if self.norm == "layernorm" else self.hidden
+        n = 2 * norm  # pre-attention and pre-MLP norms
+        if self.qk_norm:
+            n += 2 * self.dim_head
+        if self.is_mla:
+            n += self.kv_lora_rank + (self.q_lora_rank or 0)  # latent RMSNorms
+        if self.is_moe_layer(index) and self.router_bias:
+            n += self.experts
+        return n
+
+    # ---- parameter counts ----------------------------------------------------------
+    def layer_params(self, index: int) -> int:
+        return sum(lin.params for lin in self.layer_linears(index)) + self.layer_vector_params(index)
+
+    def layer_active_params(self, index: int) -> int:
+        total = self.layer_params(index)
+        if not self.is_moe_layer(index):
+            return total
+        routed = sum(lin.params for lin in self.layer_linears(index) if lin.expert)
+        return total - routed + routed * self.top_k // self.experts
+
+    @property
+    def embedding_params(self) -> int:
+        pos = self.max_position * self.hidden if self.position == "learned" else 0
+        return self.vocab * self.hidden + pos
+
+    @property
+    def head_params(self) -> int:
+        """Final norm plus the output projection (zero extra when tied)."""
+        norm = 2 * self.hidden if self.norm == "layernorm" else self.hidden
+        return norm + (0 if self.tied_embeddings else self.vocab * self.hidden)
+
+    @property
+    def params(self) -> int:
+        return (self.embedding_params + self.head_params
+                + sum(self.layer_params(i) for i in range(self.layers)))
+
+    @property
+    def active_params(self) -> int:
+        return (self.embedding_params + self.head_params
+                + sum(self.layer_active_params(i) for i in range(self.layers)))
+
+    @property
+    def non_embedding_params(self) -> int:
+        return self.params - self.embedding_params
+
+    def summary(self) -> dict:
+        return {"name": self.name, "params": self.params, "active_params": self.active_params}
