@@ -11,13 +11,16 @@ MLP width f (elements; `act` bytes each unless stated):
 * linear: its input (the previous op's output), only when its weight is trainable.
 * attention core: q, k, v (new tensors after RoPE, or views of the fused QKV output; their
   storage is q + k + v either way), then
-    - flash (FlashAttention, bshd layout): the output (the output projection's input is a
-      view of it) and the fp32 log-sum-exp per head;
-    - sdpa (`torch.nn.functional.scaled_dot_product_attention`, bhsd layout): the same, plus
-      the contiguous copy the output projection saves after the transpose back;
+    - flash (FlashAttention) and sdpa (`torch.nn.functional.scaled_dot_product_attention`,
+      which dispatches to its flash or memory-efficient kernels): the output and the fp32
+      log-sum-exp per head. The kernels return the output in (batch, seq, heads, dim)
+      memory order, so the transpose back before the output projection is a view and the
+      projection's saved input is the same storage (measured on torch 2.13, CPU);
     - eager (materialised scores): the softmax output, a·s² per sequence, plus with dropout
       its 1-byte mask and the dropped copy; keys and values repeated to every query head
-      for GQA; the output projection's input.
+      for GQA; the output projection's input (a contiguous copy of probs @ V); and once per
+      micro-batch the s² boolean causal mask (`masked_fill` keeps it).
+* RoPE: the cos and sin tables (seq x rotary dim each), once per micro-batch.
 * GELU MLP: the GELU input f and output f. SwiGLU: eager keeps gate, silu(gate), up and
   their product (4f); a fused SwiGLU kernel keeps gate and up and recomputes silu (3f).
 * dropout: a 1-byte mask per element (CUDA's bool mask).
@@ -93,6 +96,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     eager_norm = (1 - np.asarray(fused)) * (0 if shape.layernorm else 1)
     stats = 2 if shape.layernorm else 1
     flash, sdpa, eager = (np.asarray(attention) == i for i in range(3))
+    fused_attn = flash | sdpa
     # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
     # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
     kv_div = np.where(eager, tp, np.minimum(tp, shape.kv_heads))
@@ -104,9 +108,9 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     k_w = np.where(eager, shape.q, shape.k)  # eager GQA repeats K/V to every query head
     v_w = np.where(eager, shape.attn_out, shape.v)
     t["qkv"] = tokens * (shape.q / tp + (k_w + v_w) / kv_div) * act_bytes
-    t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * (flash | sdpa)
-    t["attn_lse"] = tokens * shape.heads * FP32 / tp * (flash | sdpa)
-    t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * (sdpa | eager) * save["o"]
+    t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn
+    t["attn_lse"] = tokens * shape.heads * FP32 / tp * fused_attn
+    t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * eager * save["o"]
     scores = tokens * seq * shape.heads / tp  # a·s² per sequence = a·s per token
     keep_scores = eager * (np.asarray(recompute) == 0)
     t["attn_scores"] = scores * (act_bytes + dropout * (MASK_BYTES + act_bytes)) * keep_scores
@@ -142,6 +146,15 @@ def checkpoint_bytes(hidden, *, tokens, tp, sp, act_bytes):
     """Full recompute keeps only each layer's input (Korthikanti et al. 2023: 2sbh per layer
     in 16 bits; divided by t when sequence parallelism already splits it)."""
     return tokens * hidden * act_bytes / np.where(sp, tp, 1)
+
+
+def stage_terms(*, seq, cp, rope_dim, act_bytes, attention, recompute) -> dict:
+    """Per-micro-batch tensors every stage keeps once (not per layer)."""
+    keep_scores = (np.asarray(attention) == ATTENTION_CODE["eager"]) * (np.asarray(recompute) == 0)
+    return {
+        "attention_mask": keep_scores * (seq / cp) ** 2 * MASK_BYTES,
+        "rope_tables": 2 * (seq / cp) * rope_dim * act_bytes,
+    }
 
 
 def embedding_terms(hidden, *, tokens, tp, sp, dropout) -> dict:

@@ -75,6 +75,7 @@ class ModelNumbers:
     hidden: int
     position_params: int  # learned position embedding (replicated)
     norm_params: int  # final norm
+    rope_dim: int  # rotary dimension per head (0 without RoPE)
     tied: bool
     layernorm: bool
 
@@ -106,6 +107,7 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         position_params=model.max_position * model.hidden if model.position == "learned" else 0,
         norm_params=(2 if model.norm == "layernorm" else 1) * model.hidden,
         tied=model.tied_embeddings, layernorm=model.norm == "layernorm",
+        rope_dim=0 if model.position != "rotary" else (model.qk_rope_head_dim if model.is_mla else model.dim_head),
     )
 
 
@@ -189,6 +191,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         "recompute_working_set": np.where(n_ckpt > 0, np.maximum(
             np.where(dense_layers > 0, dense_layer, 0), np.where(moe_layers > 0, moe_layer, 0)), 0.0),
         "embedding": first * sum(emb.values()) * in_flight_mb,
+        "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.act_bytes,
+                                             attention=attention, recompute=recompute).values()) * in_flight_mb,
         "head_and_loss": last * sum(hd.values()) * logits_in_flight,
         "autocast_weight_copies": p_stage * r.autocast_copy_bytes,
     }

@@ -1,0 +1,1 @@
+"""Run a plan's model for real in PyTorch (optional extra `torch`) and measure it."""

@@ -1,0 +1,147 @@
+"""Reference PyTorch implementations of the catalog's dense architectures, built from a
+ModelSpec at any size: GPT-2 style (LayerNorm, learned positions, fused QKV with biases,
+GELU) and Llama style (RMSNorm, RoPE, GQA, SwiGLU). Written the way Hugging Face
+`transformers` writes them (eager RMSNorm and SwiGLU, SDPA or eager attention), so what
+autograd saves here is what those models save. torch is imported lazily by callers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..specs.model import ModelSpec
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _norm(spec: ModelSpec, dim: int) -> nn.Module:
+    return nn.LayerNorm(dim) if spec.norm == "layernorm" else RMSNorm(dim)
+
+
+def rope_tables(seq: int, dim: int, device, dtype, base: float = 10000.0):
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+    ang = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv)
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rot * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float):
+        super().__init__()
+        self.spec, self.attention, self.p = spec, attention, dropout
+        h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
+        self.fused = spec.position != "rotary"  # GPT-2's c_attn: one QKV projection
+        if self.fused:
+            self.qkv = nn.Linear(h, q + 2 * kv, bias=spec.qkv_bias)
+        else:
+            self.q = nn.Linear(h, q, bias=spec.qkv_bias)
+            self.k = nn.Linear(h, kv, bias=spec.qkv_bias)
+            self.v = nn.Linear(h, kv, bias=spec.qkv_bias)
+        self.o = nn.Linear(q, h, bias=spec.bias)
+
+    def forward(self, x, rope, causal):
+        b, s, _ = x.shape
+        a, kvh, d = self.spec.heads, self.spec.n_kv_heads, self.spec.dim_head
+        if self.fused:
+            q, k, v = self.qkv(x).split([a * d, kvh * d, kvh * d], dim=-1)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
+        q = q.view(b, s, a, d).transpose(1, 2)
+        k = k.view(b, s, kvh, d).transpose(1, 2)
+        v = v.view(b, s, kvh, d).transpose(1, 2)
+        if rope is not None:
+            q, k = _rotate(q, *rope), _rotate(k, *rope)
+        p = self.p if self.training else 0.0
+        if self.attention == "eager":
+            if kvh != a:  # repeat K/V to every query head, as transformers' repeat_kv does
+                k = k.repeat_interleave(a // kvh, dim=1)
+                v = v.repeat_interleave(a // kvh, dim=1)
+            scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+            probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+            out = F.dropout(probs, p, self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p,
+                                                 enable_gqa=kvh != a)
+        out = out.transpose(1, 2).contiguous().view(b, s, a * d)
+        return F.dropout(self.o(out), p, self.training)
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, dropout: float):
+        super().__init__()
+        h, f = spec.hidden, spec.ffn
+        self.swiglu, self.p = spec.mlp == "swiglu", dropout
+        self.up = nn.Linear(h, f, bias=spec.bias)
+        self.down = nn.Linear(f, h, bias=spec.bias)
+        if self.swiglu:
+            self.gate = nn.Linear(h, f, bias=spec.bias)
+
+    def forward(self, x):
+        if self.swiglu:
+            y = F.silu(self.gate(x)) * self.up(x)
+        else:
+            y = F.gelu(self.up(x), approximate="tanh")
+        return F.dropout(self.down(y), self.p, self.training)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float):
+        super().__init__()
+        self.norm1, self.norm2 = _norm(spec, spec.hidden), _norm(spec, spec.hidden)
+        self.attn = Attention(spec, attention, dropout)
+        self.mlp = MLP(spec, dropout)
+
+    def forward(self, x, rope, causal):
+        x = x + self.attn(self.norm1(x), rope, causal)
+        return x + self.mlp(self.norm2(x))
+
+
+class DecoderLM(nn.Module):
+    """Embedding, blocks, final norm, output head and the cross-entropy loss."""
+
+    def __init__(self, spec: ModelSpec, attention: str = "sdpa", dropout: float = 0.0):
+        super().__init__()
+        if spec.is_moe or spec.is_mla:
+            raise ValueError("reference models cover dense architectures")
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos = nn.Embedding(spec.max_position, spec.hidden) if spec.position == "learned" else None
+        self.blocks = nn.ModuleList(Block(spec, attention, dropout) for _ in range(spec.layers))
+        self.norm = _norm(spec, spec.hidden)
+        self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        if spec.tied_embeddings:
+            self.head.weight = self.embed.weight
+        self.p = dropout
+
+    def forward(self, ids, targets):
+        b, s = ids.shape
+        x = self.embed(ids)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(s, device=ids.device))
+        x = F.dropout(x, self.p, self.training)
+        rope = None
+        if self.spec.position == "rotary":
+            rope = rope_tables(s, self.spec.dim_head, ids.device, x.dtype)
+        # One boolean causal mask per forward, shared by the layers (eager attention only).
+        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).triu(1)
+        for blk in self.blocks:
+            x = blk(x, rope, causal)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.float().view(b * s, -1), targets.view(-1))
