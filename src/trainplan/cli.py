@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Annotated
 
 import typer
@@ -25,40 +25,40 @@ def _fail(err: PlanError) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-class RecomputeOpt(str, Enum):
+class RecomputeOpt(StrEnum):
     none = "none"
     selective = "selective"
     full = "full"
 
 
-class ScheduleOpt(str, Enum):
+class ScheduleOpt(StrEnum):
     gpipe = "gpipe"
     one_f_one_b = "1f1b"
     interleaved = "interleaved"
     zb = "zb"
 
 
-class PrecisionOpt(str, Enum):
+class PrecisionOpt(StrEnum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
     fp8 = "fp8"
 
 
-class AttentionOpt(str, Enum):
+class AttentionOpt(StrEnum):
     flash = "flash"
     sdpa = "sdpa"
     eager = "eager"
 
 
-class FrameworkOpt(str, Enum):
+class FrameworkOpt(StrEnum):
     deepspeed = "deepspeed"
     megatron = "megatron"
     fsdp = "fsdp"
     torch = "torch"
 
 
-class OptimizerOpt(str, Enum):
+class OptimizerOpt(StrEnum):
     adamw = "adamw"
     adam = "adam"
     sgd = "sgd"
@@ -68,13 +68,13 @@ class OptimizerOpt(str, Enum):
     lion = "lion"
 
 
-class FinetuneOpt(str, Enum):
+class FinetuneOpt(StrEnum):
     full = "full"
     lora = "lora"
     qlora = "qlora"
 
 
-class GradDtypeOpt(str, Enum):
+class GradDtypeOpt(StrEnum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"

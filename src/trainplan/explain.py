@@ -42,23 +42,25 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
     out.append(f"  weights      = P x {wb:g} B{wdiv} = {_g(pick(m['params']))}")
     gdiv = f" / {shard}" if L.zero >= 2 else ""
     out.append(f"  gradients    = T x {r.grad_bytes:g} B{gdiv} = {_g(pick(m['grads']))}")
-    odiv = f" / {shard}" if L.zero >= 1 else ""
+    exp_shard = max(shard // L.ep, 1)
+    odiv = (f" / {shard}" + (f" (experts / {exp_shard})" if L.model.is_moe else "")) if L.zero >= 1 else ""
     opt = f"{r.optimizer_bytes:g} B ({p.optimizer})" + (" + 4 B x (rows + cols) per matrix" if r.factored_optimizer else "")
     out.append(f"  optimizer    = T x ({r.master_bytes:g} B master + {opt}){odiv}"
                f" = {_g(pick(m['optimizer']))}" + (" (offloaded to CPU)" if p.offload_optimizer else ""))
-    per_layer = {k: float(np.asarray(v).flat[0]) for k, v in m["dense_layer_terms"].items()}
-    n_layer = sum(per_layer.values())
-    out.append(f"  activations per layer per micro-batch (b={L.mbs}, s={L.seq_len}, tokens/rank={_n(tokens)}):"
-               f" {_g(n_layer)}")
-    for k, v in per_layer.items():
-        if v:
-            out.append(f"      {k:<20s} {_g(v)}")
-    if m["moe_layer_terms"]:
-        moe = sum(float(np.asarray(v).flat[0]) for v in m["moe_layer_terms"].values())
-        out.append(f"    MoE layer: {_g(moe)} (router, dispatched tokens x top-{L.model.top_k}, expert MLPs)")
+    kinds = [("dense", m["dense_layer_terms"], L.stage_dense_layers[i]),
+             ("MoE", m["moe_layer_terms"], L.stage_moe_layers[i])]
+    for kind, terms, count in kinds:
+        if not count:
+            continue
+        per_layer = {k: float(np.asarray(v).flat[0]) for k, v in terms.items()}
+        out.append(f"  activations per {kind} layer per micro-batch (b={L.mbs}, s={L.seq_len}, "
+                   f"tokens/rank={_n(tokens)}): {_g(sum(per_layer.values()))} x {count} layers")
+        for k, v in per_layer.items():
+            if v:
+                out.append(f"      {k:<20s} {_g(v)}")
     parts = {k: pick(v) for k, v in m["activation_parts"].items()}
     flight = float(in_flight(SCHEDULE_CODE[p.schedule], i, L.pp, L.micro_batches, L.vpp))
-    out.append(f"  activations  = {L.stage_layers[i]} layers x per-layer x {flight:g} micro-batches in flight "
+    out.append(f"  activations  = {L.stage_layers[i]} layers x per-layer x {flight:g} micro-batch(es) in flight "
                f"({p.schedule}, m={L.micro_batches}) + embedding/head terms = {_g(pick(m['activations']))}")
     for k, v in parts.items():
         if v:

@@ -118,7 +118,8 @@ def conventions() -> dict:
 
 # ---- model and accelerator lookup -------------------------------------------------------
 @lru_cache(maxsize=256)
-def _model_from_path(path: str) -> ModelSpec:
+def _model_from_file(path: str, mtime_ns: int, size: int) -> ModelSpec:
+    """Parse a spec file; cached per (path, modification time, size) so edits are seen."""
     p = Path(path)
     if p.suffix == ".toml":
         data = catalog.read_toml(p, "model")
@@ -127,6 +128,14 @@ def _model_from_path(path: str) -> ModelSpec:
         except ValidationError as exc:
             raise from_pydantic(exc, "model.") from None
     return hf.from_file(p)
+
+
+def _model_from_path(path: str) -> ModelSpec:
+    try:
+        st = Path(path).stat()
+    except OSError as exc:
+        raise PlanError("model", f"cannot read {path} ({exc.strerror or exc})") from None
+    return _model_from_file(path, st.st_mtime_ns, st.st_size)
 
 
 def load_model(plan: Plan) -> ModelSpec:

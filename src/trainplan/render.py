@@ -51,7 +51,7 @@ def render_plan(data: dict) -> None:
             f"TP {par['tp']} · PP {par['pp']} · DP {par['dp']} · CP {par['cp']} · EP {par['ep']} · "
             f"ZeRO-{par['zero']}{' · SP' if par['sp'] else ''}")
     c.print(f"micro-batch {par['mbs']} x seq {par['seq_len']}, global batch {par['gbs']} "
-            f"({par['micro_batches']} micro-batches/step), recompute {par['recompute']}, "
+            f"({par['micro_batches']} micro-batch{'es' if par['micro_batches'] != 1 else ''} per step), recompute {par['recompute']}, "
             f"schedule {par['schedule']}{' v=' + str(par['vpp']) if par['vpp'] > 1 else ''}")
     bpp = tr["bytes_per_param"]
     c.print(f"{tr['precision']} · {tr['optimizer']} · {tr['framework']} conventions "
@@ -72,7 +72,7 @@ def render_plan(data: dict) -> None:
                   _gib(s["total_bytes"]), memory_bar(s, mem["capacity_bytes"]))
     c.print(t)
     legend = Text("  ")
-    for (key, glyph, colour), name in zip(SEGMENTS, ("params", "grads", "optimizer", "activations", "other"), strict=True):
+    for (_key, glyph, colour), name in zip(SEGMENTS, ("params", "grads", "optimizer", "activations", "other"), strict=True):
         legend.append(glyph, style=colour)
         legend.append(f" {name}  ")
     c.print(legend)

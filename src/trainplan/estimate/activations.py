@@ -157,9 +157,10 @@ def stage_terms(*, seq, cp, rope_dim, act_bytes, attention, recompute) -> dict:
     }
 
 
-def embedding_terms(hidden, *, tokens, tp, sp, dropout) -> dict:
+def embedding_terms(hidden, *, tokens, seq, cp, tp, sp, dropout, learned_positions) -> dict:
     return {
         "token_ids": tokens * TOKEN_ID_BYTES,
+        "position_ids": (seq / cp) * TOKEN_ID_BYTES * learned_positions,
         "embedding_dropout_mask": tokens * hidden * MASK_BYTES * dropout / np.where(sp, tp, 1),
     }
 

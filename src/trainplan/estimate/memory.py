@@ -151,8 +151,12 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         div_e = np.where(zero >= stage_from, shard_expert, 1)
         return per_param_bytes * (trainable_dense / div_d + trainable_expert / div_e)
 
-    frozen = np.where(lora, p_stage, 0.0)
-    weights = np.where(lora, frozen * r.frozen_weight_bytes + adapters * r.weight_bytes,
+    # LoRA/QLoRA: the layers' weight matrices are frozen (quantized under QLoRA, which
+    # bitsandbytes applies to nn.Linear layers only); embeddings, output head and norms stay
+    # in the 16-bit compute dtype.
+    quantizable = (dense_layers * (d_dense - mn.dense.rep) + moe_layers * (m_dense - mn.moe.rep) + p_expert)
+    frozen_bytes = quantizable * r.frozen_weight_bytes + (p_stage - quantizable) * r.compute_weight_bytes
+    weights = np.where(lora, frozen_bytes + adapters * r.weight_bytes,
                        p_dense * r.weight_bytes / np.where(zero >= 3, shard_dense, 1)
                        + p_expert * r.weight_bytes / np.where(zero >= 3, shard_expert, 1))
     weights = np.where(offload_params, 0.0, weights)
@@ -181,7 +185,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     frac_ckpt = np.where(layers > 0, n_ckpt / np.maximum(layers, 1), 0.0)
     stored_layers = dense_layers * dense_layer + moe_layers * moe_layer
     per_mb_layers = stored_layers * (1 - frac_ckpt) + n_ckpt * ckpt
-    emb = act.embedding_terms(h, tokens=tokens, tp=tp, sp=sp, dropout=dropout)
+    emb = act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
+                              learned_positions=float(mn.position_params > 0))
     hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.act_bytes,
                         linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
                         fused=float(r.fused_kernels))

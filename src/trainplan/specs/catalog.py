@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import tomllib
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -30,7 +30,7 @@ def read_toml(path: Path, field: str) -> dict:
         raise PlanError(field, f"cannot read {path} ({exc.strerror})") from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(kind: str) -> dict[str, ModelSpec | GPUSpec]:
     cls = ModelSpec if kind == "models" else GPUSpec
     entries: dict[str, ModelSpec | GPUSpec] = {}

@@ -1,0 +1,50 @@
+"""Regenerate the example outputs embedded in README.md from the real CLI.
+
+Each block between `<!-- BEGIN name -->` and `<!-- END name -->` is replaced by the output
+of its command. Run: .venv/bin/python scripts/regen_docs.py
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXE = Path(sys.executable).with_name("trainplan")
+
+BLOCKS = {
+    "plan-example": "trainplan plan --model llama-3-70b --gpu H100-SXM --gpus 64 --tp 8 --pp 4 --zero 1 "
+                    "--sp --recompute selective --gbs 256 --seq-len 8192",
+    "qlora-example": "trainplan plan --model llama-3-8b --gpu RTX-4090 --gpus 1 --finetune qlora "
+                     "--seq-len 2048 --recompute full",
+    "explain-example": "trainplan plan --model gpt2-xl --gpu V100 --gpus 1 --precision fp32 --explain",
+}
+
+
+def run(cmd: str) -> str:
+    args = shlex.split(cmd)
+    res = subprocess.run([str(EXE), *args[1:]], capture_output=True, text=True,
+                         env={"COLUMNS": "140", "PATH": "/usr/bin:/bin", "TERM": "dumb"})
+    if res.returncode not in (0,):
+        raise SystemExit(f"{cmd} failed: {res.stderr}")
+    return res.stdout.rstrip()
+
+
+def main() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    for name, cmd in BLOCKS.items():
+        body = f"```console\n$ {cmd}\n{run(cmd)}\n```"
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(\n<!-- END {name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md has no block {name}")
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
+    readme.write_text(text)
+    print(f"regenerated {len(BLOCKS)} blocks in README.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Exact parameter counts against published totals (each catalog entry cites its source)."""
+
+import math
+
+import pytest
+
+from trainplan.specs import catalog
+
+# (model, published total, published active or None, source). Tolerance 0.5% unless the
+# published figure is a rounded-down model-card number (see ROUNDED_DOWN).
+PUBLISHED = [
+    ("gpt2", 124_439_808, None, "HF model card / transformers count"),
+    ("gpt2-medium", 354_823_168, None, "HF model card"),
+    ("gpt2-large", 774_030_080, None, "HF model card"),
+    ("gpt2-xl", 1.558e9, None, "GPT-2 XL 1.558B (HF model card: 1.5B, 1,557,611,200 counted)"),
+    ("gpt3-175b", 175.0e9, None, "Brown et al. 2020 Table 2.1"),
+    ("megatron-22b", 22e9, None, "Korthikanti et al. 2023 Table 3"),
+    ("megatron-175b", 175e9, None, "Korthikanti et al. 2023 Table 3"),
+    ("megatron-530b", 530e9, None, "Korthikanti et al. 2023 Table 3 (MT-NLG)"),
+    ("megatron-1t", 1008.0e9, None, "Narayanan et al. 2021 Table 1 (1008.0B)"),
+    ("llama-2-7b", 6.74e9, None, "Touvron et al. 2023 / HF card: 6.74B"),
+    ("llama-2-13b", 13.0e9, None, "HF card: 13B (13,015,864,320)"),
+    ("llama-2-70b", 69.0e9, None, "HF card: 69B (68,976,648,192)"),
+    ("llama-3-8b", 8.03e9, None, "Meta Llama 3 card: 8.03B"),
+    ("llama-3-70b", 70.6e9, None, "Meta Llama 3 card: 70.6B"),
+    ("llama-3.1-8b", 8.03e9, None, "Meta Llama 3.1 card: 8.03B"),
+    ("llama-3.1-70b", 70.6e9, None, "Meta Llama 3.1 card: 70.6B"),
+    ("llama-3.1-405b", 405.9e9, None, "Meta Llama 3.1 card: 405.9B"),
+    ("mistral-7b", 7.24e9, None, "Mistral 7B card: 7.24B"),
+    ("mixtral-8x7b", 46.7e9, 12.9e9, "Jiang et al. 2024 (arXiv 2401.04088): 46.7B total, 12.9B active"),
+    ("mixtral-8x22b", 141e9, 39e9, "Mistral AI: 141B total, 39B active"),
+    ("qwen2.5-0.5b", 0.49e9, None, "Qwen2.5 card: 0.49B"),
+    ("qwen2.5-7b", 7.61e9, None, "Qwen2.5 card: 7.61B"),
+    ("qwen2.5-14b", 14.7e9, None, "Qwen2.5 card: 14.7B"),
+    ("qwen2.5-72b", 72.7e9, None, "Qwen2.5 card: 72.7B"),
+    ("qwen1.5-moe-a2.7b", 14.3e9, 2.7e9, "Qwen1.5-MoE card: 14.3B total, 2.7B activated"),
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9, "Qwen3 card: 30.5B total, 3.3B activated"),
+    ("deepseek-v3", 671e9, 37e9, "DeepSeek-V3 report: 671B total, 37B activated"),
+    ("gpt-neox-20b", 20_554_567_680, None, "Black et al. 2022"),
+]
+
+# Model-card figures truncated to the digits shown (e.g. 494,032,768 published as "0.49B",
+# DeepSeek-V3's 37.55B activated published as "37B"): the exact count must truncate to the
+# published figure, and stay within 2%.
+ROUNDED_DOWN = {("qwen2.5-0.5b", "total"): 2, ("qwen3-30b-a3b", "active"): 2,
+                ("deepseek-v3", "active"): 2}
+
+
+def _truncates_to(count: float, published: float, digits: int) -> bool:
+    scale = 10 ** (math.floor(math.log10(published)) - digits + 1)
+    return math.floor(count / scale) * scale == pytest.approx(published)
+
+
+@pytest.mark.parametrize("name,total,active,source", PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_parameter_counts_match_published(name, total, active, source):
+    spec = catalog.model(name)
+    assert spec.source, "every catalog entry cites a source"
+    for kind, count, published in (("total", spec.params, total), ("active", spec.active_params, active)):
+        if published is None:
+            continue
+        digits = ROUNDED_DOWN.get((name, kind))
+        if digits:
+            assert _truncates_to(count, published, digits), (name, kind, count, source)
+            assert count == pytest.approx(published, rel=0.02)
+        else:
+            assert count == pytest.approx(published, rel=0.005), (name, kind, count, source)
+
+
+def test_catalog_size_and_sources():
+    models = catalog.models()
+    assert len(models) >= 20
+    assert all(m.source for m in models)
+    gpus = catalog.gpus()
+    assert len(gpus) >= 20
+    assert all(g.source for g in gpus)
+
+
+def test_exact_counts_of_well_known_models():
+    # Exact integers from the models' published checkpoints (transformers' num_parameters()).
+    assert catalog.model("gpt2-xl").params == 1_557_611_200
+    assert catalog.model("llama-2-7b").params == 6_738_415_616
+    assert catalog.model("llama-3-8b").params == 8_030_261_248
+    assert catalog.model("mixtral-8x7b").params == 46_702_792_704
+
+
+@pytest.mark.parametrize("name,mem,bf16,hbm", [
+    ("H100-SXM", 80, 989, 3.35),  # NVIDIA H100 SXM datasheet (989.4 TF bf16 dense, 3.35 TB/s)
+    ("A100-80GB-SXM", 80, 312, 2.039),  # NVIDIA A100 datasheet
+    ("H200-SXM", 141, 989, 4.8),
+    ("B200", 180, 2250, 8.0),
+    ("MI300X", 192, 1307, 5.3),
+])
+def test_accelerator_figures(name, mem, bf16, hbm):
+    g = catalog.gpu(name)
+    assert g.memory_gib == mem
+    assert g.peak("bf16") == pytest.approx(bf16 * 1e12)
+    assert g.hbm_tbs == pytest.approx(hbm)
+
+
+def test_gpu_aliases_and_unknown():
+    from trainplan.errors import PlanError
+
+    assert catalog.gpu("h100").name == "H100-SXM"
+    with pytest.raises(PlanError) as e:
+        catalog.gpu("h1000")
+    assert e.value.field == "gpu" and "h100" in str(e.value).lower()
