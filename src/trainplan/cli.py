@@ -8,11 +8,21 @@ from __future__ import annotations
 import json
 import sys
 from enum import Enum, StrEnum
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 
 from .errors import PlanError
+from .plan_types import (
+    Attention,
+    Finetune,
+    Framework,
+    GradDtype,
+    Optimizer,
+    Precision,
+    Recompute,
+    Schedule,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
                   help="Plan and measure large-language-model training on GPUs.")
@@ -25,59 +35,19 @@ def _fail(err: PlanError) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
-class RecomputeOpt(StrEnum):
-    none = "none"
-    selective = "selective"
-    full = "full"
+def _choices(name: str, literal) -> type[StrEnum]:
+    """A CLI choice type built from the plan's Literal, so the allowed values live in one place."""
+    return StrEnum(name, {v: v for v in get_args(literal)})
 
 
-class ScheduleOpt(StrEnum):
-    gpipe = "gpipe"
-    one_f_one_b = "1f1b"
-    interleaved = "interleaved"
-    zb = "zb"
-
-
-class PrecisionOpt(StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp8 = "fp8"
-
-
-class AttentionOpt(StrEnum):
-    flash = "flash"
-    sdpa = "sdpa"
-    eager = "eager"
-
-
-class FrameworkOpt(StrEnum):
-    deepspeed = "deepspeed"
-    megatron = "megatron"
-    fsdp = "fsdp"
-    torch = "torch"
-
-
-class OptimizerOpt(StrEnum):
-    adamw = "adamw"
-    adam = "adam"
-    sgd = "sgd"
-    sgd_momentum = "sgd-momentum"
-    adafactor = "adafactor"
-    adam_8bit = "adam-8bit"
-    lion = "lion"
-
-
-class FinetuneOpt(StrEnum):
-    full = "full"
-    lora = "lora"
-    qlora = "qlora"
-
-
-class GradDtypeOpt(StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
+RecomputeOpt = _choices("RecomputeOpt", Recompute)
+ScheduleOpt = _choices("ScheduleOpt", Schedule)
+PrecisionOpt = _choices("PrecisionOpt", Precision)
+AttentionOpt = _choices("AttentionOpt", Attention)
+FrameworkOpt = _choices("FrameworkOpt", Framework)
+OptimizerOpt = _choices("OptimizerOpt", Optimizer)
+FinetuneOpt = _choices("FinetuneOpt", Finetune)
+GradDtypeOpt = _choices("GradDtypeOpt", GradDtype)
 
 
 def _v(x):
@@ -100,20 +70,20 @@ def plan(
     mbs: Annotated[int, typer.Option(help="Micro-batch size (sequences)")] = 1,
     gbs: Annotated[int | None, typer.Option(help="Global batch (sequences); gradient accumulation = gbs / (dp x mbs)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length (default min(model max, 4096))")] = None,
-    recompute: Annotated[RecomputeOpt, typer.Option(help="Activation recomputation")] = RecomputeOpt.none,
+    recompute: Annotated[RecomputeOpt, typer.Option(help="Activation recomputation")] = RecomputeOpt("none"),
     recompute_layers: Annotated[int | None, typer.Option(help="With --recompute full: layers per stage to recompute")] = None,
-    schedule: Annotated[ScheduleOpt, typer.Option(help="Pipeline schedule")] = ScheduleOpt.one_f_one_b,
+    schedule: Annotated[ScheduleOpt, typer.Option(help="Pipeline schedule")] = ScheduleOpt("1f1b"),
     vpp: Annotated[int | None, typer.Option(help="Virtual stages per GPU (interleaved schedule)")] = None,
     stage_layers: Annotated[str | None, typer.Option(help="Layers per pipeline stage, e.g. 7,8,8,7")] = None,
-    precision: Annotated[PrecisionOpt, typer.Option(help="fp32, or 16-bit / fp8 mixed precision with fp32 master weights")] = PrecisionOpt.bf16,
+    precision: Annotated[PrecisionOpt, typer.Option(help="fp32, or 16-bit / fp8 mixed precision with fp32 master weights")] = PrecisionOpt("bf16"),
     grad_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Override the framework's gradient dtype")] = None,
-    optimizer: Annotated[OptimizerOpt, typer.Option(help="Optimizer")] = OptimizerOpt.adamw,
+    optimizer: Annotated[OptimizerOpt, typer.Option(help="Optimizer")] = OptimizerOpt("adamw"),
     offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer", help="Optimizer state and master weights on CPU")] = False,
     offload_params: Annotated[bool, typer.Option("--offload-params", help="Parameters on CPU (ZeRO-3)")] = False,
-    attention: Annotated[AttentionOpt, typer.Option(help="flash (FlashAttention), sdpa (PyTorch SDPA) or eager (materialised scores)")] = AttentionOpt.flash,
+    attention: Annotated[AttentionOpt, typer.Option(help="flash (FlashAttention), sdpa (PyTorch SDPA) or eager (materialised scores)")] = AttentionOpt("flash"),
     dropout: Annotated[float, typer.Option(help="Dropout probability (0 = off)")] = 0.0,
-    framework: Annotated[FrameworkOpt, typer.Option(help="Byte conventions: deepspeed, megatron, fsdp (FSDP2) or torch (DDP + autocast)")] = FrameworkOpt.deepspeed,
-    finetune: Annotated[FinetuneOpt, typer.Option(help="full, lora or qlora")] = FinetuneOpt.full,
+    framework: Annotated[FrameworkOpt, typer.Option(help="Byte conventions: deepspeed, megatron, fsdp (FSDP2) or torch (DDP + autocast)")] = FrameworkOpt("deepspeed"),
+    finetune: Annotated[FinetuneOpt, typer.Option(help="full, lora or qlora")] = FinetuneOpt("full"),
     lora_rank: Annotated[int, typer.Option(help="LoRA rank")] = 16,
     lora_targets: Annotated[str, typer.Option(help="LoRA target linears: q,k,v,o,gate,up,down")] = "q,k,v,o,gate,up,down",
     qlora_bits: Annotated[int, typer.Option(help="QLoRA base-weight bits: 4 (NF4) or 8")] = 4,

@@ -18,17 +18,19 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import PlanError, from_pydantic
+from .plan_types import (
+    Attention,
+    Finetune,
+    Framework,
+    GradDtype,
+    Optimizer,
+    Precision,
+    Recompute,
+    Schedule,
+)
 from .specs import catalog, hf
 from .specs.hardware import GPUSpec
 from .specs.model import LORA_TARGETS, ModelSpec
-
-Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
-Precision = Literal["fp32", "bf16", "fp16", "fp8"]
-Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit", "lion"]
-Attention = Literal["flash", "sdpa", "eager"]
-Framework = Literal["deepspeed", "megatron", "fsdp", "torch"]
-Finetune = Literal["full", "lora", "qlora"]
 
 # Upper bounds that catch typos (e.g. an extra zero) without limiting real clusters.
 MAX_GPUS = 1_000_000
@@ -64,7 +66,7 @@ class Plan(BaseModel):
     vpp: int | None = Field(default=None, ge=1, le=1024)
     stage_layers: list[int] | None = None
     precision: Precision = "bf16"
-    grad_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    grad_dtype: GradDtype | None = None
     optimizer: Optimizer = "adamw"
     offload_optimizer: bool = False
     offload_params: bool = False

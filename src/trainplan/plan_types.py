@@ -1,0 +1,12 @@
+"""The plan's categorical choices, shared by the plan model and the CLI."""
+
+from typing import Literal
+
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit", "lion"]
+Attention = Literal["flash", "sdpa", "eager"]
+Framework = Literal["deepspeed", "megatron", "fsdp", "torch"]
+Finetune = Literal["full", "lora", "qlora"]
+GradDtype = Literal["fp32", "bf16", "fp16"]
