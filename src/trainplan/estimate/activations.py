@@ -24,9 +24,10 @@ MLP width f (elements; `act` bytes each unless stated):
 * GELU MLP: the GELU input f and output f. SwiGLU: eager keeps gate, silu(gate), up and
   their product (4f); a fused SwiGLU kernel keeps gate and up and recomputes silu (3f).
 * dropout: a 1-byte mask per element (CUDA's bool mask).
-* MoE: router logits and probabilities (E each), the top-k weights, the dispatched copies
-  of each token (k·h, expert inputs) and the expert outputs before weighting (k·h), expert
-  MLP intermediates for k tokens, shared experts like a dense MLP.
+* MoE: fp32 router probabilities (E), int64 top-k indices and per routed token its indices
+  and gate weight; the dispatched copies of each token (k·h expert inputs), the expert
+  outputs before weighting (k·h) and, with an eager `index_add` combine, after (k·h);
+  expert MLP intermediates for k tokens; shared experts like a dense MLP.
 
 Checks: with flash attention and no dropout a GPT layer keeps 16·sbh elements; with
 16-bit activations and 1-byte dropout masks that is Korthikanti et al. 2023's 34·sbh
@@ -50,7 +51,8 @@ RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
 
 FP32 = 4
 TOKEN_ID_BYTES = 8  # int64 token ids, kept by the embedding's backward
-MASK_BYTES = 1  # torch.bool dropout mask (CUDA)
+INDEX_BYTES = 8  # int64 indices (top-k choices, gather/scatter indices)
+MASK_BYTES = 1  # torch.bool dropout mask (CUDA); CPU kernels keep a mask in the input dtype
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class LayerShape:
     ffn: int  # dense MLP width
     mlp_matrices: int  # 2 for GELU, 3 for SwiGLU
     layernorm: bool
+    qkv_projections: int = 3  # linears reading the attention input (1 when QKV is fused)
     experts: int = 0
     top_k: int = 0
     expert_ffn: int = 0
@@ -76,8 +79,8 @@ class LayerShape:
 
 
 def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
-                linear_in_bytes, attention, recompute, fused, dropout,
-                saves=None) -> dict:
+                linear_in_bytes, residual_bytes=None, autocast=0, attention, recompute, fused, dropout,
+                saves=None, mask_bytes=MASK_BYTES) -> dict:
     """Bytes one layer saves for one micro-batch, by term.
 
     tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
@@ -87,6 +90,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     dropout is on; saves: 0/1 per LoRA target name for whether a linear's input is kept
     (None = full training, every linear trainable).
     """
+    residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     s = saves or {}
     save = {n: s.get(n, 1) for n in ("q", "k", "v", "o", "gate", "up", "down")}
     save_attn_in = np.maximum(np.maximum(save["q"], save["k"]), save["v"])
@@ -99,30 +103,49 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     fused_attn = flash | sdpa
     # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
     # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
-    kv_div = np.where(eager, tp, np.minimum(tp, shape.kv_heads))
+    kv_div = np.where(eager & (np.asarray(recompute) == 0), tp, np.minimum(tp, shape.kv_heads))
     t = {}
     # -- attention block
-    t["attn_norm"] = tokens * (h * (1 + eager_norm) * act_bytes + stats * FP32) / rep
-    t["attn_input"] = tokens * h * save_attn_in * linear_in_bytes / rep
+    t["attn_norm"] = tokens * (h * (1 + eager_norm) * residual_bytes + stats * FP32) / rep
+    # torch.autocast casts a shared fp32 input once per linear that reads it (only weights
+    # are cached), so q, k and v projections each keep their own 16-bit copy.
+    qkv_copies = 1 + autocast * (shape.qkv_projections - 1)
+    mlp_copies = 1 + autocast * (shape.mlp_matrices - 2)
+    t["attn_input"] = tokens * h * save_attn_in * linear_in_bytes * qkv_copies / rep
     t["mla_latents"] = tokens * shape.latent * (2 + eager_norm) * act_bytes / rep
-    k_w = np.where(eager, shape.q, shape.k)  # eager GQA repeats K/V to every query head
-    v_w = np.where(eager, shape.attn_out, shape.v)
+    no_recompute = np.asarray(recompute) == 0
+    # Eager GQA repeats K/V to every query head; the repeated copies are saved unless the
+    # attention core is recomputed (then its inputs, the unrepeated K/V, are kept).
+    k_w = np.where(eager & no_recompute, shape.q, shape.k)
+    v_w = np.where(eager & no_recompute, shape.attn_out, shape.v)
     t["qkv"] = tokens * (shape.q / tp + (k_w + v_w) / kv_div) * act_bytes
     t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn
-    t["attn_lse"] = tokens * shape.heads * FP32 / tp * fused_attn
+    t["attn_lse"] = tokens * shape.heads * FP32 / tp * fused_attn * no_recompute
     t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * eager * save["o"]
     scores = tokens * seq * shape.heads / tp  # a·s² per sequence = a·s per token
-    keep_scores = eager * (np.asarray(recompute) == 0)
-    t["attn_scores"] = scores * (act_bytes + dropout * (MASK_BYTES + act_bytes)) * keep_scores
-    t["attn_dropout_mask"] = tokens * h * MASK_BYTES * dropout / rep
+    keep_scores = eager * no_recompute
+    t["attn_scores"] = scores * (act_bytes + dropout * (mask_bytes + act_bytes)) * keep_scores
+    t["attn_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
     # -- MLP block
-    t["mlp_norm"] = tokens * (h * (1 + eager_norm) * act_bytes + stats * FP32) / rep
-    t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes / rep
-    t["mlp_dropout_mask"] = tokens * h * MASK_BYTES * dropout / rep
+    t["mlp_norm"] = tokens * (h * (1 + eager_norm) * residual_bytes + stats * FP32) / rep
+    t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * mlp_copies / rep
+    t["mlp_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
     if moe:
         e, k, cf = shape.experts, shape.top_k, shape.capacity_factor
-        t["router"] = tokens * (2 * e + k) * act_bytes / rep
-        t["expert_dispatch"] = tokens * 2 * k * cf * h * act_bytes / rep
+        # fp32 router probabilities, int64 top-k indices, and per routed token its int64
+        # token and slot indices and its gate weight
+        t["router"] = tokens * (e * FP32 + k * INDEX_BYTES * 3 + k * residual_bytes) / rep
+        # Routed copies of each token: the gathered expert inputs (under autocast, instead, each
+        # expert input projection's own 16-bit cast of them), the expert outputs kept by the
+        # gate-weight multiply and, with an eager `index_add` combine, the weighted outputs
+        # (its derivative formula reads `source`; a fused unpermute kernel does not).
+        inputs = (1 - autocast) * residual_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes
+        per_copy = inputs + act_bytes + residual_bytes * (1 - np.asarray(fused))
+        t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep
+        # Under autocast the router and the shared experts' input projections each cast the
+        # shared fp32 input; mlp_copies above counted one reader.
+        shared_readers = (shape.mlp_matrices - 1) * (shape.shared_ffn > 0)
+        t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * (1 + autocast * shared_readers) / rep
         t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused,
                                                       save["down"], act_bytes, linear_in_bytes) / tp
         t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused,
@@ -148,26 +171,29 @@ def checkpoint_bytes(hidden, *, tokens, tp, sp, act_bytes):
     return tokens * hidden * act_bytes / np.where(sp, tp, 1)
 
 
-def stage_terms(*, seq, cp, rope_dim, act_bytes, attention, recompute) -> dict:
-    """Per-micro-batch tensors every stage keeps once (not per layer)."""
-    keep_scores = (np.asarray(attention) == ATTENTION_CODE["eager"]) * (np.asarray(recompute) == 0)
+def stage_terms(*, seq, cp, rope_dim, act_bytes, attention) -> dict:
+    """Per-micro-batch tensors every stage keeps once (not per layer): eager attention's
+    causal mask (kept by `masked_fill`, or as a recomputed region's input) and RoPE tables."""
+    eager = np.asarray(attention) == ATTENTION_CODE["eager"]
     return {
-        "attention_mask": keep_scores * (seq / cp) ** 2 * MASK_BYTES,
+        "attention_mask": eager * (seq / cp) ** 2 * MASK_BYTES,
         "rope_tables": 2 * (seq / cp) * rope_dim * act_bytes,
     }
 
 
-def embedding_terms(hidden, *, tokens, seq, cp, tp, sp, dropout, learned_positions) -> dict:
+def embedding_terms(hidden, *, tokens, seq, cp, tp, sp, dropout, learned_positions,
+                    mask_bytes=MASK_BYTES) -> dict:
     return {
         "token_ids": tokens * TOKEN_ID_BYTES,
         "position_ids": (seq / cp) * TOKEN_ID_BYTES * learned_positions,
-        "embedding_dropout_mask": tokens * hidden * MASK_BYTES * dropout / np.where(sp, tp, 1),
+        "embedding_dropout_mask": tokens * hidden * mask_bytes * dropout / np.where(sp, tp, 1),
     }
 
 
 def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_bytes, layernorm, fused) -> dict:
-    """Final norm, the output layer's input and the fp32 log-probabilities the loss keeps
-    (vocab-parallel cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t)."""
+    """act_bytes here is the residual stream's dtype (the final norm's input)."""
+    # Final norm, the output layer's input and the fp32 log-probabilities the loss keeps
+    # (vocab-parallel cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t).
     rep = np.where(sp, tp, 1)
     eager_norm = (1 - np.asarray(fused)) * (0 if layernorm else 1)
     stats = 2 if layernorm else 1

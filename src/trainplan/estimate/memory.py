@@ -101,6 +101,7 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         mlp_matrices=model.mlp_matrices, layernorm=model.norm == "layernorm",
         experts=model.experts, top_k=model.top_k, expert_ffn=model.expert_ffn or model.ffn,
         shared_ffn=shared_ffn, capacity_factor=model.capacity_factor or 1.0,
+        qkv_projections=1 if model.fused_qkv or model.is_mla else 3,
     )
     return ModelNumbers(
         dense=group(dense_i), moe=group(moe_i), shape=shape, kv_heads=kvh, hidden=model.hidden,
@@ -121,7 +122,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                  in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
                  vocab_padded, attention, recompute, recompute_layers, dropout, lora,
                  lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
-                 fragmentation, loss_workspace_bytes) -> dict:
+                 fragmentation, loss_workspace_bytes, mask_bytes=act.MASK_BYTES) -> dict:
     """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast)."""
     h = mn.hidden
     first = np.asarray(first, dtype=float)
@@ -154,7 +155,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # LoRA/QLoRA: the layers' weight matrices are frozen (quantized under QLoRA, which
     # bitsandbytes applies to nn.Linear layers only); embeddings, output head and norms stay
     # in the 16-bit compute dtype.
-    quantizable = (dense_layers * (d_dense - mn.dense.rep) + moe_layers * (m_dense - mn.moe.rep) + p_expert)
+    layer_matrices = dense_layers * (d_dense - mn.dense.rep) + moe_layers * (m_dense - mn.moe.rep) + p_expert
+    quantizable = layer_matrices
     frozen_bytes = quantizable * r.frozen_weight_bytes + (p_stage - quantizable) * r.compute_weight_bytes
     weights = np.where(lora, frozen_bytes + adapters * r.weight_bytes,
                        p_dense * r.weight_bytes / np.where(zero >= 3, shard_dense, 1)
@@ -172,9 +174,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
 
     # ---- activations: one micro-batch's saved tensors x micro-batches in flight
     tokens = mbs * seq / cp
-    common = dict(tokens=tokens, seq=seq, tp=tp, sp=sp, act_bytes=r.act_bytes,
+    common = dict(tokens=tokens, seq=seq, tp=tp, sp=sp, act_bytes=r.act_bytes, residual_bytes=r.residual_bytes,
+                  autocast=float(r.autocast_copy_bytes > 0),
                   linear_in_bytes=r.linear_in_bytes, attention=attention, recompute=recompute,
-                  fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves)
+                  fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves, mask_bytes=mask_bytes)
     dense_terms = act.layer_terms(mn.shape, moe=False, **common)
     moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
@@ -186,8 +189,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     stored_layers = dense_layers * dense_layer + moe_layers * moe_layer
     per_mb_layers = stored_layers * (1 - frac_ckpt) + n_ckpt * ckpt
     emb = act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
-                              learned_positions=float(mn.position_params > 0))
-    hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.act_bytes,
+                              learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes)
+    hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
                         linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
                         fused=float(r.fused_kernels))
     parts = {
@@ -196,10 +199,12 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         "recompute_working_set": np.where(n_ckpt > 0, np.maximum(
             np.where(dense_layers > 0, dense_layer, 0), np.where(moe_layers > 0, moe_layer, 0)), 0.0),
         "embedding": first * sum(emb.values()) * in_flight_mb,
-        "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.act_bytes,
-                                             attention=attention, recompute=recompute).values()) * in_flight_mb,
+        "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
+                                             attention=attention).values()) * in_flight_mb,
         "head_and_loss": last * sum(hd.values()) * logits_in_flight,
-        "autocast_weight_copies": p_stage * r.autocast_copy_bytes,
+        # torch.autocast caches the 16-bit cast of every weight a matmul uses (the layers'
+        # matrices and the output head, tied or not) and the matmuls save those casts.
+        "autocast_weight_copies": (layer_matrices + last * vocab_padded * h / tp) * r.autocast_copy_bytes,
     }
     activations = sum(parts.values())
 

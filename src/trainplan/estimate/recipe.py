@@ -17,6 +17,7 @@ class Recipe:
     optimizer_bytes: float  # optimizer state per trainable parameter (elementwise part)
     factored_optimizer: bool  # Adafactor: add 4 bytes x (rows + cols) per matrix
     act_bytes: float  # activation element
+    residual_bytes: float  # residual stream and norm inputs (fp32 under torch.autocast)
     linear_in_bytes: float  # activation saved as a GEMM input (fp8 keeps these in 1 byte)
     fused_kernels: bool
     frozen_weight_bytes: float  # base weights under LoRA / QLoRA
@@ -54,9 +55,13 @@ def recipe(plan: Plan) -> Recipe:
     else:
         frozen = compute_w
     autocast = 2.0 if (mixed and fw.get("autocast_weight_copy", False)) else 0.0
+    # Under autocast the parameters and the residual stream stay fp32: norms run in fp32
+    # (they are on autocast's fp32 list) and only matmul inputs are cast to 16 bits.
+    residual = 4.0 if autocast else act
     return Recipe(
         weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
         optimizer_bytes=opt, factored_optimizer=plan.optimizer == "adafactor", act_bytes=act,
+        residual_bytes=residual,
         linear_in_bytes=linear_in, fused_kernels=bool(fw["fused_kernels"]), frozen_weight_bytes=frozen,
         autocast_copy_bytes=autocast, reduce_bucket_elems=float(fw["reduce_bucket_elems"]),
         grad_bucket_copy=bool(fw["grad_bucket_copy"]),

@@ -98,7 +98,7 @@ def _gpt2(c: dict) -> dict:
         ffn=c.get("n_inner") or 4 * h, vocab=c.get("vocab_size", 50257),
         tied_embeddings=bool(c.get("tie_word_embeddings", True)),
         max_position=c.get("n_positions", 1024), mlp="gelu", norm="layernorm",
-        position="learned", qkv_bias=True, bias=True,
+        position="learned", qkv_bias=True, bias=True, fused_qkv=True,
     )
 
 
@@ -109,7 +109,7 @@ def _gpt_neox(c: dict) -> dict:
         tied_embeddings=bool(c.get("tie_word_embeddings", False)),
         max_position=c.get("max_position_embeddings", 2048), mlp="gelu", norm="layernorm",
         position="rotary", qkv_bias=bool(c.get("attention_bias", True)),
-        bias=bool(c.get("attention_bias", True)),
+        bias=bool(c.get("attention_bias", True)), fused_qkv=True,
     )
 
 

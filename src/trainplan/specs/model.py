@@ -71,6 +71,7 @@ class ModelSpec(BaseModel):
     qkv_bias: bool = False
     bias: bool = False  # biases on the attention output and MLP linears
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
+    fused_qkv: bool = False  # one QKV projection (GPT-2 c_attn, GPT-NeoX, Megatron) vs q/k/v
 
     # Mixture of experts.
     experts: int = Field(default=0, ge=0, le=100_000)

@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..specs.model import ModelSpec
 
@@ -43,11 +44,11 @@ def _rotate(x, cos, sin):
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: str, dropout: float):
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float, selective: bool = False):
         super().__init__()
-        self.spec, self.attention, self.p = spec, attention, dropout
+        self.spec, self.attention, self.p, self.selective = spec, attention, dropout, selective
         h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
-        self.fused = spec.position != "rotary"  # GPT-2's c_attn: one QKV projection
+        self.fused = spec.fused_qkv  # GPT-2's c_attn: one QKV projection
         if self.fused:
             self.qkv = nn.Linear(h, q + 2 * kv, bias=spec.qkv_bias)
         else:
@@ -56,7 +57,7 @@ class Attention(nn.Module):
             self.v = nn.Linear(h, kv, bias=spec.qkv_bias)
         self.o = nn.Linear(q, h, bias=spec.bias)
 
-    def forward(self, x, rope, causal):
+    def forward(self, x, cos, sin, causal):
         b, s, _ = x.shape
         a, kvh, d = self.spec.heads, self.spec.n_kv_heads, self.spec.dim_head
         if self.fused:
@@ -66,8 +67,17 @@ class Attention(nn.Module):
         q = q.view(b, s, a, d).transpose(1, 2)
         k = k.view(b, s, kvh, d).transpose(1, 2)
         v = v.view(b, s, kvh, d).transpose(1, 2)
-        if rope is not None:
-            q, k = _rotate(q, *rope), _rotate(k, *rope)
+        if cos is not None:
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if self.selective:  # recompute the attention core in backward (Korthikanti et al.)
+            out = checkpoint(self.core, q, k, v, causal, use_reentrant=True)
+        else:
+            out = self.core(q, k, v, causal)
+        out = out.transpose(1, 2).contiguous().view(b, s, a * d)
+        return F.dropout(self.o(out), self.p, self.training)
+
+    def core(self, q, k, v, causal):
+        a, kvh, d = self.spec.heads, self.spec.n_kv_heads, self.spec.dim_head
         p = self.p if self.training else 0.0
         if self.attention == "eager":
             if kvh != a:  # repeat K/V to every query head, as transformers' repeat_kv does
@@ -75,18 +85,14 @@ class Attention(nn.Module):
                 v = v.repeat_interleave(a // kvh, dim=1)
             scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
             probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
-            out = F.dropout(probs, p, self.training) @ v
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p,
-                                                 enable_gqa=kvh != a)
-        out = out.transpose(1, 2).contiguous().view(b, s, a * d)
-        return F.dropout(self.o(out), p, self.training)
+            return F.dropout(probs, p, self.training) @ v
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=kvh != a)
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, dropout: float):
+    def __init__(self, spec: ModelSpec, dropout: float, ffn: int | None = None):
         super().__init__()
-        h, f = spec.hidden, spec.ffn
+        h, f = spec.hidden, ffn or spec.ffn
         self.swiglu, self.p = spec.mlp == "swiglu", dropout
         self.up = nn.Linear(h, f, bias=spec.bias)
         self.down = nn.Linear(f, h, bias=spec.bias)
@@ -101,29 +107,66 @@ class MLP(nn.Module):
         return F.dropout(self.down(y), self.p, self.training)
 
 
+class MoE(nn.Module):
+    """Top-k routed experts plus optional shared experts, written like transformers'
+    Mixtral/Qwen-MoE sparse blocks: softmax router in fp32, gather each expert's tokens,
+    run the expert MLP, weight and scatter-add back."""
+
+    def __init__(self, spec: ModelSpec, dropout: float):
+        super().__init__()
+        self.spec = spec
+        self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
+        self.experts = nn.ModuleList(MLP(spec, 0.0, spec.expert_ffn or spec.ffn) for _ in range(spec.experts))
+        shared = (spec.shared_expert_ffn or spec.expert_ffn or spec.ffn) * spec.shared_experts
+        self.shared = MLP(spec, 0.0, shared) if spec.shared_experts else None
+        self.p = dropout
+
+    def forward(self, x):
+        b, s, h = x.shape
+        flat = x.reshape(-1, h)
+        probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float)
+        weights, chosen = torch.topk(probs, self.spec.top_k, dim=-1)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)
+            if token.numel() == 0:
+                continue
+            y = expert(flat[token]) * weights[token, slot, None]
+            out = out.index_add(0, token, y)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return F.dropout(out.view(b, s, h), self.p, self.training)
+
+
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: str, dropout: float):
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float, moe: bool = False,
+                 selective: bool = False):
         super().__init__()
         self.norm1, self.norm2 = _norm(spec, spec.hidden), _norm(spec, spec.hidden)
-        self.attn = Attention(spec, attention, dropout)
-        self.mlp = MLP(spec, dropout)
+        self.attn = Attention(spec, attention, dropout, selective)
+        self.mlp = MoE(spec, dropout) if moe else MLP(spec, dropout)
 
-    def forward(self, x, rope, causal):
-        x = x + self.attn(self.norm1(x), rope, causal)
+    def forward(self, x, cos, sin, causal):
+        x = x + self.attn(self.norm1(x), cos, sin, causal)
         return x + self.mlp(self.norm2(x))
 
 
 class DecoderLM(nn.Module):
     """Embedding, blocks, final norm, output head and the cross-entropy loss."""
 
-    def __init__(self, spec: ModelSpec, attention: str = "sdpa", dropout: float = 0.0):
+    def __init__(self, spec: ModelSpec, attention: str = "sdpa", dropout: float = 0.0,
+                 recompute: str = "none"):
         super().__init__()
-        if spec.is_moe or spec.is_mla:
-            raise ValueError("reference models cover dense architectures")
-        self.spec = spec
+        if spec.is_mla:
+            raise ValueError("the reference models do not implement multi-head latent attention")
+        self.spec, self.recompute, self.attention = spec, recompute, attention
         self.embed = nn.Embedding(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.max_position, spec.hidden) if spec.position == "learned" else None
-        self.blocks = nn.ModuleList(Block(spec, attention, dropout) for _ in range(spec.layers))
+        self.blocks = nn.ModuleList(
+            Block(spec, "eager" if attention == "eager" else "sdpa", dropout, spec.is_moe_layer(i),
+                  selective=recompute == "selective")
+            for i in range(spec.layers))
         self.norm = _norm(spec, spec.hidden)
         self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
         if spec.tied_embeddings:
@@ -136,12 +179,15 @@ class DecoderLM(nn.Module):
         if self.pos is not None:
             x = x + self.pos(torch.arange(s, device=ids.device))
         x = F.dropout(x, self.p, self.training)
-        rope = None
+        cos = sin = causal = None
         if self.spec.position == "rotary":
-            rope = rope_tables(s, self.spec.dim_head, ids.device, x.dtype)
-        # One boolean causal mask per forward, shared by the layers (eager attention only).
-        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).triu(1)
+            cos, sin = rope_tables(s, self.spec.dim_head, ids.device, x.dtype)
+        if self.attention == "eager":  # one boolean causal mask per forward, shared by the layers
+            causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).triu(1)
         for blk in self.blocks:
-            x = blk(x, rope, causal)
+            if self.recompute == "full":  # keep only each block's input (reentrant checkpoint)
+                x = checkpoint(blk, x, cos, sin, causal, use_reentrant=True)
+            else:
+                x = blk(x, cos, sin, causal)
         logits = self.head(self.norm(x))
         return F.cross_entropy(logits.float().view(b * s, -1), targets.view(-1))
