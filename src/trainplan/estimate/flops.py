@@ -1,0 +1,86 @@
+"""Training FLOPs from the model spec (a multiply-add counts 2; DESIGN §3).
+
+Per token and layer, forward:
+
+* GEMMs: 2 x the weights a token meets (for MoE layers the top-k routed experts, the shared
+  experts and the router): 2·N_active per token, the "6N" rule's forward third.
+* attention scores and weighted sum: 2·s·(heads·d_qk) + 2·s·(heads·d_v) per token when every
+  query sees all s keys (what `torch.utils.flop_counter` counts for SDPA); a causal mask
+  halves the useful work (`causal=True`; FlashAttention-2 §4.1).
+* output head: 2·h·V per token.
+
+Backward costs 2x the forward GEMMs (input and weight gradients). The attention backward
+is 2.5x its forward for fused kernels (they recompute the scores: five s²-sized matmuls
+against two) and 2x when the scores are materialised (eager). Model FLOPs exclude
+recomputation (PaLM's MFU definition); hardware FLOPs add a second forward of every fully
+recomputed layer, or of the attention core under selective recompute.
+
+Functions take numbers or numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..specs.model import ModelSpec
+
+ATTN_BWD_FUSED = 2.5  # flash/SDPA backward: 5 matmuls vs 2 in forward
+ATTN_BWD_EAGER = 2.0  # materialised scores: 2 bmm per forward bmm
+GEMM_BWD = 2.0
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    dense_gemm: float  # forward GEMM FLOPs per token of a dense layer
+    moe_gemm: float  # ... of an MoE layer (top-k experts + shared + router)
+    attn_per_key: float  # forward attention FLOPs per token per attended key
+    head: float  # forward output-head FLOPs per token
+
+
+@lru_cache(maxsize=256)
+def layer_flops(model: ModelSpec) -> LayerFlops:
+    def gemm(index: int) -> float:
+        total = 0.0
+        for lin in model.layer_linears(index):
+            n = model.top_k if lin.expert else lin.count
+            total += 2.0 * n * lin.fan_in * lin.fan_out
+        return total
+
+    dense_i = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
+    moe_i = next((i for i in range(model.layers) if model.is_moe_layer(i)), None)
+    qk = model.q_dim  # heads x qk head dim
+    v = model.attn_out_dim  # heads x v head dim
+    return LayerFlops(
+        dense_gemm=gemm(dense_i) if dense_i is not None else 0.0,
+        moe_gemm=gemm(moe_i) if moe_i is not None else 0.0,
+        attn_per_key=2.0 * qk + 2.0 * v,
+        head=2.0 * model.hidden * model.vocab,
+    )
+
+
+def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head, attention_eager,
+               recompute, causal=False, vocab_padded=None) -> dict:
+    """Forward, backward, recompute FLOPs for `tokens` tokens of sequences of length `seq`.
+
+    dense_layers/moe_layers: layers counted (a stage's, or the model's); head: 1 when the
+    output head is included; attention_eager: 1 for materialised scores; recompute: the
+    RECOMPUTE_CODE (0 none, 1 selective, 2 full); causal: halve the attention work.
+    """
+    lf = layer_flops(model)
+    keys = seq * np.where(causal, 0.5, 1.0)
+    attn_fwd = tokens * lf.attn_per_key * keys * (dense_layers + moe_layers)
+    gemm_fwd = tokens * (lf.dense_gemm * dense_layers + lf.moe_gemm * moe_layers)
+    head_flops = lf.head if vocab_padded is None else 2.0 * model.hidden * vocab_padded
+    head_fwd = tokens * head_flops * head
+    attn_bwd = attn_fwd * np.where(attention_eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
+    forward = gemm_fwd + attn_fwd + head_fwd
+    backward = GEMM_BWD * (gemm_fwd + head_fwd) + attn_bwd
+    rc = np.asarray(recompute)
+    recomputed = np.where(rc == 2, gemm_fwd + attn_fwd, np.where(rc == 1, attn_fwd, 0.0))
+    model_flops = forward + backward
+    return {"forward": forward, "backward": backward, "recompute": recomputed,
+            "model": model_flops, "hardware": model_flops + recomputed,
+            "attention_forward": attn_fwd, "gemm_forward": gemm_fwd, "head_forward": head_fwd}
