@@ -201,9 +201,10 @@ def default_stage_split(layers: int, pp: int) -> list[int]:
     return split
 
 
-def resolve(plan: Plan) -> Layout:
-    """Check a plan against its model and accelerator and derive the missing values."""
-    model = load_model(plan)
+def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
+    """Check a plan against its model (looked up from the plan unless given) and
+    accelerator, and derive the missing values."""
+    model = model or load_model(plan)
     gpu = catalog.gpu(plan.gpu)
     warnings: list[str] = []
     tp, pp, cp, ep = plan.tp, plan.pp, plan.cp, plan.ep

@@ -7,7 +7,8 @@ MLP width f (elements; `act` bytes each unless stated):
 
 * norm (LayerNorm / fused RMSNorm): its input h, plus fp32 statistics (mean and rstd for
   LayerNorm, rstd for RMSNorm). Eager RMSNorm (`x * rsqrt(mean(x²)) * w`, Hugging Face and
-  `torch.nn.functional.rms_norm` on CPU) also keeps the normalised x: one more h.
+  `torch.nn.functional.rms_norm` on CPU) upcasts to fp32 and keeps the fp32 input and the
+  fp32 normalised input: 2h x 4 bytes.
 * linear: its input (the previous op's output), only when its weight is trainable.
 * attention core: q, k, v (new tensors after RoPE, or views of the fused QKV output; their
   storage is q + k + v either way), then
@@ -106,7 +107,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     kv_div = np.where(eager & (np.asarray(recompute) == 0), tp, np.minimum(tp, shape.kv_heads))
     t = {}
     # -- attention block
-    t["attn_norm"] = tokens * (h * (1 + eager_norm) * residual_bytes + stats * FP32) / rep
+    norm = _norm_bytes(h, eager_norm, residual_bytes, stats)
+    t["attn_norm"] = tokens * norm / rep
     # torch.autocast casts a shared fp32 input once per linear that reads it (only weights
     # are cached), so q, k and v projections each keep their own 16-bit copy.
     qkv_copies = 1 + autocast * (shape.qkv_projections - 1)
@@ -127,7 +129,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     t["attn_scores"] = scores * (act_bytes + dropout * (mask_bytes + act_bytes)) * keep_scores
     t["attn_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
     # -- MLP block
-    t["mlp_norm"] = tokens * (h * (1 + eager_norm) * residual_bytes + stats * FP32) / rep
+    t["mlp_norm"] = tokens * norm / rep
     t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * mlp_copies / rep
     t["mlp_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
     if moe:
@@ -154,6 +156,13 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         t["mlp"] = tokens * _mlp_elems(shape.ffn, shape.mlp_matrices, fused, save["down"],
                                        act_bytes, linear_in_bytes) / tp
     return t
+
+
+def _norm_bytes(h, eager_rms, residual_bytes, stats):
+    """Per token: the norm's input (residual dtype) and fp32 statistics; an eager RMSNorm
+    upcasts to fp32 first (transformers' LlamaRMSNorm, F.rms_norm on CPU) and keeps the fp32
+    input and the fp32 normalised input instead."""
+    return np.where(eager_rms, 2 * h * FP32, h * residual_bytes) + stats * FP32
 
 
 def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes):
@@ -198,7 +207,7 @@ def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_byt
     eager_norm = (1 - np.asarray(fused)) * (0 if layernorm else 1)
     stats = 2 if layernorm else 1
     return {
-        "final_norm": tokens * (hidden * (1 + eager_norm) * act_bytes + stats * FP32) / rep,
+        "final_norm": tokens * _norm_bytes(hidden, eager_norm, act_bytes, stats) / rep,
         "head_input": tokens * hidden * linear_in_bytes / rep,
         "logits": tokens * vocab_padded * FP32 / tp,
     }

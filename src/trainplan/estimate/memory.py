@@ -156,6 +156,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # bitsandbytes applies to nn.Linear layers only); embeddings, output head and norms stay
     # in the 16-bit compute dtype.
     layer_matrices = dense_layers * (d_dense - mn.dense.rep) + moe_layers * (m_dense - mn.moe.rep) + p_expert
+    layer_max_matrices = np.maximum(np.where(dense_layers > 0, d_dense - mn.dense.rep + d_exp, 0.0),
+                                    np.where(moe_layers > 0, m_dense - mn.moe.rep + m_exp, 0.0))
     quantizable = layer_matrices
     frozen_bytes = quantizable * r.frozen_weight_bytes + (p_stage - quantizable) * r.compute_weight_bytes
     weights = np.where(lora, frozen_bytes + adapters * r.weight_bytes,
@@ -182,7 +184,16 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
     moe_layer = sum(moe_terms.values()) if moe_terms else 0.0
-    ckpt = act.checkpoint_bytes(h, tokens=tokens, tp=tp, sp=sp, act_bytes=r.act_bytes)
+    ckpt = act.checkpoint_bytes(h, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes)
+    # The re-run layer's first norm keeps the checkpointed input itself, unless an eager
+    # RMSNorm upcasts a 16-bit input to a new fp32 copy.
+    eager_rms = (not r.fused_kernels) and not mn.layernorm and r.residual_bytes < FP32
+    ckpt_reused = 0.0 if eager_rms else ckpt
+    full_terms = {**common, "recompute": act.RECOMPUTE_CODE["none"]}
+    working_set = np.maximum(
+        np.where(dense_layers > 0, sum(act.layer_terms(mn.shape, moe=False, **full_terms).values()), 0.0),
+        np.where(moe_layers > 0, sum(act.layer_terms(mn.shape, moe=True, **full_terms).values())
+                 if moe_terms else 0.0, 0.0))
     full = np.asarray(recompute) == act.RECOMPUTE_CODE["full"]
     n_ckpt = np.where(full, np.minimum(recompute_layers, layers), 0)
     frac_ckpt = np.where(layers > 0, n_ckpt / np.maximum(layers, 1), 0.0)
@@ -195,16 +206,19 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                         fused=float(r.fused_kernels))
     parts = {
         "layers": per_mb_layers * in_flight_mb,
-        # Backward of a checkpointed layer re-materialises that layer's activations once.
-        "recompute_working_set": np.where(n_ckpt > 0, np.maximum(
-            np.where(dense_layers > 0, dense_layer, 0), np.where(moe_layers > 0, moe_layer, 0)), 0.0),
+        # Backward of a checkpointed layer re-materialises that layer's activations (as
+        # without recompute) next to its checkpointed input, once.
+        "recompute_working_set": np.where(n_ckpt > 0, working_set - ckpt_reused, 0.0),
         "embedding": first * sum(emb.values()) * in_flight_mb,
         "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
                                              attention=attention).values()) * in_flight_mb,
         "head_and_loss": last * sum(hd.values()) * logits_in_flight,
         # torch.autocast caches the 16-bit cast of every weight a matmul uses (the layers'
-        # matrices and the output head, tied or not) and the matmuls save those casts.
-        "autocast_weight_copies": (layer_matrices + last * vocab_padded * h / tp) * r.autocast_copy_bytes,
+        # matrices and the output head, tied or not) and the matmuls save those casts; a
+        # fully recomputed layer runs its forward without grad (nothing saved) and keeps its
+        # casts only while it is re-run in backward, one layer at a time.
+        "autocast_weight_copies": ((1 - frac_ckpt) * layer_matrices + last * vocab_padded * h / tp
+                                   + np.where(n_ckpt > 0, layer_max_matrices, 0.0)) * r.autocast_copy_bytes,
     }
     activations = sum(parts.values())
 

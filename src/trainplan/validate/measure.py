@@ -1,27 +1,78 @@
-"""Measurements on a real PyTorch model: bytes saved for backward (deduplicated by storage,
-parameters excluded) through `torch.autograd.graph.saved_tensors_hooks`."""
+"""Measurements on a real PyTorch model: bytes saved for backward (distinct storages,
+parameters excluded, attributed to the region of the model that saved them) through
+`torch.autograd.graph.saved_tensors_hooks`, and FLOPs through `FlopCounterMode`."""
 
 from __future__ import annotations
 
 import torch
 
 
-def saved_tensor_bytes(fn, params) -> tuple[int, object]:
-    """Run `fn()` (a forward pass) and return the bytes of distinct storages autograd saved
-    for backward (not counting the parameters' own storages), and fn's result."""
-    param_storages = {p.untyped_storage().data_ptr() for p in params}
-    storages: dict[int, int] = {}
+class SavedTensors:
+    """Context manager recording every tensor autograd saves during a forward.
 
-    def pack(t):
+    Storages are deduplicated; parameters' storages are excluded. `bytes_alive()` sums
+    each storage's size when called (after the forward): storages a framework frees after
+    the forward (FSDP2 reshards its gathered parameters to zero bytes) then count zero.
+    Regions: "embedding" until the first block runs, "layer i" inside block i, and
+    "head_and_loss" after the last block.
+    """
+
+    def __init__(self, model=None, exclude=()):
+        self.model = model
+        params = list(model.parameters()) if model is not None else []
+        self.excluded = {t.untyped_storage().data_ptr() for t in (*params, *exclude)}
+        self.storages: dict[int, tuple[object, str]] = {}
+        self.region = "embedding"
+        self._handles = []
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t):
         st = t.untyped_storage()
         ptr = st.data_ptr()
-        if ptr not in param_storages:
-            storages[ptr] = st.nbytes()
+        if ptr not in self.excluded and ptr not in self.storages:
+            self.storages[ptr] = (st, self.region)
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def _set(self, name):
+        def hook(module, args):
+            self.region = name
+        return hook
+
+    def __enter__(self):
+        blocks = getattr(self.model, "blocks", None)
+        if blocks is not None:
+            for i, blk in enumerate(blocks):
+                self._handles.append(blk.register_forward_pre_hook(self._set(f"layer {i}")))
+            tail = getattr(self.model, "norm", None)
+            if tail is not None:
+                self._handles.append(tail.register_forward_pre_hook(self._set("head_and_loss")))
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def bytes_alive(self) -> int:
+        return sum(st.nbytes() for st, _ in self.storages.values())
+
+    def by_region(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for st, region in self.storages.values():
+            out[region] = out.get(region, 0) + st.nbytes()
+        return out
+
+
+def saved_tensor_bytes(fn, exclude) -> tuple[int, object]:
+    """Run `fn()` (a forward pass) and return the bytes of the distinct storages autograd
+    saved for backward, not counting the storages of `exclude` (parameters, inputs), and
+    fn's result."""
+    rec = SavedTensors(exclude=list(exclude))
+    with rec:
         out = fn()
-    return sum(storages.values()), out
+    return rec.bytes_alive(), out
 
 
 def _cpu_flash_mapping() -> dict:

@@ -1,8 +1,10 @@
-"""Reference PyTorch implementations of the catalog's dense architectures, built from a
+"""Reference PyTorch implementations of the catalog's architectures, built from a
 ModelSpec at any size: GPT-2 style (LayerNorm, learned positions, fused QKV with biases,
-GELU) and Llama style (RMSNorm, RoPE, GQA, SwiGLU). Written the way Hugging Face
-`transformers` writes them (eager RMSNorm and SwiGLU, SDPA or eager attention), so what
-autograd saves here is what those models save. torch is imported lazily by callers."""
+GELU), Llama style (RMSNorm, RoPE, GQA, SwiGLU) and mixture-of-experts layers (top-k routed
+and shared experts). By default written the way Hugging Face `transformers` writes them
+(eager RMSNorm and SwiGLU, SDPA or eager attention); `fused=True` swaps in autograd
+Functions that keep exactly what Megatron's fused RMSNorm, SwiGLU and unpermute kernels
+keep. torch is imported lazily by callers of this module."""
 
 from __future__ import annotations
 
@@ -16,18 +18,76 @@ from torch.utils.checkpoint import checkpoint
 from ..specs.model import ModelSpec
 
 
+class FusedRMSNormFn(torch.autograd.Function):
+    """What a fused RMSNorm kernel (Apex, Transformer Engine, Liger) keeps for backward:
+    the input and the fp32 reciprocal RMS."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = _upcast(x)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        normed = _upcast(x) * rstd
+        g = _upcast(grad) * _upcast(weight)
+        dx = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
+        dw = (_upcast(grad) * normed).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dw.to(weight.dtype), None
+
+
+def _upcast(t):
+    """16-bit tensors to fp32 for the statistics; fp32/fp64 unchanged."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
+class FusedSwiGLUFn(torch.autograd.Function):
+    """A fused SwiGLU kernel (Megatron's bias_swiglu): keeps gate and up, recomputes silu."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        return grad * up * sig * (1 + gate * (1 - sig)), grad * silu
+
+
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6, fused: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.fused = eps, fused
 
     def forward(self, x):
+        if self.fused:
+            return FusedRMSNormFn.apply(x, self.weight, self.eps)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def _norm(spec: ModelSpec, dim: int) -> nn.Module:
-    return nn.LayerNorm(dim) if spec.norm == "layernorm" else RMSNorm(dim)
+def _norm(spec: ModelSpec, dim: int, fused: bool = False) -> nn.Module:
+    return nn.LayerNorm(dim) if spec.norm == "layernorm" else RMSNorm(dim, fused=fused)
+
+
+class IndexAddFn(torch.autograd.Function):
+    """Scatter-add that keeps only the index (a fused unpermute kernel)."""
+
+    @staticmethod
+    def forward(ctx, out, index, source):
+        ctx.save_for_backward(index)
+        return out.index_add(0, index, source)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return grad, None, grad.index_select(0, index)
 
 
 def rope_tables(seq: int, dim: int, device, dtype, base: float = 10000.0):
@@ -90,17 +150,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, dropout: float, ffn: int | None = None):
+    def __init__(self, spec: ModelSpec, dropout: float, ffn: int | None = None, fused: bool = False):
         super().__init__()
         h, f = spec.hidden, ffn or spec.ffn
-        self.swiglu, self.p = spec.mlp == "swiglu", dropout
+        self.swiglu, self.p, self.fused = spec.mlp == "swiglu", dropout, fused
         self.up = nn.Linear(h, f, bias=spec.bias)
         self.down = nn.Linear(f, h, bias=spec.bias)
         if self.swiglu:
             self.gate = nn.Linear(h, f, bias=spec.bias)
 
     def forward(self, x):
-        if self.swiglu:
+        if self.swiglu and self.fused:
+            y = FusedSwiGLUFn.apply(self.gate(x), self.up(x))
+        elif self.swiglu:
             y = F.silu(self.gate(x)) * self.up(x)
         else:
             y = F.gelu(self.up(x), approximate="tanh")
@@ -112,13 +174,14 @@ class MoE(nn.Module):
     Mixtral/Qwen-MoE sparse blocks: softmax router in fp32, gather each expert's tokens,
     run the expert MLP, weight and scatter-add back."""
 
-    def __init__(self, spec: ModelSpec, dropout: float):
+    def __init__(self, spec: ModelSpec, dropout: float, fused: bool = False):
         super().__init__()
-        self.spec = spec
+        self.spec, self.fused = spec, fused
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
-        self.experts = nn.ModuleList(MLP(spec, 0.0, spec.expert_ffn or spec.ffn) for _ in range(spec.experts))
+        self.experts = nn.ModuleList(MLP(spec, 0.0, spec.expert_ffn or spec.ffn, fused)
+                                     for _ in range(spec.experts))
         shared = (spec.shared_expert_ffn or spec.expert_ffn or spec.ffn) * spec.shared_experts
-        self.shared = MLP(spec, 0.0, shared) if spec.shared_experts else None
+        self.shared = MLP(spec, 0.0, shared, fused) if spec.shared_experts else None
         self.p = dropout
 
     def forward(self, x):
@@ -133,7 +196,7 @@ class MoE(nn.Module):
             if token.numel() == 0:
                 continue
             y = expert(flat[token]) * weights[token, slot, None]
-            out = out.index_add(0, token, y)
+            out = IndexAddFn.apply(out, token, y) if self.fused else out.index_add(0, token, y)
         if self.shared is not None:
             out = out + self.shared(flat)
         return F.dropout(out.view(b, s, h), self.p, self.training)
@@ -141,11 +204,11 @@ class MoE(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, attention: str, dropout: float, moe: bool = False,
-                 selective: bool = False):
+                 selective: bool = False, fused: bool = False):
         super().__init__()
-        self.norm1, self.norm2 = _norm(spec, spec.hidden), _norm(spec, spec.hidden)
+        self.norm1, self.norm2 = _norm(spec, spec.hidden, fused), _norm(spec, spec.hidden, fused)
         self.attn = Attention(spec, attention, dropout, selective)
-        self.mlp = MoE(spec, dropout) if moe else MLP(spec, dropout)
+        self.mlp = MoE(spec, dropout, fused) if moe else MLP(spec, dropout, fused=fused)
 
     def forward(self, x, cos, sin, causal):
         x = x + self.attn(self.norm1(x), cos, sin, causal)
@@ -156,7 +219,7 @@ class DecoderLM(nn.Module):
     """Embedding, blocks, final norm, output head and the cross-entropy loss."""
 
     def __init__(self, spec: ModelSpec, attention: str = "sdpa", dropout: float = 0.0,
-                 recompute: str = "none"):
+                 recompute: str = "none", fused: bool = False):
         super().__init__()
         if spec.is_mla:
             raise ValueError("the reference models do not implement multi-head latent attention")
@@ -165,9 +228,9 @@ class DecoderLM(nn.Module):
         self.pos = nn.Embedding(spec.max_position, spec.hidden) if spec.position == "learned" else None
         self.blocks = nn.ModuleList(
             Block(spec, "eager" if attention == "eager" else "sdpa", dropout, spec.is_moe_layer(i),
-                  selective=recompute == "selective")
+                  selective=recompute == "selective", fused=fused)
             for i in range(spec.layers))
-        self.norm = _norm(spec, spec.hidden)
+        self.norm = _norm(spec, spec.hidden, fused)
         self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
         if spec.tied_embeddings:
             self.head.weight = self.embed.weight

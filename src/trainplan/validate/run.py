@@ -1,0 +1,410 @@
+"""`trainplan validate`: run a plan's model for real in PyTorch and compare every memory
+term and the FLOPs with the prediction.
+
+The model is built from the plan's spec, scaled down when it is too large for the machine
+(fewer layers, narrower, smaller vocabulary, shorter sequences; same structure: GQA ratio,
+MLP kind, norms, positions, experts and top-k). Each framework's byte convention is
+emulated with plain PyTorch:
+
+* torch: fp32 parameters and gradients, `torch.autocast` for 16-bit compute;
+* deepspeed: 16-bit parameters and gradients, fp32 master copies owned by the optimizer;
+* megatron: 16-bit parameters, fp32 `main_grad` buffers, fp32 master copies, and the fused
+  RMSNorm / SwiGLU / unpermute kernels (autograd Functions keeping what those kernels keep);
+* fsdp: FSDP2 `fully_shard` (see `distributed.py`).
+
+Measured: parameter, gradient and optimizer-state bytes after one optimizer step (the
+optimizer's real state), bytes saved for backward (distinct storages alive at the end of
+the forward, parameters excluded, by region), the re-materialised layer under full
+recompute, and FLOPs with `FlopCounterMode`; on a GPU also the allocator peak and step time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import PlanError
+from ..estimate import activations as act
+from ..estimate.flops import step_flops
+from ..estimate.memory import layout_inputs, numbers_for, stage_memory
+from ..estimate.recipe import recipe
+from ..plan import Layout, Plan, resolve
+from ..specs.model import ModelSpec
+
+TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "flops")
+
+# A model runs at its given size when it is at most this large (parameters, tokens per
+# micro-batch); otherwise it is scaled down to the defaults below.
+RUN_AS_IS_PARAMS = 60_000_000
+RUN_AS_IS_TOKENS = 4096
+
+
+@dataclass
+class Scale:
+    layers: int | None = None
+    hidden: int | None = None
+    vocab: int | None = None
+    seq_len: int | None = None
+    mbs: int | None = None
+    experts: int | None = None
+
+
+DEFAULT_SCALE = Scale(layers=2, hidden=256, vocab=512, seq_len=256, mbs=2, experts=8)
+HEAD_DIM = 32  # head width of a scaled-down model
+
+
+def _round_to(x: float, multiple: int) -> int:
+    return max(multiple, int(round(x / multiple)) * multiple)
+
+
+def scale_model(spec: ModelSpec, scale: Scale, tp: int = 1) -> ModelSpec:
+    """The same architecture at a smaller size: the GQA ratio, MLP kind, norms, positions,
+    biases, expert count (capped) and top-k are kept; widths shrink in proportion."""
+    if spec.is_mla:
+        raise PlanError("model", "validate has no reference implementation of multi-head latent "
+                        "attention (DeepSeek MLA) yet; the planner's MLA figures are unmeasured")
+    hidden = scale.hidden or spec.hidden
+    ratio = hidden / spec.hidden
+    group = spec.heads // spec.n_kv_heads
+    heads = max(tp, hidden // HEAD_DIM) if scale.hidden else spec.heads
+    kv = max(1, heads // group) if scale.hidden else spec.n_kv_heads
+    if heads % kv:
+        kv = 1
+    while kv % tp and tp % kv:
+        kv += 1
+    head_dim = hidden // heads if scale.hidden else spec.head_dim
+    layers = scale.layers or spec.layers
+    first_dense = min(spec.first_dense_layers, max(0, layers - 1))
+    fields = dict(spec.model_dump())
+    unit = 8 * tp
+    fields.update(
+        name=f"{spec.name} (scaled)", layers=layers, hidden=hidden, heads=heads, kv_heads=kv,
+        head_dim=head_dim if not scale.hidden else None,
+        ffn=_round_to(spec.ffn * ratio, unit) if scale.hidden else spec.ffn,
+        vocab=scale.vocab or spec.vocab, first_dense_layers=first_dense,
+        max_position=max(spec.max_position if not scale.seq_len else 0, scale.seq_len or 0, 1),
+        published_params=None, published_active_params=None,
+    )
+    if spec.is_moe:
+        experts = min(spec.experts, scale.experts or spec.experts)
+        fields.update(experts=experts, top_k=min(spec.top_k, experts),
+                      expert_ffn=_round_to((spec.expert_ffn or spec.ffn) * ratio, unit) if scale.hidden
+                      else spec.expert_ffn)
+        if spec.shared_expert_ffn:
+            fields["shared_expert_ffn"] = (_round_to(spec.shared_expert_ffn * ratio, unit)
+                                           if scale.hidden else spec.shared_expert_ffn)
+    return ModelSpec(**fields)
+
+
+def needs_scaling(spec: ModelSpec, plan: Plan, seq_len: int) -> bool:
+    return spec.params > RUN_AS_IS_PARAMS or plan.mbs * seq_len > RUN_AS_IS_TOKENS
+
+
+@dataclass
+class Case:
+    name: str
+    predicted: dict
+    measured: dict
+    rel_error: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    def finish(self) -> Case:
+        for k in TERMS:
+            p, m = self.predicted.get(k), self.measured.get(k)
+            if p is None or m is None:
+                continue
+            self.rel_error[k] = 0.0 if p == m else (p / m - 1 if m else math.inf)
+        return self
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "predicted": self.predicted, "measured": self.measured,
+                "rel_error": self.rel_error, "notes": self.notes, **self.extra}
+
+
+# ---- prediction ---------------------------------------------------------------------
+def predict(layout: Layout, device: str = "cpu") -> dict:
+    """The plan's per-stage prediction for stage 0 (whole model when pp = 1), with the
+    device's kernel semantics: on the CPU dropout masks have the input's dtype and SDPA
+    with dropout falls back to its math kernel (materialised scores)."""
+    plan = layout.plan
+    inputs = layout_inputs(layout)
+    r = recipe(plan)
+    if device == "cpu" and plan.dropout > 0:
+        inputs["mask_bytes"] = r.act_bytes
+        if plan.attention != "eager":
+            inputs["attention"] = act.ATTENTION_CODE["eager"]
+    mem = stage_memory(numbers_for(layout), r, **inputs)
+    first = lambda a: float(np.broadcast_to(np.asarray(a, dtype=float), (layout.pp,))[0])  # noqa: E731
+    eager = plan.attention == "eager" or (device == "cpu" and plan.dropout > 0)
+    fl = step_flops(layout.model, tokens=layout.mbs * layout.seq_len / layout.cp, seq=layout.seq_len,
+                    dense_layers=layout.stage_dense_layers[0], moe_layers=layout.stage_moe_layers[0],
+                    head=float(layout.pp == 1), attention_eager=eager,
+                    recompute=act.RECOMPUTE_CODE[plan.recompute], vocab_padded=layout.vocab_padded)
+    return {
+        "params_bytes": first(mem["params"]),
+        "grads_bytes": first(mem["grads"]),
+        "optimizer_bytes": first(mem["optimizer"]),
+        "activations_bytes": first(mem["activations"]),
+        "flops": float(fl["hardware"]) / layout.tp,
+        "parts": {k: first(v) for k, v in mem["activation_parts"].items()},
+    }
+
+
+# ---- measurement -----------------------------------------------------------------------
+TORCH_OPTIMIZERS = {"adamw", "adam", "sgd", "sgd-momentum", "adafactor"}
+
+
+def make_optimizer(name: str, params):
+    import torch
+
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-4)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=1e-4)
+    raise PlanError("optimizer", f"validate measures the optimizers PyTorch ships "
+                    f"({', '.join(sorted(TORCH_OPTIMIZERS))}); {name} needs a third-party package")
+
+
+def tensor_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total
+
+
+def optimizer_state_bytes(opt) -> int:
+    import torch
+
+    return tensor_bytes(v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+
+
+def build_model(spec: ModelSpec, plan: Plan, device: str):
+    import torch
+
+    from .models import DecoderLM
+
+    fused = plan.framework == "megatron"
+    torch.manual_seed(0)
+    model = DecoderLM(spec, attention=plan.attention, dropout=plan.dropout, recompute=plan.recompute,
+                      fused=fused).to(device)
+    return model
+
+
+def low_dtype(plan: Plan):
+    import torch
+
+    return torch.float16 if plan.precision == "fp16" else torch.bfloat16
+
+
+def measure(layout: Layout, device: str = "cpu") -> dict:
+    """Run one training step of the plan's model on one device and measure it."""
+    import torch
+
+    from .measure import SavedTensors, counted_flops
+
+    plan, spec = layout.plan, layout.model
+    if plan.precision == "fp8":
+        raise PlanError("precision", "validate runs fp32, bf16 and fp16; fp8 needs Transformer Engine")
+    model = build_model(spec, plan, device)
+    mixed = plan.precision != "fp32"
+    fw = plan.framework if mixed else "torch"
+    autocast = mixed and fw == "torch"
+    if mixed and fw in ("deepspeed", "megatron"):
+        model.to(low_dtype(plan))
+    params = [p for p in model.parameters() if p.requires_grad]
+    masters = None
+    if mixed and fw in ("deepspeed", "megatron"):
+        masters = [p.detach().float().clone().requires_grad_() for p in params]
+        opt = make_optimizer(plan.optimizer, masters)
+    else:
+        opt = make_optimizer(plan.optimizer, params)
+    if fw == "megatron" and mixed and plan.grad_dtype in (None, "fp32"):
+        for p in params:  # Megatron accumulates into an fp32 main_grad buffer
+            p.main_grad = torch.zeros_like(p, dtype=torch.float32)
+
+            def hook(p):
+                p.main_grad.add_(p.grad)
+                p.grad = None
+            p.register_post_accumulate_grad_hook(hook)
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, spec.vocab, (layout.mbs, layout.seq_len), generator=g).to(device)
+
+    def forward():
+        if autocast:
+            with torch.autocast(device_type=device, dtype=low_dtype(plan)):
+                return model(ids, ids)
+        return model(ids, ids)
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    recorder = SavedTensors(model)
+    t0 = time.perf_counter()
+    with recorder:
+        loss = forward()
+    saved = recorder.bytes_alive()
+    loss.backward()
+    grads = (tensor_bytes(p.main_grad for p in params) if hasattr(params[0], "main_grad")
+             else tensor_bytes(p.grad for p in params))
+    if masters is not None:
+        for m, p in zip(masters, params, strict=True):
+            src = p.main_grad if hasattr(p, "main_grad") else p.grad
+            m.grad = src.float()
+    opt.step()
+    if masters is not None:
+        with torch.no_grad():
+            for m, p in zip(masters, params, strict=True):
+                p.copy_(m)
+                m.grad = None
+    if device == "cuda":
+        torch.cuda.synchronize()
+    step_s = time.perf_counter() - t0
+    optimizer = optimizer_state_bytes(opt) + (tensor_bytes(masters) if masters is not None else 0)
+    out = {
+        "params_bytes": tensor_bytes(model.parameters()),
+        "grads_bytes": grads,
+        "optimizer_bytes": optimizer,
+        "activations_bytes": saved,
+        "regions": recorder.by_region(),
+    }
+    if plan.recompute == "full":
+        out["recompute_working_set"] = recompute_working_set(model, layout, device, autocast)
+        out["activations_bytes"] += out["recompute_working_set"]
+    if device == "cuda":
+        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        out["step_s"] = step_s
+
+    def train_step():
+        loss = forward()
+        loss.backward()
+        return loss
+    model.zero_grad(set_to_none=True)
+    out["flops"], _ = counted_flops(train_step)
+    return out
+
+
+def recompute_working_set(model, layout: Layout, device: str, autocast: bool) -> int:
+    """Bytes one layer saves when it is re-run in backward (its activations besides its
+    input, which the checkpoint already holds): the largest layer's forward, measured."""
+    import torch
+
+    from .measure import saved_tensor_bytes
+    from .models import rope_tables
+
+    spec, plan = layout.model, layout.plan
+    b, s, h = layout.mbs, layout.seq_len, spec.hidden
+    dtype = next(model.parameters()).dtype
+    x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
+    cos = sin = causal = None
+    if spec.position == "rotary":
+        cos, sin = rope_tables(s, spec.dim_head, device, dtype)
+    if plan.attention == "eager":
+        causal = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
+    best = 0
+    for blk in model.blocks:
+        def run(blk=blk):
+            if autocast:
+                with torch.autocast(device_type=device, dtype=low_dtype(plan)):
+                    return blk(x, cos, sin, causal)
+            return blk(x, cos, sin, causal)
+        extra = [x] + [t for t in (cos, sin, causal) if t is not None]
+        n, _ = saved_tensor_bytes(run, list(model.parameters()) + extra)
+        best = max(best, n)
+    return best
+
+
+# ---- the command ------------------------------------------------------------------------
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise PlanError("device", "no CUDA device is available here; use --device cpu")
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progress=None) -> dict:
+    """Predicted vs measured for a plan. Layouts with tp, zero or dp > 1 run as real
+    distributed jobs (gloo on CPU, NCCL on GPUs) in local processes."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise PlanError("validate", "needs PyTorch: pip install 'trainplan[torch]'") from None
+    if plan.finetune != "full":
+        raise PlanError("finetune", "validate measures full training; LoRA/QLoRA runs are not measured yet")
+    if plan.pp > 1:
+        raise PlanError("pp", "validate runs pp = 1 layouts (one pipeline stage holds the whole model)")
+    if plan.cp > 1 or plan.ep > 1:
+        raise PlanError("cp" if plan.cp > 1 else "ep", "validate runs tp, zero and dp layouts; "
+                        "context and expert parallelism are predicted only")
+    device = resolve_device(device)
+    full = resolve(plan)
+    spec = full.model
+    scale = scale or Scale()
+    auto = needs_scaling(spec, plan, full.seq_len)
+    eff = Scale(
+        layers=scale.layers or (DEFAULT_SCALE.layers if auto else None),
+        hidden=scale.hidden or (DEFAULT_SCALE.hidden if auto else None),
+        vocab=scale.vocab or (DEFAULT_SCALE.vocab if auto else None),
+        seq_len=scale.seq_len or (min(full.seq_len, DEFAULT_SCALE.seq_len) if auto else None),
+        mbs=scale.mbs or (min(plan.mbs, DEFAULT_SCALE.mbs) if auto else None),
+        experts=scale.experts or (DEFAULT_SCALE.experts if auto else None),
+    )
+    small = scale_model(spec, eff, plan.tp) if any(
+        v is not None for v in (eff.layers, eff.hidden, eff.vocab, eff.experts)) else spec
+    world = plan.tp * (plan.dp or max(1, (plan.gpus or 1) // plan.tp))
+    small_plan = plan.model_copy(update={
+        "model": "", "hf_config": None, "seq_len": eff.seq_len or full.seq_len, "mbs": eff.mbs or plan.mbs,
+        "gbs": None, "gpus": world, "dp": None, "stage_layers": None,
+    })
+    layout = resolve(small_plan, small)
+    name = (f"{spec.name}{' scaled to ' + _describe(small) if small is not spec else ''}, "
+            f"{plan.precision}/{plan.framework}, attention {plan.attention}, recompute {plan.recompute}, "
+            f"tp {layout.tp} zero {layout.zero} dp {layout.dp}, b={layout.mbs} s={layout.seq_len}, {device}")
+    if progress:
+        progress(f"running {name}")
+    if world > 1 or plan.framework == "fsdp" and plan.precision != "fp32":
+        from .distributed import run_distributed
+
+        cases = run_distributed(layout, small, device, name)
+    else:
+        measured = measure(layout, device)
+        predicted = predict(layout, device)
+        case = Case(name, {k: predicted[k] for k in TERMS}, {k: measured[k] for k in TERMS},
+                    extra={"activation_regions": {"measured": measured["regions"],
+                                                  "predicted": predicted["parts"]}})
+        for k in ("peak_allocated_bytes", "peak_reserved_bytes", "step_s", "recompute_working_set"):
+            if k in measured:
+                case.extra[k] = measured[k]
+        if plan.optimizer not in TORCH_OPTIMIZERS:
+            case.notes.append(f"{plan.optimizer}: optimizer state not measured")
+        cases = [case.finish()]
+    worst = max((abs(e) for c in cases for e in c.rel_error.values()), default=0.0)
+    return {"device": device, "cases": [c.to_json() for c in cases], "max_abs_rel_error": worst}
+
+
+def _describe(spec: ModelSpec) -> str:
+    moe = f", {spec.experts} experts top-{spec.top_k}" if spec.is_moe else ""
+    return (f"{spec.layers} layers x hidden {spec.hidden} ({spec.heads} heads / {spec.n_kv_heads} kv), "
+            f"ffn {spec.ffn}, vocab {spec.vocab}{moe}")
