@@ -165,6 +165,11 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                        + p_expert * r.weight_bytes / np.where(zero >= 3, shard_expert, 1))
     weights = np.where(offload_params, 0.0, weights)
     grads = sharded(r.grad_bytes, 2)
+    if r.tp_embedding_grad_replicated and not mn.tied:
+        # DTensor's vocabulary-parallel embedding returns a replicated V x h gradient (an
+        # untied embedding without ZeRO-2/3, which reshard gradients like their parameters).
+        grads = grads + np.where(lora | (zero >= 2), 0.0,
+                                 first * vocab_padded * h * (1 - 1 / tp) * r.grad_bytes)
     master = np.where(offload_optimizer, 0.0, sharded(r.master_bytes, 1))
     opt_state = sharded(r.optimizer_bytes, 1)
     if r.factored_optimizer:

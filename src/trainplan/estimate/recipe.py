@@ -24,6 +24,7 @@ class Recipe:
     autocast_copy_bytes: float  # 16-bit weight casts autocast saves for backward (plain torch)
     reduce_bucket_elems: float
     grad_bucket_copy: bool
+    tp_embedding_grad_replicated: bool = False
 
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "
@@ -65,4 +66,5 @@ def recipe(plan: Plan) -> Recipe:
         linear_in_bytes=linear_in, fused_kernels=bool(fw["fused_kernels"]), frozen_weight_bytes=frozen,
         autocast_copy_bytes=autocast, reduce_bucket_elems=float(fw["reduce_bucket_elems"]),
         grad_bucket_copy=bool(fw["grad_bucket_copy"]),
+        tp_embedding_grad_replicated=bool(fw.get("tp_embedding_grad_replicated", False)),
     )

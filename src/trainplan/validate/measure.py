@@ -7,6 +7,23 @@ from __future__ import annotations
 import torch
 
 
+def _local(t):
+    """The plain tensor holding the data: a DTensor's local shard, the result inside an
+    asynchronous collective's wrapper (`AsyncCollectiveTensor.elem`); plain tensors unchanged."""
+    if hasattr(t, "to_local"):
+        t = t.to_local()
+    while hasattr(t, "elem") and isinstance(t.elem, torch.Tensor):
+        t = t.elem
+    return t
+
+
+def _key(storage) -> int:
+    """Identity of a storage: its StorageImpl, which the recorder keeps alive. (A data
+    pointer is not an identity: FSDP2 frees gathered parameters during the forward and the
+    allocator hands their addresses to later activations.)"""
+    return storage._cdata
+
+
 class SavedTensors:
     """Context manager recording every tensor autograd saves during a forward.
 
@@ -20,17 +37,19 @@ class SavedTensors:
     def __init__(self, model=None, exclude=()):
         self.model = model
         params = list(model.parameters()) if model is not None else []
-        self.excluded = {t.untyped_storage().data_ptr() for t in (*params, *exclude)}
+        self.excluded = {_key(_local(t).untyped_storage()) for t in (*params, *exclude)}
         self.storages: dict[int, tuple[object, str]] = {}
+        self.packed_sizes: dict[int, tuple] = {}
         self.region = "embedding"
         self._handles = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _pack(self, t):
-        st = t.untyped_storage()
-        ptr = st.data_ptr()
+        st = _local(t).untyped_storage()
+        ptr = _key(st)
         if ptr not in self.excluded and ptr not in self.storages:
             self.storages[ptr] = (st, self.region)
+            self.packed_sizes[ptr] = (st.nbytes(), tuple(t.shape), str(t.dtype))
         return t
 
     def _set(self, name):
@@ -63,6 +82,19 @@ class SavedTensors:
         for st, region in self.storages.values():
             out[region] = out.get(region, 0) + st.nbytes()
         return out
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (local shards of DTensors)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        st = _local(t).untyped_storage()
+        if _key(st) not in seen:
+            seen.add(_key(st))
+            total += st.nbytes()
+    return total
 
 
 def saved_tensor_bytes(fn, exclude) -> tuple[int, object]:

@@ -107,6 +107,8 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, attention: str, dropout: float, selective: bool = False):
         super().__init__()
         self.spec, self.attention, self.p, self.selective = spec, attention, dropout, selective
+        # heads held by this rank (tensor parallelism divides them)
+        self.heads, self.kv_heads = spec.heads, spec.n_kv_heads
         h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
         self.fused = spec.fused_qkv  # GPT-2's c_attn: one QKV projection
         if self.fused:
@@ -119,7 +121,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, causal):
         b, s, _ = x.shape
-        a, kvh, d = self.spec.heads, self.spec.n_kv_heads, self.spec.dim_head
+        a, kvh, d = self.heads, self.kv_heads, self.spec.dim_head
         if self.fused:
             q, k, v = self.qkv(x).split([a * d, kvh * d, kvh * d], dim=-1)
         else:
@@ -137,7 +139,7 @@ class Attention(nn.Module):
         return F.dropout(self.o(out), self.p, self.training)
 
     def core(self, q, k, v, causal):
-        a, kvh, d = self.spec.heads, self.spec.n_kv_heads, self.spec.dim_head
+        a, kvh, d = self.heads, self.kv_heads, self.spec.dim_head
         p = self.p if self.training else 0.0
         if self.attention == "eager":
             if kvh != a:  # repeat K/V to every query head, as transformers' repeat_kv does

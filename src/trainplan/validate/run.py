@@ -175,20 +175,10 @@ def make_optimizer(name: str, params):
                     f"({', '.join(sorted(TORCH_OPTIMIZERS))}); {name} needs a third-party package")
 
 
-def tensor_bytes(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None:
-            continue
-        st = t.untyped_storage()
-        if st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-    return total
-
-
 def optimizer_state_bytes(opt) -> int:
     import torch
+
+    from .measure import tensor_bytes
 
     return tensor_bytes(v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor))
 
@@ -215,7 +205,7 @@ def measure(layout: Layout, device: str = "cpu") -> dict:
     """Run one training step of the plan's model on one device and measure it."""
     import torch
 
-    from .measure import SavedTensors, counted_flops
+    from .measure import SavedTensors, counted_flops, tensor_bytes
 
     plan, spec = layout.plan, layout.model
     if plan.precision == "fp8":
