@@ -5,6 +5,8 @@ Bad input prints one line `error: <field>: <rule>` on stderr and exits with stat
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
 from enum import Enum, StrEnum
@@ -54,8 +56,7 @@ def _v(x):
     return x.value if isinstance(x, Enum) else x
 
 
-@app.command()
-def plan(
+def _plan_options(
     model: Annotated[str, typer.Option(help="Catalog name (see `trainplan models`) or path to a config.json / spec .toml")] = "llama-3-8b",
     gpu: Annotated[str, typer.Option(help="Accelerator (see `trainplan gpus`)")] = "H100-SXM",
     gpus: Annotated[int | None, typer.Option(help="Total GPUs (default tp x pp x cp x dp)")] = None,
@@ -89,11 +90,35 @@ def plan(
     qlora_bits: Annotated[int, typer.Option(help="QLoRA base-weight bits: 4 (NF4) or 8")] = 4,
     overhead_gib: Annotated[float | None, typer.Option(help="Runtime memory outside the allocator (GiB)")] = None,
     fragmentation: Annotated[float | None, typer.Option(help="Allocator fragmentation, fraction of allocated")] = None,
+) -> None:
+    """The plan options, declared once: `plan`, `validate` (and later commands) take them all."""
+
+
+PLAN_PARAMS = list(inspect.signature(_plan_options, eval_str=True).parameters.values())
+
+
+def with_plan_options(fn):
+    """Give a command every plan option in front of its own; it receives them in `options`."""
+    own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "options"]
+    names = [p.name for p in PLAN_PARAMS]
+
+    @functools.wraps(fn)
+    def command(**kwargs):
+        options = {k: _v(kwargs.pop(k)) for k in names}
+        return fn(options=options, **kwargs)
+
+    command.__signature__ = inspect.Signature(PLAN_PARAMS + own)
+    return command
+
+
+@app.command()
+@with_plan_options
+def plan(
+    options: dict,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="Print each term's formula with numbers")] = False,
 ) -> None:
     """Will it fit? Per-GPU memory per pipeline stage for a model, cluster and layout."""
-    options = {k: _v(v) for k, v in locals().items() if k not in ("as_json", "explain")}
     from .plan import make_plan
     from .report import evaluate, to_json
 
@@ -113,6 +138,43 @@ def plan(
 
         typer.echo("")
         typer.echo("\n".join(explain_lines(result)))
+
+
+@app.command()
+@with_plan_options
+def validate(
+    options: dict,
+    layers: Annotated[int | None, typer.Option(help="Run with this many layers (default: the model's, or 2 when scaled down)")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Run at this hidden size (default: the model's, or 256 when scaled down)")] = None,
+    vocab: Annotated[int | None, typer.Option(help="Run with this vocabulary (default: the model's, or 512 when scaled down)")] = None,
+    experts: Annotated[int | None, typer.Option(help="Cap the routed experts (default 8 when scaled down)")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON")] = False,
+) -> None:
+    """Run the plan's model for real in PyTorch and print predicted vs measured per term."""
+    from .plan import make_plan
+
+    try:
+        plan_ = make_plan(**options)
+        from .validate.run import Scale
+        from .validate.run import validate as run_validate
+
+        scale = Scale(layers=layers, hidden=hidden, vocab=vocab, experts=experts)
+        if as_json:
+            data = run_validate(plan_, scale, device)
+        else:
+            from rich.console import Console
+
+            with Console(stderr=True).status("measuring…") as status:
+                data = run_validate(plan_, scale, device, progress=lambda msg: status.update(msg))
+    except PlanError as err:
+        _fail(err)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    from .render import render_validation
+
+    render_validation(data)
 
 
 @app.command()

@@ -111,3 +111,27 @@ def render_gpus(rows: list[dict]) -> None:
                   f"{r['scale_up_gbs']:g}", f"{r['nic_gbps']:g}", f"{r['tdp_w']:g}",
                   f"{r['price_usd_per_hour']:.2f}" if r["price_usd_per_hour"] is not None else "—")
     _console().print(t)
+
+
+def render_validation(data: dict) -> None:
+    """Predicted vs measured per term, one table per case."""
+    c = _console()
+    labels = {"params_bytes": "parameters", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state",
+              "activations_bytes": "activations (saved for backward)", "flops": "FLOPs (fwd + bwd)"}
+    for case in data["cases"]:
+        t = Table(title=case["name"], title_justify="left")
+        for col in ("term", "predicted", "measured", "error"):
+            t.add_column(col, justify="left" if col == "term" else "right")
+        for key, label in labels.items():
+            p, m = case["predicted"].get(key), case["measured"].get(key)
+            err = case["rel_error"].get(key)
+            unit = (lambda x: f"{x / 1e9:,.3f} G") if key == "flops" else (lambda x: f"{x / 2**20:,.2f} MiB")
+            t.add_row(label, unit(p) if p is not None else "—", unit(m) if m is not None else "—",
+                      f"{err * 100:+.2f}%" if err is not None else "—")
+        c.print(t)
+        for note in case.get("notes", []):
+            c.print(f"  note: {note}")
+        for key in ("peak_allocated_bytes", "step_s"):
+            if key in case:
+                c.print(f"  {key}: {case[key]}")
+    c.print(f"largest |error| over all terms: {data['max_abs_rel_error'] * 100:.2f}% (device: {data['device']})")
