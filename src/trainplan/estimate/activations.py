@@ -72,6 +72,7 @@ class LayerShape:
     mlp_matrices: int  # 2 for GELU, 3 for SwiGLU
     layernorm: bool
     qkv_projections: int = 3  # linears reading the attention input (1 when QKV is fused)
+    rotary: bool = False
     experts: int = 0
     top_k: int = 0
     expert_ffn: int = 0
@@ -120,7 +121,11 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # attention core is recomputed (then its inputs, the unrepeated K/V, are kept).
     k_w = np.where(eager & no_recompute, shape.q, shape.k)
     v_w = np.where(eager & no_recompute, shape.attn_out, shape.v)
-    t["qkv"] = tokens * (shape.q / tp + (k_w + v_w) / kv_div) * act_bytes
+    # Under autocast RoPE's fp32 tables promote q and k to fp32; the attention kernel casts
+    # them back, but a recomputed attention core keeps its fp32 inputs.
+    qk_bytes = np.where((np.asarray(recompute) == 1) & bool(shape.rotary) & (autocast > 0),
+                        residual_bytes, act_bytes)
+    t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
     t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn
     t["attn_lse"] = tokens * shape.heads * FP32 / tp * fused_attn * no_recompute
     t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * eager * save["o"]

@@ -102,6 +102,7 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         experts=model.experts, top_k=model.top_k, expert_ffn=model.expert_ffn or model.ffn,
         shared_ffn=shared_ffn, capacity_factor=model.capacity_factor or 1.0,
         qkv_projections=1 if model.fused_qkv or model.is_mla else 3,
+        rotary=model.position == "rotary",
     )
     return ModelNumbers(
         dense=group(dense_i), moe=group(moe_i), shape=shape, kv_heads=kvh, hidden=model.hidden,

@@ -92,14 +92,21 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
             with ac, lc:
                 return model(ids, ids)
 
+        from .measure import _key, _local
+
+        sharded = {_key(_local(p).untyped_storage()) for p in core.parameters()}
         rec = SavedTensors(core)
         with rec:
             loss = forward()
-        # FSDP2 leaves the root's gathered parameters in place after the forward: those
-        # unsharded copies are the ZeRO-3 gather buffer, not activations.
-        gathered = {p.untyped_storage()._cdata for p in core.parameters() if not hasattr(p, "to_local")} \
-            if (layout.zero >= 3 or plan.framework == "fsdp") else set()
-        saved = sum(st.nbytes() for ptr, (st, _) in rec.storages.items() if ptr not in gathered)
+        # FSDP2 leaves the root's gathered parameters in place after the forward (plain
+        # tensors, or DTensors over the TP mesh): those unsharded copies are the ZeRO-3
+        # gather buffer, not activations.
+        gathered = {_key(_local(p).untyped_storage()) for p in core.parameters()} - sharded
+        regions: dict[str, int] = {}
+        for ptr, (st, region) in rec.storages.items():
+            if ptr not in gathered:
+                regions[region] = regions.get(region, 0) + st.nbytes()
+        saved = sum(regions.values())
         import contextlib
 
         with (loss_ctx() if loss_ctx else contextlib.nullcontext()):
@@ -123,7 +130,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
                 return out
             flops, _ = counted_flops(step)
         result = {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": opt_bytes,
-                  "activations_bytes": saved, "flops": flops}
+                  "activations_bytes": saved, "flops": flops, "regions": regions}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
@@ -207,7 +214,9 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
     predicted = predict(layout, device)
     cases = []
     for r, measured in enumerate(results):
-        case = Case(f"{name} — rank {r}", {k: predicted[k] for k in TERMS}, {k: measured[k] for k in TERMS})
+        case = Case(f"{name} — rank {r}", {k: predicted[k] for k in TERMS}, {k: measured[k] for k in TERMS},
+                    extra={"activation_regions": {"measured": measured["regions"],
+                                                  "predicted": predicted["parts"]}})
         if measured["flops"] is None:
             case.notes.append("FLOPs not measured under tensor parallelism: FlopCounterMode counts "
                               "DTensor matmuls at their global shapes")

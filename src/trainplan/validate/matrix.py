@@ -1,0 +1,36 @@
+"""The validation matrix: architectures x attention x recompute x precision recipe on one
+process, plus sharded layouts (TP, ZeRO-1, ZeRO-3/FSDP2, TP x FSDP2) in local processes.
+Small enough for a 2-core CI machine; used by the test suite and by
+`scripts/validation_report.py` (docs/validation.md)."""
+
+from __future__ import annotations
+
+import itertools
+
+ARCHITECTURES = ("gpt2", "llama-3-8b", "mixtral-8x7b")
+ATTENTION = ("flash", "eager")
+RECOMPUTE = ("none", "selective", "full")
+# (precision, framework): fp32; autocast bf16 with fp32 weights; bf16 weights with fp32
+# master copies; and Megatron's fused kernels with fp32 main gradients.
+RECIPES = (("fp32", "torch"), ("bf16", "torch"), ("bf16", "deepspeed"), ("bf16", "megatron"))
+
+SHARDED = (
+    ("tensor parallel 2", dict(gpus=2, tp=2, precision="fp32", framework="torch")),
+    ("ZeRO-1 (DDP + ZeroRedundancyOptimizer), dp 2", dict(gpus=2, zero=1, precision="bf16", framework="torch")),
+    ("ZeRO-3 (FSDP2), dp 2", dict(gpus=2, zero=3, precision="bf16", framework="fsdp")),
+)
+TWO_D = ("TP 2 x FSDP2 dp 2", dict(model="llama-3-8b", gpus=4, tp=2, zero=3, precision="bf16", framework="fsdp"))
+
+
+def single_process_plans():
+    for model, attention, recompute, (precision, framework) in itertools.product(
+            ARCHITECTURES, ATTENTION, RECOMPUTE, RECIPES):
+        yield dict(model=model, gpus=1, attention=attention, recompute=recompute, precision=precision,
+                   framework=framework)
+
+
+def sharded_plans():
+    for model in ARCHITECTURES:
+        for label, kw in SHARDED:
+            yield label, dict(model=model, **kw)
+    yield TWO_D

@@ -1,0 +1,107 @@
+"""The validation matrix (validate/matrix.py) on the CPU: the planner against real PyTorch.
+
+Targets: parameter, gradient and optimizer bytes within 0.5%; bytes saved for backward
+within 3% (logits and loss included); FLOPs within 2% of FlopCounterMode; per-rank bytes
+under FSDP2 and tensor parallelism within 3%."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainplan.errors import PlanError  # noqa: E402
+from trainplan.plan import make_plan  # noqa: E402
+from trainplan.validate.matrix import single_process_plans, sharded_plans  # noqa: E402
+from trainplan.validate.run import validate  # noqa: E402
+
+STATE_TOL, ACT_TOL, FLOP_TOL = 0.005, 0.03, 0.02
+
+SINGLE = list(single_process_plans())
+
+
+def _check(case, state_terms=("params_bytes", "grads_bytes", "optimizer_bytes")):
+    err = case["rel_error"]
+    for term in state_terms:
+        assert abs(err[term]) <= STATE_TOL, (case["name"], term, err[term])
+    assert abs(err["activations_bytes"]) <= ACT_TOL, (case["name"], err["activations_bytes"])
+    if "flops" in err:
+        assert abs(err["flops"]) <= FLOP_TOL, (case["name"], err["flops"])
+
+
+@pytest.mark.parametrize("kw", SINGLE, ids=["/".join(str(v) for k, v in kw.items() if k != "gpus") for kw in SINGLE])
+def test_single_process_matrix(kw):
+    data = validate(make_plan(**kw), device="cpu")
+    (case,) = data["cases"]
+    assert set(case["rel_error"]) == {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "flops"}
+    _check(case)
+
+
+SHARDED = list(sharded_plans())
+
+
+@pytest.mark.parametrize("label,kw", SHARDED, ids=[f"{kw['model']}/{label}" for label, kw in SHARDED])
+def test_sharded_layouts_per_rank(label, kw):
+    data = validate(make_plan(**kw), device="cpu")
+    cases = data["cases"]
+    assert len(cases) == kw["gpus"]
+    if kw.get("zero") == 1:
+        # ZeroRedundancyOptimizer hands out whole parameters, so ranks differ; their sum is exact.
+        _check_all = [_check(c, ("params_bytes", "grads_bytes")) for c in cases]
+        assert _check_all
+        total_pred = sum(c["predicted"]["optimizer_bytes"] for c in cases)
+        total_meas = sum(c["measured"]["optimizer_bytes"] for c in cases)
+        assert total_pred == pytest.approx(total_meas, rel=STATE_TOL)
+    else:
+        for case in cases:
+            _check(case)
+
+
+def test_scaled_model_keeps_structure():
+    from trainplan.specs import catalog
+    from trainplan.validate.run import DEFAULT_SCALE, scale_model
+
+    small = scale_model(catalog.model("mixtral-8x7b"), DEFAULT_SCALE)
+    assert (small.layers, small.hidden, small.vocab) == (2, 256, 512)
+    assert small.heads // small.n_kv_heads == 4  # Mixtral's 32/8 GQA ratio kept
+    assert small.mlp == "swiglu" and small.experts == 8 and small.top_k == 2
+    assert small.params < 60_000_000
+
+
+def test_validate_rejects_what_it_cannot_run():
+    with pytest.raises(PlanError) as e:
+        validate(make_plan(model="deepseek-v3", gpus=1), device="cpu")
+    assert e.value.field == "model"
+    with pytest.raises(PlanError) as e:
+        validate(make_plan(model="llama-3-8b", gpus=2, pp=2), device="cpu")
+    assert e.value.field == "pp"
+
+
+def test_fused_kernel_functions_are_correct():
+    """The fused-kernel stand-ins compute the right gradients (float64 gradcheck)."""
+    from trainplan.validate.models import FusedRMSNormFn, FusedSwiGLUFn, IndexAddFn
+
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: FusedRMSNormFn.apply(x, w, 1e-6), (x, w))
+    g = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(FusedSwiGLUFn.apply, (g, u))
+    o = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    src = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda o, s: IndexAddFn.apply(o, torch.tensor([0, 2, 2, 4]), s), (o, src))
+
+
+def test_cli_validate_json():
+    import json
+
+    from typer.testing import CliRunner
+
+    from trainplan.cli import app
+
+    res = CliRunner().invoke(app, ["validate", "--model", "gpt2", "--gpus", "1", "--precision", "fp32", "--json",
+                                   "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert set(data) >= {"cases", "max_abs_rel_error"}
+    case = data["cases"][0]
+    assert set(case) >= {"name", "predicted", "measured", "rel_error"}
+    assert data["max_abs_rel_error"] < 0.03
