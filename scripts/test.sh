@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # The CPU build of PyTorch for the measured-activation tests; override TORCH_SPEC elsewhere.
 .venv/bin/python -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,hf]'
 .venv/bin/ruff check src tests benchmarks scripts
 # pytest exits 5 when it collects no tests: that fails this script like any other failure.
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

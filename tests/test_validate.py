@@ -105,3 +105,13 @@ def test_cli_validate_json():
     case = data["cases"][0]
     assert set(case) >= {"name", "predicted", "measured", "rel_error"}
     assert data["max_abs_rel_error"] < 0.03
+
+
+def test_transformers_llama_matches():
+    """A Hugging Face Llama built from a config with random weights (what most users train):
+    states exact and activations within 3% of the planner."""
+    pytest.importorskip("transformers")
+    for attention in ("flash", "eager"):
+        data = validate(make_plan(model="llama-3-8b", gpus=1, precision="fp32", framework="torch",
+                                  attention=attention), device="cpu", impl="transformers")
+        _check(data["cases"][0])

@@ -149,6 +149,7 @@ def validate(
     vocab: Annotated[int | None, typer.Option(help="Run with this vocabulary (default: the model's, or 512 when scaled down)")] = None,
     experts: Annotated[int | None, typer.Option(help="Cap the routed experts (default 8 when scaled down)")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    impl: Annotated[str, typer.Option(help="reference (trainplan's PyTorch models) or transformers (Hugging Face, random weights)")] = "reference",
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON")] = False,
 ) -> None:
     """Run the plan's model for real in PyTorch and print predicted vs measured per term."""
@@ -160,13 +161,15 @@ def validate(
         from .validate.run import validate as run_validate
 
         scale = Scale(layers=layers, hidden=hidden, vocab=vocab, experts=experts)
+        if impl not in ("reference", "transformers"):
+            raise PlanError("impl", f"must be reference or transformers (got {impl!r})")
         if as_json:
-            data = run_validate(plan_, scale, device)
+            data = run_validate(plan_, scale, device, impl=impl)
         else:
             from rich.console import Console
 
             with Console(stderr=True).status("measuring…") as status:
-                data = run_validate(plan_, scale, device, progress=lambda msg: status.update(msg))
+                data = run_validate(plan_, scale, device, progress=lambda msg: status.update(msg), impl=impl)
     except PlanError as err:
         _fail(err)
     if as_json:

@@ -34,8 +34,10 @@ class SavedTensors:
     "head_and_loss" after the last block.
     """
 
-    def __init__(self, model=None, exclude=()):
+    def __init__(self, model=None, exclude=(), blocks=None, tail=None):
         self.model = model
+        self.blocks = blocks if blocks is not None else getattr(model, "blocks", None)
+        self.tail = tail if tail is not None else getattr(model, "norm", None)
         params = list(model.parameters()) if model is not None else []
         self.excluded = {_key(_local(t).untyped_storage()) for t in (*params, *exclude)}
         self.storages: dict[int, tuple[object, str]] = {}
@@ -58,13 +60,11 @@ class SavedTensors:
         return hook
 
     def __enter__(self):
-        blocks = getattr(self.model, "blocks", None)
-        if blocks is not None:
-            for i, blk in enumerate(blocks):
+        if self.blocks is not None:
+            for i, blk in enumerate(self.blocks):
                 self._handles.append(blk.register_forward_pre_hook(self._set(f"layer {i}")))
-            tail = getattr(self.model, "norm", None)
-            if tail is not None:
-                self._handles.append(tail.register_forward_pre_hook(self._set("head_and_loss")))
+            if self.tail is not None:
+                self._handles.append(self.tail.register_forward_pre_hook(self._set("head_and_loss")))
         self._hooks.__enter__()
         return self
 

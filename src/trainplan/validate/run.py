@@ -201,8 +201,9 @@ def low_dtype(plan: Plan):
     return torch.float16 if plan.precision == "fp16" else torch.bfloat16
 
 
-def measure(layout: Layout, device: str = "cpu") -> dict:
-    """Run one training step of the plan's model on one device and measure it."""
+def measure(layout: Layout, device: str = "cpu", impl: str = "reference") -> dict:
+    """Run one training step of the plan's model on one device and measure it.
+    impl: "reference" (trainplan's PyTorch models) or "transformers" (Hugging Face)."""
     import torch
 
     from .measure import SavedTensors, counted_flops, tensor_bytes
@@ -210,9 +211,17 @@ def measure(layout: Layout, device: str = "cpu") -> dict:
     plan, spec = layout.plan, layout.model
     if plan.precision == "fp8":
         raise PlanError("precision", "validate runs fp32, bf16 and fp16; fp8 needs Transformer Engine")
-    model = build_model(spec, plan, device)
     mixed = plan.precision != "fp32"
     fw = plan.framework if mixed else "torch"
+    if impl == "transformers":
+        if fw not in ("torch",):
+            raise PlanError("framework", "transformers models are validated with --framework torch "
+                            "(fp32 weights, torch.autocast)")
+        from .hf_models import build_hf_model
+
+        model = build_hf_model(spec, plan.attention, plan.recompute, device)
+    else:
+        model = build_model(spec, plan, device)
     autocast = mixed and fw == "torch"
     if mixed and fw in ("deepspeed", "megatron"):
         model.to(low_dtype(plan))
@@ -235,16 +244,21 @@ def measure(layout: Layout, device: str = "cpu") -> dict:
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(0, spec.vocab, (layout.mbs, layout.seq_len), generator=g).to(device)
 
+    def call():
+        if impl == "transformers":
+            return model(input_ids=ids, labels=ids).loss
+        return model(ids, ids)
+
     def forward():
         if autocast:
             with torch.autocast(device_type=device, dtype=low_dtype(plan)):
-                return model(ids, ids)
-        return model(ids, ids)
+                return call()
+        return call()
 
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    recorder = SavedTensors(model)
+    recorder = SavedTensors(model, blocks=_blocks(model), tail=_tail(model))
     t0 = time.perf_counter()
     with recorder:
         loss = forward()
@@ -273,7 +287,7 @@ def measure(layout: Layout, device: str = "cpu") -> dict:
         "activations_bytes": saved,
         "regions": recorder.by_region(),
     }
-    if plan.recompute == "full":
+    if plan.recompute == "full" and impl == "reference":
         out["recompute_working_set"] = recompute_working_set(model, layout, device, autocast)
         out["activations_bytes"] += out["recompute_working_set"]
     if device == "cuda":
@@ -288,6 +302,21 @@ def measure(layout: Layout, device: str = "cpu") -> dict:
     model.zero_grad(set_to_none=True)
     out["flops"], _ = counted_flops(train_step)
     return out
+
+
+def _blocks(model):
+    """The transformer blocks of a reference or transformers model (for region labels)."""
+    if hasattr(model, "blocks"):
+        return model.blocks
+    inner = getattr(model, "model", None) or getattr(model, "transformer", None) or getattr(model, "gpt_neox", None)
+    return getattr(inner, "layers", None) or getattr(inner, "h", None)
+
+
+def _tail(model):
+    if hasattr(model, "norm") and hasattr(model, "blocks"):
+        return model.norm
+    inner = getattr(model, "model", None) or getattr(model, "transformer", None) or getattr(model, "gpt_neox", None)
+    return getattr(inner, "norm", None) or getattr(inner, "ln_f", None) or getattr(inner, "final_layer_norm", None)
 
 
 def recompute_working_set(model, layout: Layout, device: str, autocast: bool) -> int:
@@ -334,7 +363,8 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progress=None) -> dict:
+def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progress=None,
+             impl: str = "reference") -> dict:
     """Predicted vs measured for a plan. Layouts with tp, zero or dp > 1 run as real
     distributed jobs (gloo on CPU, NCCL on GPUs) in local processes."""
     try:
@@ -374,12 +404,14 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
             f"tp {layout.tp} zero {layout.zero} dp {layout.dp}, b={layout.mbs} s={layout.seq_len}, {device}")
     if progress:
         progress(f"running {name}")
+    if impl == "transformers" and (world > 1 or plan.framework == "fsdp"):
+        raise PlanError("impl", "transformers models are validated on one process (tp = dp = 1)")
     if world > 1 or plan.framework == "fsdp" and plan.precision != "fp32":
         from .distributed import run_distributed
 
         cases = run_distributed(layout, small, device, name)
     else:
-        measured = measure(layout, device)
+        measured = measure(layout, device, impl)
         predicted = predict(layout, device)
         case = Case(name, {k: predicted[k] for k in TERMS}, {k: measured[k] for k in TERMS},
                     extra={"activation_regions": {"measured": measured["regions"],
@@ -387,6 +419,10 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
         for k in ("peak_allocated_bytes", "peak_reserved_bytes", "step_s", "recompute_working_set"):
             if k in measured:
                 case.extra[k] = measured[k]
+        if impl == "transformers":
+            case.name += " (transformers)"
+            if plan.recompute == "full":
+                case.notes.append("transformers' checkpointing: the re-materialised layer is not measured")
         if plan.optimizer not in TORCH_OPTIMIZERS:
             case.notes.append(f"{plan.optimizer}: optimizer state not measured")
         cases = [case.finish()]
