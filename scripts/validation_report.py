@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from trainplan.plan import make_plan
-from trainplan.validate.matrix import single_process_plans, sharded_plans
+from trainplan.validate.matrix import sharded_plans, single_process_plans
 from trainplan.validate.run import validate
 
 TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "flops")

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from trainplan.errors import PlanError  # noqa: E402
 from trainplan.plan import make_plan  # noqa: E402
-from trainplan.validate.matrix import single_process_plans, sharded_plans  # noqa: E402
+from trainplan.validate.matrix import sharded_plans, single_process_plans  # noqa: E402
 from trainplan.validate.run import validate  # noqa: E402
 
 STATE_TOL, ACT_TOL, FLOP_TOL = 0.005, 0.03, 0.02
