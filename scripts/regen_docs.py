@@ -21,6 +21,8 @@ BLOCKS = {
     "qlora-example": "trainplan plan --model llama-3-8b --gpu RTX-4090 --gpus 1 --finetune qlora "
                      "--seq-len 2048 --recompute full",
     "explain-example": "trainplan plan --model gpt2-xl --gpu V100 --gpus 1 --precision fp32 --explain",
+    "validate-example": "trainplan validate --model llama-3-70b --gpus 2 --zero 3 --framework fsdp "
+                        "--recompute full --device cpu",
 }
 
 
@@ -38,10 +40,10 @@ def main() -> None:
     text = readme.read_text()
     for name, cmd in BLOCKS.items():
         body = f"```console\n$ {cmd}\n{run(cmd)}\n```"
-        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(\n<!-- END {name} -->)", re.S)
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
         if not pattern.search(text):
             raise SystemExit(f"README.md has no block {name}")
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
+        text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     readme.write_text(text)
     print(f"regenerated {len(BLOCKS)} blocks in README.md")
 

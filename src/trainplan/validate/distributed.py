@@ -200,6 +200,9 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
     if layout.tp > 1 and layout.dp > 1 and layout.zero < 3:
         raise PlanError("zero", "validate combines tensor and data parallelism through FSDP2: "
                         "use --zero 3 --framework fsdp")
+    if plan.recompute == "full" and layout.tp > 1:
+        raise PlanError("recompute", "validate measures full recompute with tp = 1 (the re-run "
+                        "layer's working set is measured on an unsharded twin)")
     if plan.sp:
         raise PlanError("sp", "validate's DTensor run covers tensor parallelism without sequence parallelism")
     if layout.zero == 1 and plan.precision != "fp32" and plan.framework != "torch":
@@ -212,8 +215,20 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
         mp.spawn(_worker, args=(world, _free_port(), payload, out), nprocs=world, join=True)
         results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
     predicted = predict(layout, device)
+    working_set = None
+    if plan.recompute == "full":
+        # One layer re-run in backward, per rank: the same shapes as on one process (tp = 1).
+        from .run import build_model, low_dtype, recompute_working_set
+
+        twin = build_model(spec, plan, device)
+        mixed = plan.precision != "fp32"
+        if mixed and plan.framework != "torch":
+            twin.to(low_dtype(plan))
+        working_set = recompute_working_set(twin, layout, device, mixed and plan.framework == "torch")
     cases = []
     for r, measured in enumerate(results):
+        if working_set is not None:
+            measured["activations_bytes"] += working_set
         case = Case(f"{name} — rank {r}", {k: predicted[k] for k in TERMS}, {k: measured[k] for k in TERMS},
                     extra={"activation_regions": {"measured": measured["regions"],
                                                   "predicted": predicted["parts"]}})

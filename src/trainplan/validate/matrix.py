@@ -20,6 +20,8 @@ SHARDED = (
     ("ZeRO-3 (FSDP2), dp 2", dict(gpus=2, zero=3, precision="bf16", framework="fsdp")),
 )
 TWO_D = ("TP 2 x FSDP2 dp 2", dict(model="llama-3-8b", gpus=4, tp=2, zero=3, precision="bf16", framework="fsdp"))
+RECOMPUTED = ("ZeRO-3 (FSDP2) + full recompute, dp 2",
+              dict(model="llama-3-8b", gpus=2, zero=3, precision="bf16", framework="fsdp", recompute="full"))
 
 
 def single_process_plans():
@@ -34,3 +36,4 @@ def sharded_plans():
         for label, kw in SHARDED:
             yield label, dict(model=model, **kw)
     yield TWO_D
+    yield RECOMPUTED
