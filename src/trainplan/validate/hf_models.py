@@ -15,7 +15,8 @@ def hf_config(spec: ModelSpec, attention: str):
         raise PlanError("impl", "--impl transformers needs the transformers package: "
                         "pip install 'trainplan[hf]'") from None
     attn = "eager" if attention == "eager" else "sdpa"
-    common = dict(vocab_size=spec.vocab, tie_word_embeddings=spec.tied_embeddings)
+    common = dict(vocab_size=spec.vocab, tie_word_embeddings=spec.tied_embeddings, bos_token_id=None,
+                  eos_token_id=None, pad_token_id=None)
     if spec.is_mla:
         raise PlanError("model", "multi-head latent attention is not built from transformers here")
     if spec.mlp == "gelu":
