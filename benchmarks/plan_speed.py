@@ -1,6 +1,7 @@
 """Cost of one plan evaluation in-process and of the whole `trainplan plan --json` command.
 
-Targets: under 1 ms per in-process evaluation (resolve + memory model for every stage), and
+Targets: under 1 ms per in-process evaluation (resolve, the memory model for every stage,
+the step-time model and the training-run figures), and
 under 0.5 s for the command (start-up included). Prints measured figures side by side.
 
     .venv/bin/python benchmarks/plan_speed.py
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from trainplan.estimate.memory import estimate_memory
 from trainplan.plan import make_plan, resolve
+from trainplan.report import evaluate
 
 CASES = {
     "llama-3-70b 64xH100 tp8 pp4 zero1": dict(model="llama-3-70b", gpus=64, tp=8, pp=4, zero=1, sp=True,
@@ -38,13 +40,13 @@ def per_call(fn, n=2000):
 
 
 def main() -> None:
-    print(f"{'case':<40s} {'evaluate (ms)':>14s} {'memory model only (ms)':>24s}")
+    print(f"{'case':<40s} {'plan: memory+time+run (ms)':>27s} {'memory model only (ms)':>24s}")
     for name, kw in CASES.items():
         plan = make_plan(**kw)
         layout = resolve(plan)
-        full = per_call(lambda plan=plan: estimate_memory(resolve(plan)), n=500)
+        full = per_call(lambda plan=plan: evaluate(plan), n=500)
         mem = per_call(lambda layout=layout: estimate_memory(layout), n=500)
-        print(f"{name:<40s} {full * 1e3:>14.3f} {mem * 1e3:>24.3f}")
+        print(f"{name:<40s} {full * 1e3:>27.3f} {mem * 1e3:>24.3f}")
     exe = Path(sys.executable).with_name("trainplan")
     cmd = [str(exe), "plan", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--json"]
     subprocess.run(cmd, check=True, capture_output=True)

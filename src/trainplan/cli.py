@@ -117,8 +117,10 @@ def plan(
     options: dict,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="Print each term's formula with numbers")] = False,
+    timeline: Annotated[str | None, typer.Option(help="Draw the simulated pipeline schedule to a .png or .svg file")] = None,
 ) -> None:
-    """Will it fit? Per-GPU memory per pipeline stage for a model, cluster and layout."""
+    """Will it fit, how fast, at what cost? Per-GPU memory per pipeline stage, step time,
+    MFU and the whole training run for a model, cluster and layout."""
     from .plan import make_plan
     from .report import evaluate, to_json
 
@@ -127,12 +129,21 @@ def plan(
         data = to_json(result)
     except PlanError as err:
         _fail(err)
+    if timeline:
+        from .timeline import draw_timeline
+
+        try:
+            draw_timeline(result, timeline)
+        except PlanError as err:
+            _fail(err)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
     from .render import render_plan
 
     render_plan(data)
+    if timeline:
+        typer.echo(f"timeline written to {timeline}")
     if explain:
         from .explain import explain_lines
 

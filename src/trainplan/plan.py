@@ -77,6 +77,15 @@ class Plan(BaseModel):
     lora_rank: int = Field(default=16, ge=1, le=65536)
     lora_targets: list[str] = Field(default_factory=lambda: list(LORA_TARGETS))
     qlora_bits: Literal[4, 8] = 4
+    overlap_tp: bool = Field(default=False, description="overlap TP collectives with GEMMs (--tp-comm-overlap)")
+    overlap_dp: bool = Field(default=True, description="reduce gradients during the backward (bucketed)")
+    tokens: float | None = Field(default=None, gt=0, le=1e16, description="training tokens (default 20 x params)")
+    price: float | None = Field(default=None, ge=0, le=1e4, description="USD per GPU-hour (default: catalog)")
+    pue: float | None = Field(default=None, ge=1, le=5)
+    grid_kg_per_kwh: float | None = Field(default=None, ge=0, le=5)
+    gpu_mtbf_hours: float | None = Field(default=None, gt=0, le=1e9)
+    checkpoint_gbs: float | None = Field(default=None, gt=0, le=1e6, description="checkpoint write GB/s per node")
+    gpu_profile: str | None = Field(default=None, description="calibrated hardware profile (TOML)")
     overhead_gib: float | None = Field(default=None, ge=0, le=1024)
     fragmentation: float | None = Field(default=None, ge=0, le=1)
 

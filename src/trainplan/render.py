@@ -43,7 +43,7 @@ def memory_bar(stage: dict, capacity: float) -> Text:
 
 def render_plan(data: dict) -> None:
     c = _console()
-    m, par, g, tr, mem = data["model"], data["parallel"], data["gpu"], data["training"], data["memory"]
+    m, par, g, tr, mem = data["model"], data["parallel"], data["gpu"], data["recipe"], data["memory"]
     c.print(f"[bold]{m['name']}[/] — {fmt_count(m['params'])} parameters"
             + (f" ({fmt_count(m['active_params'])} active)" if m["active_params"] != m["params"] else "")
             + f", {m['layers']} layers, hidden {m['hidden']}")
@@ -85,6 +85,8 @@ def render_plan(data: dict) -> None:
                 f"exceeds {_gib(cap)} GiB by {_gib(peak - cap)} GiB")
     if "max_mbs" in mem:
         c.print(f"largest micro-batch that fits: {mem['max_mbs'] or 'none (even 1 does not fit)'}")
+    if "time" in data:
+        render_time(c, data)
     for w in data["warnings"]:
         c.print(f"[yellow]warning[/]: {w}")
 
@@ -135,3 +137,28 @@ def render_validation(data: dict) -> None:
             if key in case:
                 c.print(f"  {key}: {case[key]}")
     c.print(f"largest |error| over all terms: {data['max_abs_rel_error'] * 100:.2f}% (device: {data['device']})")
+
+
+def _dur(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:,.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.1f} h"
+    if seconds >= 1:
+        return f"{seconds:,.2f} s"
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def render_time(c: Console, data: dict) -> None:
+    t, tr = data["time"], data["training"]
+    c.print(f"[bold]step[/] {_dur(t['step_s'])} · {t['tokens_per_s']:,.0f} tokens/s · "
+            f"{t['tflops_per_gpu']:,.0f} TFLOP/s per GPU · MFU {t['mfu']:.1%} (HFU {t['hfu']:.1%}) · "
+            f"bubble {t['bubble_fraction']:.1%} · {t['bottleneck']}")
+    b = t["breakdown_s"]
+    total = sum(b.values()) or 1.0
+    c.print("  where the step goes: " + ", ".join(f"{k.replace('_', ' ')} {v / total:.0%}"
+                                                  for k, v in b.items() if v > 0.005 * total))
+    cost = f"${tr['cost_usd']:,.0f}" if tr["cost_usd"] is not None else "price unknown (--price)"
+    c.print(f"[bold]training[/] {tr['tokens'] / 1e9:,.0f}B tokens · {tr['steps']:,.0f} steps · "
+            f"{tr['days']:,.1f} days · {tr['gpu_hours']:,.0f} GPU-hours · {cost} · "
+            f"{tr['energy_kwh']:,.0f} kWh · {tr['co2_t']:,.1f} t CO2 · goodput {tr['goodput']:.1%}")

@@ -18,6 +18,8 @@ STAGE_COMPONENTS = ("params", "grads", "master", "optimizer_state", "activations
 class PlanResult:
     layout: Layout
     memory: dict
+    time: dict | None = None
+    training: dict | None = None
 
     @property
     def capacity(self) -> float:
@@ -32,9 +34,18 @@ class PlanResult:
         return self.peak <= self.capacity
 
 
-def evaluate(plan: Plan) -> PlanResult:
+def evaluate(plan: Plan, with_time: bool = True) -> PlanResult:
     layout = resolve(plan)
-    return PlanResult(layout=layout, memory=estimate_memory(layout))
+    result = PlanResult(layout=layout, memory=estimate_memory(layout))
+    if with_time:
+        from .estimate.time import step_time
+        from .estimate.training import training_figures
+        from .profile import load_profile
+
+        result.time = step_time(layout, load_profile(plan.gpu_profile) if plan.gpu_profile else None,
+                                result.memory)
+        result.training = training_figures(layout, result.time["step_s"])
+    return result
 
 
 def stage_rows(result: PlanResult) -> list[dict]:
@@ -80,7 +91,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                      "micro_batches": L.micro_batches, "recompute": p.recompute,
                      "recompute_layers": p.recompute_layers, "schedule": p.schedule, "vpp": L.vpp,
                      "stage_layers": L.stage_layers},
-        "training": {"precision": p.precision, "optimizer": p.optimizer, "framework": p.framework,
+        "recipe": {"precision": p.precision, "optimizer": p.optimizer, "framework": p.framework,
                      "attention": p.attention, "dropout": p.dropout, "finetune": p.finetune,
                      "bytes_per_param": {"weights": r.weight_bytes, "grads": r.grad_bytes,
                                          "master": r.master_bytes, "optimizer": r.optimizer_bytes},
@@ -95,5 +106,10 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
             **({"max_mbs": max_micro_batch(L)} if with_max_mbs else {}),
             "stages": stage_rows(result),
         },
+        **({"compute": {"model_flops_per_step": result.time["model_flops_per_step"],
+                        "hardware_flops_per_step": result.time["hardware_flops_per_step"]},
+            "time": {k: v for k, v in result.time.items()
+                     if k not in ("model_flops_per_step", "hardware_flops_per_step")},
+            "training": result.training} if result.time else {}),
         "warnings": list(L.warnings),
     }

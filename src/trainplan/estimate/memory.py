@@ -196,10 +196,13 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     eager_rms = (not r.fused_kernels) and not mn.layernorm and r.residual_bytes < FP32
     ckpt_reused = 0.0 if eager_rms else ckpt
     full_terms = {**common, "recompute": act.RECOMPUTE_CODE["none"]}
-    working_set = np.maximum(
-        np.where(dense_layers > 0, sum(act.layer_terms(mn.shape, moe=False, **full_terms).values()), 0.0),
-        np.where(moe_layers > 0, sum(act.layer_terms(mn.shape, moe=True, **full_terms).values())
-                 if moe_terms else 0.0, 0.0))
+    if np.any(np.asarray(recompute) == act.RECOMPUTE_CODE["full"]):
+        working_set = np.maximum(
+            np.where(dense_layers > 0, sum(act.layer_terms(mn.shape, moe=False, **full_terms).values()), 0.0),
+            np.where(moe_layers > 0, sum(act.layer_terms(mn.shape, moe=True, **full_terms).values())
+                     if moe_terms else 0.0, 0.0))
+    else:
+        working_set = 0.0
     full = np.asarray(recompute) == act.RECOMPUTE_CODE["full"]
     n_ckpt = np.where(full, np.minimum(recompute_layers, layers), 0)
     frac_ckpt = np.where(layers > 0, n_ckpt / np.maximum(layers, 1), 0.0)

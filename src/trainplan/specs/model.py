@@ -12,6 +12,7 @@ implementation the catalog cites (e.g. Hugging Face `modeling_llama.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,7 +41,7 @@ class Linear:
     expert: bool = False  # routed-expert weight (split by expert parallelism)
     count: int = 1  # identical copies (e.g. one per routed expert)
 
-    @property
+    @cached_property
     def params(self) -> int:
         return self.count * (self.fan_in * self.fan_out + (self.fan_out if self.bias else 0))
 
@@ -155,7 +156,7 @@ class ModelSpec(BaseModel):
         """Width of the attention output fed to the output projection."""
         return self.heads * self.v_head_dim if self.is_mla else self.q_dim
 
-    @property
+    @cached_property
     def n_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.layers))
 
@@ -248,12 +249,12 @@ class ModelSpec(BaseModel):
         norm = 2 * self.hidden if self.norm == "layernorm" else self.hidden
         return norm + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
-    @property
+    @cached_property
     def params(self) -> int:
         return (self.embedding_params + self.head_params
                 + sum(self.layer_params(i) for i in range(self.layers)))
 
-    @property
+    @cached_property
     def active_params(self) -> int:
         return (self.embedding_params + self.head_params
                 + sum(self.layer_active_params(i) for i in range(self.layers)))

@@ -1,0 +1,42 @@
+"""Collectives on a bandwidth hierarchy (DESIGN §3).
+
+Time of a collective over n ranks moving a buffer of S bytes per rank:
+
+    t = factor(n) · S / busbw + steps(n) · latency
+
+with the nccl-tests bus-bandwidth factors (doc/PERFORMANCE.md): all-reduce 2(n-1)/n,
+all-gather, reduce-scatter and all-to-all (n-1)/n, send/recv 1. busbw is the achieved bus
+bandwidth of the slowest link the group spans: NVLink inside a node (ring collectives reach
+~80% of the unidirectional NVLink bandwidth), the NIC across nodes (~90% of line rate); with
+NVLS/SHARP in-network reduction the all-reduce factor drops to (n-1)/n.
+
+All functions take numbers or numpy arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV = range(5)
+
+
+def bus_factor(kind, n, sharp=False):
+    n = np.asarray(n, dtype=float)
+    frac = np.where(n > 1, (n - 1) / np.maximum(n, 1), 0.0)
+    kind = np.asarray(kind)
+    ar = np.where(sharp, frac, 2 * frac)
+    return np.where(kind == ALL_REDUCE, ar, np.where(kind == SEND_RECV, np.where(n > 1, 1.0, 0.0), frac))
+
+
+def collective_time(kind, nbytes, n, busbw, latency, sharp=False):
+    """Seconds for one collective; zero for a group of one."""
+    n = np.asarray(n, dtype=float)
+    steps = np.where(np.asarray(kind) == ALL_REDUCE, 2 * (n - 1), n - 1)
+    t = bus_factor(kind, n, sharp) * np.asarray(nbytes, dtype=float) / busbw + steps * latency
+    return np.where(n > 1, t, 0.0)
+
+
+def group_busbw(span, gpus_per_node, nvlink_busbw, nic_busbw):
+    """Achieved bus bandwidth of a group whose ranks lie within `span` consecutive GPUs:
+    NVLink when the span fits in a node, else the NIC (the slowest link it crosses)."""
+    return np.where(np.asarray(span) <= gpus_per_node, nvlink_busbw, nic_busbw)

@@ -1,0 +1,47 @@
+"""`trainplan plan --timeline out.png|svg`: the simulated pipeline schedule of one step
+(optional extra `plot`: matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import PlanError
+from .estimate.pipeline import simulate
+
+MAX_MICRO_BATCHES_DRAWN = 64
+COLOURS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
+
+
+def draw_timeline(result, path: str) -> None:
+    out = Path(path)
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise PlanError("timeline", f"the file must end in .png or .svg (got {out.name})")
+    if not out.parent.exists():
+        raise PlanError("timeline", f"directory {out.parent} does not exist")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlanError("timeline", "drawing needs matplotlib: pip install 'trainplan[plot]'") from None
+    L, t = result.layout, result.time
+    m = min(L.micro_batches, MAX_MICRO_BATCHES_DRAWN)
+    stage = t["per_microbatch_stage_s"]
+    fwd = [x / 3 for x in stage]  # forward ≈ 1/3 of forward + backward
+    bwd = [x * 2 / 3 for x in stage]
+    sim = simulate(L.plan.schedule, L.pp, m, fwd, bwd, vpp=L.vpp)
+    fig, ax = plt.subplots(figsize=(12, 0.45 * L.pp + 1.6))
+    for op in sim.ops:
+        ax.barh(op.stage, op.end - op.start, left=op.start, color=COLOURS[op.kind], edgecolor="white", linewidth=0.3)
+        if m <= 16 and L.pp <= 16:
+            ax.text((op.start + op.end) / 2, op.stage, str(op.mb), ha="center", va="center", fontsize=6, color="white")
+    ax.invert_yaxis()
+    ax.set_yticks(range(L.pp), [f"stage {i}" for i in range(L.pp)])
+    ax.set_xlabel("seconds")
+    drawn = f" (first {m} of {L.micro_batches} micro-batches)" if m < L.micro_batches else ""
+    ax.set_title(f"{L.model.name}: {L.plan.schedule} schedule, p={L.pp}, m={m}{drawn} — "
+                 f"bubble {sim.bubble_fraction:.1%}; forward blue, backward orange, weight-grad green")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
