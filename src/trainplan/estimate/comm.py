@@ -36,7 +36,15 @@ def collective_time(kind, nbytes, n, busbw, latency, sharp=False):
     return np.where(n > 1, t, 0.0)
 
 
-def group_busbw(span, gpus_per_node, nvlink_busbw, nic_busbw):
-    """Achieved bus bandwidth of a group whose ranks lie within `span` consecutive GPUs:
-    NVLink when the span fits in a node, else the NIC (the slowest link it crosses)."""
-    return np.where(np.asarray(span) <= gpus_per_node, nvlink_busbw, nic_busbw)
+def group_busbw(size, stride, gpus_per_node, nvlink_busbw, nic_busbw):
+    """Achieved bus bandwidth of a group of `size` ranks placed `stride` GPUs apart.
+
+    Inside one node it is NVLink's. Across nodes NCCL runs one ring per NIC, so the group
+    gets the NICs of all its ranks on a node together (nccl-tests / ml-engineering: 4 x 8
+    B200 with 8 x 400G reach 382 GB/s bus bandwidth), bounded by NVLink: a tensor-parallel-
+    style stride that leaves one rank per node gets one NIC."""
+    size, stride = np.asarray(size, dtype=float), np.asarray(stride, dtype=float)
+    span = size * stride
+    per_node = np.clip(np.floor(gpus_per_node / np.maximum(stride, 1)), 1, size)
+    across = np.minimum(nvlink_busbw, per_node * nic_busbw)
+    return np.where(span <= gpus_per_node, nvlink_busbw, across)

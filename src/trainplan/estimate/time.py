@@ -153,17 +153,17 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
 
     # -- per-layer exposed communication for one micro-batch
     tp_bytes = tokens * h * elem
-    tp_span = tp
-    tp_ar = comm.collective_time(comm.ALL_REDUCE, tp_bytes, tp, comm.group_busbw(tp_span, gpn, nvlink, nic), lat)
+    tp_ar = comm.collective_time(comm.ALL_REDUCE, tp_bytes, tp, comm.group_busbw(tp, 1, gpn, nvlink, nic), lat)
     tp_fwd, tp_bwd = 2 * tp_ar, 2 * tp_ar
     if plan.overlap_tp:
-        tp_fwd = tp_bwd = np.maximum(0.0, 2 * tp_ar - 0.5 * gemm["dense"])
-    ep_span = ep * tp * cp
+        # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the
+        # GEMMs of the same pass; what exceeds them stays exposed.
+        tp_fwd = np.maximum(0.0, 2 * tp_ar - gemm["dense"])
+        tp_bwd = np.maximum(0.0, 2 * tp_ar - 2 * gemm["dense"])
     a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
-                               comm.group_busbw(ep_span, gpn, nvlink, nic), lat) if model.is_moe else 0.0
-    cp_span = cp * tp
+                               comm.group_busbw(ep, tp * cp, gpn, nvlink, nic), lat) if model.is_moe else 0.0
     cp_ring = comm.collective_time(comm.ALL_GATHER, tokens * 2 * model.kv_dim / tp * elem * cp, cp,
-                                   comm.group_busbw(cp_span, gpn, nvlink, nic), lat)
+                                   comm.group_busbw(cp, tp, gpn, nvlink, nic), lat)
     cp_exposed = np.maximum(0.0, cp_ring - attn)
     # recompute: full re-runs each layer's forward (with its TP collectives), selective the
     # attention core only
@@ -192,9 +192,9 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
     # all-gathers it over NVLink (Narayanan et al. 2021 §4.1). In 1F1B these transfers sit
     # on the critical path of every micro-batch.
     p2p_bytes = tokens * h * elem / tp
-    pp_span = tp * cp * dp * 2  # neighbouring stages are tp·cp·dp ranks apart
-    p2p = float(comm.collective_time(comm.SEND_RECV, p2p_bytes, 2, comm.group_busbw(pp_span, gpn, nvlink, nic), lat)) \
-        if pp > 1 else 0.0
+    # neighbouring stages are tp·cp·dp ranks apart; each rank sends over its own link
+    p2p = float(comm.collective_time(comm.SEND_RECV, p2p_bytes, 2, comm.group_busbw(2, tp * cp * dp, gpn, nvlink, nic),
+                                     lat)) if pp > 1 else 0.0
     parts["pp_comm"] = np.full(pp, 2 * p2p)
     stage = sum(parts.values())
     sched = SCHEDULE_CODE[plan.schedule]
@@ -210,15 +210,25 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
     mem = memory if memory is not None else estimate_memory(layout)
     trainable = float(np.max(mem["trainable_params"]))
     dp_group = dp * cp
-    dp_span = tp * cp * dp
-    dp_bw = comm.group_busbw(dp_span, gpn, nvlink, nic)
+    dp_bw = comm.group_busbw(dp_group, tp, gpn, nvlink, nic)
     grad_bytes = trainable * r.grad_bytes
-    dp_comm = float(comm.collective_time(comm.ALL_REDUCE, grad_bytes, dp_group, dp_bw, lat))
+    stage_compute = float(parts["compute"][slow])
     if layout.zero >= 3:
-        dp_comm += 2 * float(comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes,
-                                                  dp_group, dp_bw, lat))
-    last_bwd = float(stage.max()) * 2 / 3
-    dp_exposed = max(0.0, dp_comm - last_bwd) if plan.overlap_dp else dp_comm
+        # FSDP / ZeRO-3 gathers the parameters for every micro-batch's forward and backward
+        # and reduce-scatters its gradients, prefetching so that each overlaps that
+        # micro-batch's compute.
+        gather = float(comm.collective_time(comm.ALL_GATHER, trainable * dp_group * r.compute_weight_bytes / dp_group,
+                                            dp_group, dp_bw, lat))
+        scatter = float(comm.collective_time(comm.REDUCE_SCATTER, trainable * dp_group * r.grad_bytes / dp_group,
+                                             dp_group, dp_bw, lat))
+        per_mb = 2 * gather + scatter
+        dp_comm = m * per_mb
+        dp_exposed = m * (max(0.0, per_mb - stage_compute) if plan.overlap_dp else per_mb)
+    else:
+        # one all-reduce (or reduce-scatter + all-gather, the same volume) per step; with
+        # overlap it runs bucket by bucket during the last micro-batch's backward
+        dp_comm = float(comm.collective_time(comm.ALL_REDUCE, grad_bytes, dp_group, dp_bw, lat))
+        dp_exposed = max(0.0, dp_comm - stage_compute * 2 / 3) if plan.overlap_dp else dp_comm
     shard = dp_group if layout.zero >= 1 else 1
     opt_bytes = trainable / shard * (r.grad_bytes + 2 * (r.master_bytes + r.optimizer_bytes) + r.weight_bytes)
     optimizer = 0.0 if plan.offload_optimizer else opt_bytes / hbm

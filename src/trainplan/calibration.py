@@ -1,0 +1,103 @@
+"""Published training runs against the time model (docs/accuracy.md, tests).
+
+Each published row is turned into a plan with its published layout. Details a source does
+not give are chosen by one rule for all rows, never fitted per row:
+
+* micro-batch 1 unless published; the 1F1B schedule;
+* recompute as published; where a source is silent (Megatron-Core): none, or selective if
+  the plan does not fit in memory, then full;
+* 2019-2021 Megatron runs: fp16, materialised attention (pre-FlashAttention), gradient
+  all-reduce after the backward; 2024 Megatron-Core: bf16, FlashAttention, the published
+  overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention.
+
+Each source is compared on the figure it measured (throughput per GPU, or iteration time).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+from .estimate.memory import estimate_memory
+from .estimate.time import step_time
+from .plan import make_plan, resolve
+from .specs.model import ModelSpec
+
+
+def _gpt(name, hidden, heads, layers, vocab, seq, mlp="gelu") -> ModelSpec:
+    return ModelSpec(name=name, source="published run", layers=layers, hidden=hidden, heads=heads,
+                     ffn=4 * hidden, mlp=mlp, vocab=vocab, tied_embeddings=True, norm="layernorm",
+                     position="learned", max_position=seq, qkv_bias=True, bias=True, fused_qkv=True)
+
+
+def evaluate_layout(layout):
+    mem = estimate_memory(layout)
+    return {"fits": bool(np.max(mem["total"]) <= layout.gpu.capacity_bytes), "time": step_time(layout, None, mem)}
+
+
+def _with_recompute_rule(spec, **kw):
+    """recompute none, else selective, else full: the first that fits."""
+    for rc in ("none", "selective", "full"):
+        layout = resolve(make_plan(recompute=rc, **kw), spec)
+        out = evaluate_layout(layout)
+        if out["fits"] or rc == "full":
+            return layout, out, rc
+    raise AssertionError
+
+
+def rows(path: str | Path) -> list[dict]:
+    data = tomllib.loads(Path(path).read_text())
+    out = []
+    for table, cfg in data.items():
+        for row in cfg["rows"]:
+            out.append(_compare(table, cfg, row))
+    return out
+
+
+def _compare(table: str, cfg: dict, row: list) -> dict:
+    if table == "narayanan2021":
+        pb, a, h, L, tp, pp, g, gbs, pub = row
+        spec = _gpt(f"GPT {pb}B", h, a, L, 51200, 2048)
+        layout = resolve(make_plan(gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=2048,
+                                   recompute="full", framework="megatron", attention="eager",
+                                   precision="fp16", overlap_dp=False), spec)
+        t = evaluate_layout(layout)["time"]
+        s, V = 2048, 51200
+        flops = 96 * gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        pred = flops / t["step_s"] / g / 1e12
+        label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, {g} GPUs"
+        return dict(source=table, label=label, metric="TFLOP/s per GPU (96-count)", published=pub, predicted=pred)
+    if table == "megatron_core_h100":
+        pb, a, h, L, tp, pp, g, gbs, pub = row
+        spec = _gpt(f"GPT {pb}B", h, a, L, 131072, 4096)
+        layout, out, rc = _with_recompute_rule(
+            spec, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=4096, zero=1, sp=tp > 1,
+            framework="megatron", attention="flash", precision="bf16", overlap_tp=True, overlap_dp=True)
+        pred = out["time"]["tflops_per_gpu"]
+        label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, recompute {rc}"
+        return dict(source=table, label=label, metric="TFLOP/s per GPU (model)", published=pub, predicted=pred)
+    if table == "megatron_single_node":
+        h, a, L, mp, g, system, gbs, ms, tf = row
+        spec = _gpt(f"GPT h{h}", h, a, L, 50257, 1024)
+        gpu = "V100" if system == "V100" else "A100-40GB-SXM"
+        layout = resolve(make_plan(gpu=gpu, gpus=g, tp=mp, gbs=gbs, mbs=gbs // (g // mp), seq_len=1024,
+                                   recompute="full", framework="megatron", attention="eager", precision="fp16",
+                                   overlap_dp=False, gpus_per_node=16 if system == "V100" else 8), spec)
+        t = evaluate_layout(layout)["time"]
+        label = f"{system}: h {h}, {L} layers, MP {mp}, {g} GPUs"
+        return dict(source=table, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)
+    if table == "mosaicml_h100":
+        name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row
+        spec = ModelSpec(name=f"MPT-{name}", source="llm-foundry", layers=L, hidden=d, heads=a, ffn=4 * d,
+                         mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="none",
+                         max_position=seq, fused_qkv=True)
+        layout = resolve(make_plan(gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16",
+                                   mbs=mb, gbs=gbs, seq_len=seq, attention="flash",
+                                   recompute="full" if ckpt else "none"), spec)
+        t = evaluate_layout(layout)["time"]
+        label = f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"
+        return dict(source=table, label=label, metric="tokens/s per GPU", published=tok,
+                    predicted=t["tokens_per_s"] / g)
+    raise ValueError(table)

@@ -1,0 +1,160 @@
+"""Time model: FLOPs formulas, collective costs, whole-run arithmetic from the seeds, and the
+profile round-trip."""
+
+import numpy as np
+import pytest
+
+from trainplan.estimate import comm
+from trainplan.estimate.cost import goodput, training_run
+from trainplan.estimate.flops import step_flops
+from trainplan.plan import make_plan, resolve
+from trainplan.report import evaluate, to_json
+from trainplan.specs import catalog
+from trainplan.specs.model import ModelSpec
+
+
+def gpt(h, a, L, v=51200, s=2048):
+    return ModelSpec(name="gpt", source="test", layers=L, hidden=h, heads=a, ffn=4 * h, mlp="gelu", vocab=v,
+                     tied_embeddings=True, norm="layernorm", position="learned", max_position=s, fused_qkv=True)
+
+
+@pytest.mark.parametrize("h,a,L", [(6144, 64, 48), (12288, 96, 96), (20480, 128, 105), (25600, 160, 128)])
+def test_megatron_model_flops_formula(h, a, L):
+    """Korthikanti et al. 2023 App. A: model FLOPs per iteration 72·B·L·s·h²·(1 + s/(6h) + v/(12hL))."""
+    B, s, v = 8, 2048, 51200
+    fl = step_flops(gpt(h, a, L), tokens=B * s, seq=s, dense_layers=L, moe_layers=0, head=1,
+                    attention_eager=True, recompute=0)
+    assert float(fl["model"]) == pytest.approx(72 * B * L * s * h * h * (1 + s / (6 * h) + v / (12 * h * L)), rel=1e-12)
+
+
+@pytest.mark.parametrize("h,a,L", [(2304, 24, 24), (12288, 96, 80)])
+def test_narayanan_96_count_is_hardware_flops_with_full_recompute(h, a, L):
+    """Narayanan et al. 2021 Eq. 3: F = 96·B·s·l·h²·(1 + s/(6h) + V/(16lh)) counts a recomputed
+    forward (4 passes): our hardware FLOPs under full recompute."""
+    B, s, V = 4, 2048, 51200
+    fl = step_flops(gpt(h, a, L), tokens=B * s, seq=s, dense_layers=L, moe_layers=0, head=1,
+                    attention_eager=True, recompute=2)
+    assert float(fl["hardware"]) == pytest.approx(96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)), rel=1e-12)
+
+
+def test_six_n_d_for_llama():
+    """The 6·N·D rule (Kaplan et al. 2020): for Llama-2-7B at s = 2048 the model FLOPs per
+    token are 6·N (non-embedding parameters, plus the output head) and the attention term
+    12·L·h·s (PaLM's 6N + 12·L·H·Q·T)."""
+    m = catalog.model("llama-2-7b")
+    s = 2048
+    # (PaLM counts the attention backward as 2x its forward: the materialised-scores count)
+    fl = step_flops(m, tokens=s, seq=s, dense_layers=m.layers, moe_layers=0, head=1, attention_eager=True, recompute=0)
+    n_matmul = m.params - m.embedding_params - m.layers * 2 * m.hidden - m.hidden  # minus norms
+    assert float(fl["model"]) / s == pytest.approx(6 * n_matmul + 12 * m.layers * m.hidden * s, rel=1e-12)
+    assert float(fl["model"]) / s == pytest.approx(6 * m.params, rel=0.15)
+
+
+def test_moe_active_flops():
+    """Mixtral routes each token to 2 of 8 experts: FLOPs follow the 12.9B active parameters."""
+    m = catalog.model("mixtral-8x7b")
+    fl = step_flops(m, tokens=1, seq=1, dense_layers=0, moe_layers=m.layers, head=1, attention_eager=True, recompute=0)
+    active_matmul = m.active_params - m.embedding_params - m.layers * 2 * m.hidden - m.hidden
+    attention = 3 * m.layers * 2 * (m.q_dim + m.attn_out_dim)  # one key: 2·(q + v) forward, x3
+    assert float(fl["model"]) == pytest.approx(6 * active_matmul + attention, rel=1e-12)
+
+
+def test_nccl_bus_factors():
+    """nccl-tests doc/PERFORMANCE.md: busbw factors 2(n-1)/n all-reduce, (n-1)/n all-gather,
+    reduce-scatter, all-to-all; 1 for send/recv."""
+    assert comm.bus_factor(comm.ALL_REDUCE, 8) == pytest.approx(2 * 7 / 8)
+    for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_TO_ALL):
+        assert comm.bus_factor(kind, 8) == pytest.approx(7 / 8)
+    assert comm.bus_factor(comm.SEND_RECV, 2) == 1.0
+    # 1 GiB all-reduce on 8 GPUs at 232.5 GB/s busbw (8 x A100, nccl-tests issue #175)
+    t = comm.collective_time(comm.ALL_REDUCE, 2**30, 8, 232.5e9, 0.0)
+    assert float(t) == pytest.approx(2 * 7 / 8 * 2**30 / 232.5e9)
+    assert float(comm.collective_time(comm.ALL_REDUCE, 2**30, 1, 232.5e9, 1e-5)) == 0.0
+
+
+def test_group_bandwidth_hierarchy():
+    nv, nic = 360e9, 45e9
+    assert comm.group_busbw(8, 1, 8, nv, nic) == nv  # TP 8 inside a node
+    assert comm.group_busbw(4, 8, 8, nv, nic) == nic  # DP across nodes, one rank per node
+    assert comm.group_busbw(64, 1, 8, nv, nic) == pytest.approx(min(nv, 8 * nic))  # all NICs
+
+
+def test_napkin_1_5_llama2_70b_on_1024_h100():
+    """Seed 004, Napkin Math 1.5: 6 x 70e9 x 2e12 = 8.4e23 FLOPs at 50% of 989 TFLOP/s on
+    1,024 H100 -> 19.2 days; at $3/GPU-hour about $1.42M."""
+    flops_per_token = 6 * 70e9
+    tflops = 0.5 * 989e12
+    gpus = 1024
+    run = training_run(tokens=2e12, tokens_per_step=1.0, step_s=flops_per_token / (tflops * gpus), gpus=gpus,
+                       price_per_gpu_hour=3.0, gpu_power_w=700, gpus_per_host=8, host_power_w=0, pue=1.0,
+                       grid_kg_per_kwh=0.0)
+    assert run["days"] == pytest.approx(19.2, abs=0.05)
+    assert run["cost_usd"] == pytest.approx(1.42e6, rel=0.01)
+
+
+def test_napkin_1_11_carbon():
+    """Seed 004, Napkin Math 1.11: 7B on 1T tokens (4.2e22 FLOPs) at 156 TFLOP/s per A100 on
+    1,024 GPUs -> 3.04 days; (1,024 x 400 W + 128 hosts x 200 W) x 73 h = 31,784 kWh."""
+    run = training_run(tokens=1e12, tokens_per_step=1.0, step_s=6 * 7e9 / (156e12 * 1024), gpus=1024,
+                       price_per_gpu_hour=None, gpu_power_w=400, gpus_per_host=8, host_power_w=200, pue=1.0,
+                       grid_kg_per_kwh=0.429)
+    assert run["days"] == pytest.approx(3.04, abs=0.01)
+    assert run["energy_kwh"] == pytest.approx(31784.2, rel=0.002)
+    # the seed: halving the energy (15,892 kWh) avoids 6.8 t at the average grid
+    assert run["co2_t"] / 2 == pytest.approx(6.8, rel=0.01)
+
+
+def test_young_daly_goodput():
+    """Young/Daly: tau = sqrt(2·delta·M); with delta = 60 s and M = 3 h, tau = 1,138 s and
+    the lost share is delta/tau + tau/(2M) = 10.5%."""
+    g = goodput(60.0, 3 * 3600.0)
+    tau = np.sqrt(2 * 60 * 3 * 3600)
+    assert float(g) == pytest.approx(1 - 60 / tau - tau / (2 * 3 * 3600))
+    assert float(g) == pytest.approx(0.8946, abs=1e-3)
+
+
+def test_plan_json_has_time_and_training_sections():
+    data = to_json(evaluate(make_plan(model="llama-3-70b", gpus=64, tp=8, pp=4, gbs=128)))
+    t, tr = data["time"], data["training"]
+    assert set(t) >= {"step_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "breakdown_s"}
+    assert set(tr) >= {"tokens", "steps", "days", "gpu_hours", "cost_usd", "energy_kwh", "co2_t"}
+    assert sum(t["breakdown_s"].values()) == pytest.approx(t["step_s"], rel=1e-9)
+    assert tr["tokens"] == pytest.approx(20 * catalog.model("llama-3-70b").params)  # Chinchilla
+    assert 0 < t["mfu"] < 1 and t["tokens_per_s"] == pytest.approx(128 * 4096 / t["step_s"])
+
+
+def test_gpu_profile_changes_step_time(tmp_path):
+    """A calibrated profile replaces the defaults: halving the GEMM efficiency slows the step."""
+    base = evaluate(make_plan(model="llama-3-8b", gpus=8, tp=1, gbs=64)).time["step_s"]
+    prof = tmp_path / "gpu.toml"
+    prof.write_text("[efficiency]\ngemm = 0.4\n")
+    slow = evaluate(make_plan(model="llama-3-8b", gpus=8, tp=1, gbs=64, gpu_profile=str(prof))).time["step_s"]
+    assert slow > 1.5 * base
+    prof.write_text("[efficiency]\ngemm = 7\n")
+    from trainplan.errors import PlanError
+
+    with pytest.raises(PlanError) as e:
+        evaluate(make_plan(model="llama-3-8b", gpus=8, gpu_profile=str(prof)))
+    assert e.value.field == "gpu_profile"
+
+
+def test_interleaving_and_more_micro_batches_shrink_the_bubble():
+    kw = dict(model="llama-3-70b", gpus=64, tp=8, pp=8)
+    b1 = evaluate(make_plan(**kw, gbs=64)).time["bubble_fraction"]
+    b2 = evaluate(make_plan(**kw, gbs=256)).time["bubble_fraction"]
+    b3 = evaluate(make_plan(**kw, gbs=64, schedule="interleaved", vpp=2)).time["bubble_fraction"]
+    assert b2 < b1 and b3 < b1
+    lay = resolve(make_plan(**kw, gbs=64))
+    assert lay.micro_batches == 64
+
+
+def test_published_runs_table_is_complete():
+    """Every published row (40, from four sources) is turned into a plan and predicted."""
+    from pathlib import Path
+
+    from trainplan.calibration import rows
+
+    data = rows(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.toml")
+    assert len(data) == 40
+    assert {r["source"] for r in data} == {"narayanan2021", "megatron_core_h100", "megatron_single_node", "mosaicml_h100"}
+    assert all(np.isfinite(r["predicted"]) and r["predicted"] > 0 for r in data)
