@@ -2,7 +2,7 @@
 
 Time of a collective over n ranks moving a buffer of S bytes per rank:
 
-    t = factor(n) · S / busbw + steps(n) · latency
+    t = factor(n) · S / busbw + latency
 
 with the nccl-tests bus-bandwidth factors (doc/PERFORMANCE.md): all-reduce 2(n-1)/n,
 all-gather, reduce-scatter and all-to-all (n-1)/n, send/recv 1. busbw is the achieved bus
@@ -31,8 +31,7 @@ def bus_factor(kind, n, sharp=False):
 def collective_time(kind, nbytes, n, busbw, latency, sharp=False):
     """Seconds for one collective; zero for a group of one."""
     n = np.asarray(n, dtype=float)
-    steps = np.where(np.asarray(kind) == ALL_REDUCE, 2 * (n - 1), n - 1)
-    t = bus_factor(kind, n, sharp) * np.asarray(nbytes, dtype=float) / busbw + steps * latency
+    t = bus_factor(kind, n, sharp) * np.asarray(nbytes, dtype=float) / busbw + latency
     return np.where(n > 1, t, 0.0)
 
 

@@ -47,7 +47,8 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
     eff = conventions()["efficiency"]
     name = layout.gpu.name
     out = {
-        "gemm": eff["gemm"].get(name, eff["gemm_default"]),
+        "gemm": eff["gemm"][name] * eff["gemm_training_fraction_of_mamf"] if name in eff["gemm"]
+        else eff["gemm_default"],
         "flash": eff["flash_attention"].get(name, eff["flash_attention_default"]),
         "hbm": eff["hbm"],
         "nvlink": eff["nvlink_ring"],
@@ -224,9 +225,19 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         per_mb = 2 * gather + scatter
         dp_comm = m * per_mb
         dp_exposed = m * (max(0.0, per_mb - stage_compute) if plan.overlap_dp else per_mb)
+    elif layout.zero >= 1:
+        # sharded optimizer (ZeRO-1/2, Megatron's distributed optimizer): reduce-scatter the
+        # gradients during the last micro-batch's backward, all-gather the updated
+        # parameters during the next step's first forward (--overlap-grad-reduce,
+        # --overlap-param-gather)
+        rs = float(comm.collective_time(comm.REDUCE_SCATTER, grad_bytes, dp_group, dp_bw, lat))
+        ag = float(comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw, lat))
+        dp_comm = rs + ag
+        dp_exposed = (max(0.0, rs - stage_compute * 2 / 3) + max(0.0, ag - stage_compute / 3)) \
+            if plan.overlap_dp else dp_comm
     else:
-        # one all-reduce (or reduce-scatter + all-gather, the same volume) per step; with
-        # overlap it runs bucket by bucket during the last micro-batch's backward
+        # one all-reduce per step; with overlap it runs bucket by bucket during the last
+        # micro-batch's backward
         dp_comm = float(comm.collective_time(comm.ALL_REDUCE, grad_bytes, dp_group, dp_bw, lat))
         dp_exposed = max(0.0, dp_comm - stage_compute * 2 / 3) if plan.overlap_dp else dp_comm
     shard = dp_group if layout.zero >= 1 else 1
