@@ -201,6 +201,22 @@ def validate(
 
 
 @app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+) -> None:
+    """Serve the parallel-strategy explorer and its JSON API (English and 简体中文)."""
+    try:
+        import uvicorn
+
+        from .web.app import app as web_app
+    except ImportError:
+        _fail(PlanError("serve", "needs the web extra: pip install 'trainplan[web]'"))
+    typer.echo(f"trainplan explorer on http://{host}:{port}/  (API: /api/plan, /openapi.json)")
+    uvicorn.run(web_app, host=host, port=port, log_level="warning")
+
+
+@app.command()
 def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the model catalog with exact parameter counts."""
     from .specs import catalog

@@ -1,0 +1,226 @@
+// The explorer: inputs <-> URL query, one debounced /api/plan request per change.
+(() => {
+  const form = document.getElementById("controls");
+  const $ = (id) => document.getElementById(id);
+  const GiB = 2 ** 30;
+  const POW2 = [1, 2, 4, 8, 16, 32, 64, 128];
+  let lang = new URLSearchParams(location.search).get("lang") === "zh" ? "zh" : "en";
+  let last = null, timer = null, inflight = null;
+
+  const t = (key, vars = {}) => (I18N[lang][key] || I18N.en[key] || key)
+    .replace(/\{(\w+)\}/g, (_, k) => (vars[k] !== undefined ? vars[k] : ""));
+
+  function fillPow2(name, max) {
+    const sel = form.elements[name];
+    for (const v of POW2.filter((x) => x <= max)) sel.add(new Option(v, v));
+  }
+
+  function applyLanguage() {
+    document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
+    document.querySelectorAll("[data-i18n]").forEach((el) => { el.textContent = t(el.dataset.i18n); });
+    $("lang").textContent = lang === "zh" ? "English" : "中文";
+    if (last) render(last);
+  }
+
+  function readForm() {
+    const out = {};
+    for (const el of form.elements) {
+      if (!el.name) continue;
+      if (el.type === "checkbox") { if (el.checked) out[el.name] = true; continue; }
+      const v = el.value.trim();
+      if (v !== "") out[el.name] = v;
+    }
+    return out;
+  }
+
+  function toRequest(state) {
+    const body = { timeline: true };
+    for (const [k, v] of Object.entries(state)) {
+      if (k === "hf_config") continue;
+      if (["model", "gpu", "recompute", "schedule", "precision", "optimizer"].includes(k)) body[k] = v;
+      else if (k === "sp") body[k] = true;
+      else body[k] = Number(v);
+    }
+    if (state.hf_config) {
+      try { body.hf_config = JSON.parse(state.hf_config); delete body.model; }
+      catch (e) { return { error: { field: "hf_config", rule: "must be valid JSON (" + e.message + ")" } }; }
+    }
+    return { body };
+  }
+
+  function writeUrl(state) {
+    const q = new URLSearchParams(state);
+    if (lang === "zh") q.set("lang", "zh");
+    history.replaceState(null, "", location.pathname + "?" + q.toString());
+  }
+
+  function readUrl() {
+    const q = new URLSearchParams(location.search);
+    for (const el of form.elements) {
+      if (!el.name || !q.has(el.name)) continue;
+      if (el.type === "checkbox") el.checked = q.get(el.name) === "true";
+      else el.value = q.get(el.name);
+    }
+  }
+
+  function clearErrors() {
+    form.querySelectorAll(".field-error").forEach((e) => e.remove());
+    form.querySelectorAll(".invalid").forEach((e) => e.classList.remove("invalid"));
+    $("error").hidden = true;
+  }
+
+  function showError(field, rule) {
+    const el = form.elements[field];
+    const msg = document.createElement("span");
+    msg.className = "field-error";
+    msg.dataset.field = field;
+    msg.textContent = `${field}: ${rule}`;
+    if (el && el.closest) { el.classList.add("invalid"); el.closest("label").appendChild(msg); }
+    $("error").hidden = false;
+    $("error").textContent = `${t("error")} — ${field}: ${rule}`;
+  }
+
+  function schedule() {
+    clearTimeout(timer);
+    timer = setTimeout(update, 250);  // debounced: one request per change, not per keystroke
+  }
+
+  async function update() {
+    const state = readForm();
+    writeUrl(state);
+    clearErrors();
+    const req = toRequest(state);
+    if (req.error) { showError(req.error.field, req.error.rule); return; }
+    if (inflight) inflight.abort();
+    inflight = new AbortController();
+    try {
+      const res = await fetch("/api/plan", { method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(req.body), signal: inflight.signal });
+      const data = await res.json();
+      if (!res.ok) { showError(data.field || "body", data.rule || res.statusText); return; }
+      last = data;
+      render(data);
+      document.body.dataset.state = "ready";
+    } catch (e) { if (e.name !== "AbortError") showError("body", String(e)); }
+  }
+
+  const fmt = (x, d = 2) => Number(x).toLocaleString(lang === "zh" ? "zh-CN" : "en-US",
+    { maximumFractionDigits: d, minimumFractionDigits: d });
+  const pct = (x) => (100 * x).toFixed(1) + "%";
+  const dur = (s) => (s >= 86400 ? fmt(s / 86400, 1) + " d" : s >= 1 ? fmt(s, 2) + " s" : fmt(s * 1e3, 1) + " ms");
+
+  function render(d) {
+    const mem = d.memory, cap = mem.capacity_bytes;
+    const fit = $("fit");
+    const peak = mem.peak_bytes;
+    fit.className = "fit " + (mem.fits ? "ok" : "no");
+    fit.dataset.fits = String(mem.fits);
+    fit.dataset.peak = String(peak);
+    fit.textContent = mem.fits
+      ? t("fits", { peak: fmt(peak / GiB), cap: fmt(cap / GiB, 0), stage: mem.peak_stage, free: fmt((cap - peak) / GiB) })
+      : t("no_fit", { peak: fmt(peak / GiB), cap: fmt(cap / GiB, 0), stage: mem.peak_stage, over: fmt((peak - cap) / GiB) });
+    const segs = [["params", "params_bytes"], ["grads", "grads_bytes"], ["optimizer", "optimizer_bytes"],
+      ["activations", "activations_bytes"], ["other", "other_bytes"]];
+    const scale = Math.max(cap, peak);
+    const bars = $("bars");
+    bars.innerHTML = "";
+    const stages = mem.stages.length > 16 ? mem.stages.filter((s, i) => i < 8 || i >= mem.stages.length - 8) : mem.stages;
+    for (const s of stages) {
+      const row = document.createElement("div");
+      row.className = "bar-row";
+      row.dataset.stage = s.stage;
+      row.dataset.total = String(s.total_bytes);
+      const bar = document.createElement("div");
+      bar.className = "bar";
+      for (const [cls, key] of segs) {
+        const seg = document.createElement("div");
+        seg.className = "seg " + cls;
+        seg.style.width = (100 * s[key] / scale) + "%";
+        seg.title = `${t(cls === "optimizer" ? "optimizer_state" : cls)}: ${fmt(s[key] / GiB)} GiB`;
+        bar.appendChild(seg);
+      }
+      const capLine = document.createElement("div");
+      capLine.className = "cap";
+      capLine.style.left = (100 * cap / scale) + "%";
+      bar.appendChild(capLine);
+      row.innerHTML = `<span>${t("stage")} ${s.stage} (${s.layers})</span>`;
+      row.appendChild(bar);
+      const total = document.createElement("span");
+      total.className = "total";
+      total.textContent = `${fmt(s.total_bytes / GiB)} / ${fmt(cap / GiB, 0)} GiB`;
+      row.appendChild(total);
+      bars.appendChild(row);
+    }
+    $("legend").innerHTML = segs.map(([c]) => `<span><i class="seg ${c}"></i>${t(c === "optimizer" ? "optimizer_state" : c)}</span>`).join("");
+
+    const tm = d.time, tr = d.training;
+    $("speed").innerHTML = [[t("step"), dur(tm.step_s)], [t("tokens_s"), fmt(tm.tokens_per_s, 0)],
+      [t("tflops"), fmt(tm.tflops_per_gpu, 0)], [t("mfu"), pct(tm.mfu)], [t("bubble"), pct(tm.bubble_fraction)],
+      [t("max_mbs"), mem.max_mbs]].map(([k, v]) => `<span>${k}: <b>${v}</b></span>`).join("");
+    const colours = { compute: "#4c9be8", tp_comm: "#e74c3c", pp_comm: "#f39c12", dp_comm: "#8e44ad",
+      ep_comm: "#16a085", cp_comm: "#d35400", bubble: "#bdc3c7", optimizer: "#7f8c8d" };
+    const total = Object.values(tm.breakdown_s).reduce((a, b) => a + b, 0) || 1;
+    $("breakdown").innerHTML = Object.entries(tm.breakdown_s).filter(([, v]) => v > 0).map(([k, v]) =>
+      `<div style="width:${100 * v / total}%;background:${colours[k] || "#999"}" title="${t(k === "optimizer" ? "optimizer_time" : k)} ${pct(v / total)}"></div>`).join("");
+    $("breakdown-legend").innerHTML = Object.entries(tm.breakdown_s).filter(([, v]) => v > 0.005 * total).map(([k, v]) =>
+      `<span><i style="background:${colours[k] || "#999"}"></i>${t(k === "optimizer" ? "optimizer_time" : k)} ${pct(v / total)}</span>`).join("");
+    $("run").innerHTML = [[t("tokens"), fmt(tr.tokens / 1e9, 0) + " B"], [t("days"), fmt(tr.days, 1)],
+      [t("gpu_hours"), fmt(tr.gpu_hours, 0)], [t("cost"), tr.cost_usd == null ? "—" : "$" + fmt(tr.cost_usd, 0)],
+      [t("energy"), fmt(tr.energy_kwh, 0) + " kWh"], [t("co2"), fmt(tr.co2_t, 1) + " t"], [t("goodput"), pct(tr.goodput)]]
+      .map(([k, v]) => `<span>${k}: <b>${v}</b></span>`).join("");
+    renderTimeline(d.timeline);
+    renderHints(d);
+  }
+
+  function renderTimeline(tl) {
+    const box = $("timeline");
+    box.innerHTML = "";
+    if (!tl) return;
+    const stages = Math.max(...tl.ops.map((o) => o[0])) + 1;
+    for (let s = 0; s < Math.min(stages, 16); s++) {
+      const row = document.createElement("div");
+      row.className = "tl-row";
+      row.innerHTML = `<span class="lab">${t("stage")} ${s}</span>`;
+      for (const [st, kind, mb, a, b] of tl.ops) {
+        if (st !== s) continue;
+        const op = document.createElement("div");
+        op.className = "tl-op " + kind;
+        op.style.left = (100 * a / tl.step_s) + "%";
+        op.style.width = Math.max(0.2, 100 * (b - a) / tl.step_s) + "%";
+        op.title = `${kind}${mb}`;
+        row.appendChild(op);
+      }
+      box.appendChild(row);
+    }
+  }
+
+  function renderHints(d) {
+    const hints = [], p = d.parallel, mem = d.memory, tm = d.time;
+    if (p.tp > d.gpu.gpus_per_node) hints.push(t("hint_tp_nvlink", { tp: p.tp, gpn: d.gpu.gpus_per_node }));
+    if (tm.bubble_fraction > 0.1) hints.push(t("hint_bubble", { bubble: pct(tm.bubble_fraction) }));
+    if (!mem.fits) hints.push(t("hint_no_fit"));
+    const worst = mem.stages.reduce((a, b) => (b.total_bytes > a.total_bytes ? b : a));
+    if (worst.activations_bytes > 0.4 * worst.total_bytes && p.recompute === "none")
+      hints.push(t("hint_recompute", { share: pct(worst.activations_bytes / worst.total_bytes) }));
+    if (p.zero === 0 && p.dp > 1) hints.push(t("hint_zero", { zero: 1 }));
+    const comm = Object.entries(tm.breakdown_s).filter(([k]) => k.endsWith("_comm")).sort((a, b) => b[1] - a[1])[0];
+    if (comm && comm[1] > 0.15 * tm.step_s) hints.push(t("hint_tp_bound", { what: t(comm[0]), share: pct(comm[1] / tm.step_s) }));
+    if (!hints.length) hints.push(t("hint_fine"));
+    $("hints").innerHTML = hints.map((h) => `<li>${h}</li>`).join("");
+  }
+
+  async function init() {
+    fillPow2("tp", 64); fillPow2("pp", 128); fillPow2("cp", 32); fillPow2("ep", 128);
+    const [models, gpus] = await Promise.all([fetch("/api/models").then((r) => r.json()), fetch("/api/gpus").then((r) => r.json())]);
+    for (const m of models) $("model").add(new Option(`${m.name} (${(m.params / 1e9).toFixed(1)}B)`, m.name));
+    for (const g of gpus) $("gpu").add(new Option(`${g.name} (${g.memory_gib} GiB)`, g.name));
+    $("model").value = "llama-3-8b"; $("gpu").value = "H100-SXM";
+    readUrl();
+    form.addEventListener("input", schedule);
+    form.addEventListener("change", schedule);
+    $("lang").addEventListener("click", () => { lang = lang === "en" ? "zh" : "en"; applyLanguage(); writeUrl(readForm()); });
+    applyLanguage();
+    update();
+  }
+  init();
+})();

@@ -1,0 +1,204 @@
+"""The web API (FastAPI TestClient) and the explorer page in a real browser (Playwright
+driving Debian's Chromium at /usr/bin/chromium, headless; no browser download)."""
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from trainplan.plan import make_plan  # noqa: E402
+from trainplan.report import evaluate, to_json  # noqa: E402
+from trainplan.web.app import MAX_BODY_BYTES, create_app  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
+client = TestClient(create_app())
+
+
+def test_api_plan_matches_cli_json():
+    body = {"model": "llama-3-70b", "gpus": 64, "tp": 8, "pp": 4, "gbs": 64}
+    res = client.post("/api/plan", json=body)
+    assert res.status_code == 200
+    data = res.json()
+    want = to_json(evaluate(make_plan(**body)))
+    assert data["memory"]["peak_bytes"] == pytest.approx(want["memory"]["peak_bytes"])
+    assert data["time"]["step_s"] == pytest.approx(want["time"]["step_s"])
+    assert set(data) >= {"model", "parallel", "memory", "time", "training", "warnings"}
+
+
+@pytest.mark.parametrize("body,field,words", [
+    ({"model": "llama-3-70b", "tp": 3}, "tp", "attention heads"),
+    ({"model": "llama-3-8b", "mbs": -1}, "mbs", "greater than or equal to 1"),
+    ({"model": "no-such-model"}, "model", "unknown model"),
+    ({"model": "../../etc/passwd"}, "model", "file paths are not accepted"),
+    ({"model": "pyproject"}, "model", "unknown model"),
+    ({"gpu_profile": "/etc/hosts"}, "gpu_profile", "file paths are not accepted"),
+    ({"hf_config": {"model_type": "bert"}}, "hf_config.model_type", "unsupported model_type"),
+    ({"model": "llama-3-8b", "bogus": 1}, "bogus", "Extra inputs are not permitted"),
+])
+def test_api_invalid_input_is_422_with_field_and_rule(body, field, words):
+    res = client.post("/api/plan", json=body)
+    assert res.status_code == 422
+    data = res.json()
+    assert data["field"] == field and words in data["rule"]
+    assert data["detail"][0]["loc"] == ["body", field]
+
+
+def test_api_hf_config_object(data_dir):
+    cfg = json.loads((data_dir / "hf" / "mistral-7b.json").read_text())
+    res = client.post("/api/plan", json={"hf_config": cfg, "gpus": 8})
+    assert res.status_code == 200 and res.json()["model"]["params"] == 7_241_732_096
+
+
+def test_api_body_size_capped_and_malformed():
+    big = "x" * (MAX_BODY_BYTES + 10)
+    res = client.post("/api/plan", content=json.dumps({"model": big}), headers={"content-type": "application/json"})
+    assert res.status_code == 413
+    res = client.post("/api/plan", content=b"{not json", headers={"content-type": "application/json"})
+    assert res.status_code == 422 and res.json()["field"] == "body"
+
+
+def test_api_catalogs_and_openapi():
+    assert len(client.get("/api/models").json()) >= 20
+    assert any(g["name"] == "H100-SXM" for g in client.get("/api/gpus").json())
+    spec = client.get("/openapi.json").json()
+    assert "/api/plan" in spec["paths"]
+    assert client.get("/static/../app.py").status_code == 404
+
+
+# ---- the page in Chromium --------------------------------------------------------------
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    uvicorn = pytest.importorskip("uvicorn")
+    port = _free_port()
+    config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(100):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        yield b
+        b.close()
+
+
+def _ready(page):
+    page.wait_for_function("document.body.dataset.state === 'ready'")
+    page.wait_for_load_state("networkidle")
+
+
+def _api(body):
+    return client.post("/api/plan", json=body).json()
+
+
+def test_page_choose_model_gpu_move_tp_and_zero(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(server + "/")
+    _ready(page)
+    page.select_option("#model", "llama-3-70b")
+    page.fill("input[name=gpus]", "64")
+    page.select_option("#gpu", "A100-80GB-SXM")
+    page.select_option("select[name=tp]", "8")
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=zero]", "0")
+    _ready(page)
+    before = _api({"model": "llama-3-70b", "gpu": "A100-80GB-SXM", "gpus": 64, "tp": 8, "zero": 0})
+    page.wait_for_function(f"document.querySelector('#fit').dataset.peak == '{before['memory']['peak_bytes']}'")
+    assert page.get_attribute("#fit", "data-fits") == str(before["memory"]["fits"]).lower()
+    # ZeRO-3 shards weights, gradients and optimizer state: the bar and the state follow the API
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=zero]", "3")
+    after = _api({"model": "llama-3-70b", "gpu": "A100-80GB-SXM", "gpus": 64, "tp": 8, "zero": 3})
+    page.wait_for_function(f"document.querySelector('#fit').dataset.peak == '{after['memory']['peak_bytes']}'")
+    assert after["memory"]["peak_bytes"] < before["memory"]["peak_bytes"]
+    assert page.get_attribute("#fit", "data-fits") == str(after["memory"]["fits"]).lower()
+    totals = [float(x) for x in page.eval_on_selector_all(".bar-row", "rows => rows.map(r => r.dataset.total)")]
+    assert totals == pytest.approx([s["total_bytes"] for s in after["memory"]["stages"]])
+    assert "?" in page.url and "zero=3" in page.url and "tp=8" in page.url
+    page.close()
+
+
+def test_page_chinese_shared_url_and_screenshots(server, browser):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    url = server + "/?model=llama-3-70b&gpu=H100-SXM&gpus=64&tp=8&pp=4&gbs=64&recompute=selective&sp=true"
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    _ready(page)
+    # the shared URL restored every input
+    assert page.input_value("#model") == "llama-3-70b"
+    assert page.input_value("select[name=pp]") == "4"
+    assert page.input_value("select[name=recompute]") == "selective"
+    assert page.is_checked("input[name=sp]")
+    want = _api({"model": "llama-3-70b", "gpu": "H100-SXM", "gpus": 64, "tp": 8, "pp": 4, "gbs": 64,
+                 "recompute": "selective", "sp": True})
+    page.wait_for_function(f"document.querySelector('#fit').dataset.peak == '{want['memory']['peak_bytes']}'")
+    assert "Fits" in page.inner_text("#fit") or "Does not fit" in page.inner_text("#fit")
+    page.screenshot(path=str(SHOTS / "explorer-en.png"), full_page=True)
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    assert page.inner_text("h1") == "并行策略探索器"
+    assert "装得下" in page.inner_text("#fit") or "装不下" in page.inner_text("#fit")
+    assert "lang=zh" in page.url
+    page.screenshot(path=str(SHOTS / "explorer-zh.png"), full_page=True)
+    # reloading the shared URL (now with lang=zh) restores the language too
+    page.goto(page.url)
+    _ready(page)
+    assert page.inner_text("h1") == "并行策略探索器"
+    page.close()
+
+
+def test_page_invalid_layout_shows_message_next_to_field(server, browser):
+    page = browser.new_page()
+    page.goto(server + "/?model=llama-3-70b&gpus=8")
+    _ready(page)
+    page.fill("input[name=gpus]", "24")
+    page.select_option("select[name=tp]", "8")
+    page.select_option("select[name=pp]", "2")
+    msg = page.wait_for_selector(".field-error[data-field=gpus]")
+    assert "multiple of tp x pp x cp" in msg.inner_text()
+    # the message sits inside the gpus field's label, next to the input
+    assert page.eval_on_selector(".field-error", "e => e.parentElement.querySelector('input').name") == "gpus"
+    assert page.is_visible("#error")
+    page.close()
+
+
+def test_page_debounces_typing_to_one_request(server, browser):
+    page = browser.new_page()
+    page.goto(server + "/")
+    _ready(page)
+    requests = []
+    page.on("request", lambda r: requests.append(r) if r.url.endswith("/api/plan") else None)
+    page.click("input[name=gpus]")
+    page.keyboard.press("Control+A")
+    page.keyboard.type("64", delay=20)
+    page.wait_for_timeout(900)
+    assert len(requests) == 1
+    page.close()
