@@ -119,8 +119,12 @@
     fit.textContent = mem.fits
       ? t("fits", { peak: fmt(peak / GiB), cap: fmt(cap / GiB, 0), stage: mem.peak_stage, free: fmt((cap - peak) / GiB) })
       : t("no_fit", { peak: fmt(peak / GiB), cap: fmt(cap / GiB, 0), stage: mem.peak_stage, over: fmt((peak - cap) / GiB) });
-    const segs = [["params", "params_bytes"], ["grads", "grads_bytes"], ["optimizer", "optimizer_bytes"],
-      ["activations", "activations_bytes"], ["other", "other_bytes"]];
+    // params, grads, fp32 master, optimizer state, activations, logits + loss, buffers (other)
+    const segs = [["params", (s) => s.params_bytes], ["grads", (s) => s.grads_bytes],
+      ["master", (s) => s.components.master], ["optimizer", (s) => s.components.optimizer_state],
+      ["activations", (s) => s.activations_bytes - s.components.activation_parts.head_and_loss],
+      ["logits", (s) => s.components.activation_parts.head_and_loss], ["other", (s) => s.other_bytes]];
+    const segName = (c) => t(c === "optimizer" ? "optimizer_state" : c);
     const scale = Math.max(cap, peak);
     const bars = $("bars");
     bars.innerHTML = "";
@@ -132,11 +136,11 @@
       row.dataset.total = String(s.total_bytes);
       const bar = document.createElement("div");
       bar.className = "bar";
-      for (const [cls, key] of segs) {
+      for (const [cls, value] of segs) {
         const seg = document.createElement("div");
         seg.className = "seg " + cls;
-        seg.style.width = (100 * s[key] / scale) + "%";
-        seg.title = `${t(cls === "optimizer" ? "optimizer_state" : cls)}: ${fmt(s[key] / GiB)} GiB`;
+        seg.style.width = (100 * value(s) / scale) + "%";
+        seg.title = `${segName(cls)}: ${fmt(value(s) / GiB)} GiB`;
         bar.appendChild(seg);
       }
       const capLine = document.createElement("div");
@@ -151,7 +155,7 @@
       row.appendChild(total);
       bars.appendChild(row);
     }
-    $("legend").innerHTML = segs.map(([c]) => `<span><i class="seg ${c}"></i>${t(c === "optimizer" ? "optimizer_state" : c)}</span>`).join("");
+    $("legend").innerHTML = segs.map(([c]) => `<span><i class="seg ${c}"></i>${segName(c)}</span>`).join("");
 
     const tm = d.time, tr = d.training;
     $("speed").innerHTML = [[t("step"), dur(tm.step_s)], [t("tokens_s"), fmt(tm.tokens_per_s, 0)],
