@@ -158,3 +158,50 @@ def test_published_runs_table_is_complete():
     assert len(data) == 40
     assert {r["source"] for r in data} == {"narayanan2021", "megatron_core_h100", "megatron_single_node", "mosaicml_h100"}
     assert all(np.isfinite(r["predicted"]) and r["predicted"] > 0 for r in data)
+
+
+def test_time_model_bulk_equals_scalar():
+    """DESIGN §2, one formula: the step time of many layouts evaluated at once (arrays, the
+    stage axis padded with empty stages) equals each layout's own evaluation exactly."""
+    from trainplan.estimate import activations as act
+    from trainplan.estimate.flops import step_flops
+    from trainplan.estimate.memory import estimate_memory
+    from trainplan.estimate.pipeline import SCHEDULE_CODE
+    from trainplan.estimate.recipe import recipe
+    from trainplan.estimate.time import hardware, step_time, step_time_core
+
+    rng = np.random.default_rng(0)
+    layouts = []
+    while len(layouts) < 24:
+        tp, pp = int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2, 4, 8]))
+        dp = int(rng.choice([1, 2, 4, 16]))
+        kw = dict(model="llama-3-70b", gpus=tp * pp * dp, tp=tp, pp=pp, zero=int(rng.integers(0, 4)),
+                  mbs=int(rng.choice([1, 2])), recompute=str(rng.choice(["none", "selective", "full"])),
+                  attention=str(rng.choice(["flash", "eager"])), overlap_tp=bool(rng.integers(0, 2)),
+                  gbs=tp * 0 + dp * 2 * 8 * (1 if pp == 1 else pp))
+        layouts.append(resolve(make_plan(**kw)))
+    scalar = np.array([step_time(lay)["step_s"] for lay in layouts])
+    S = max(lay.pp for lay in layouts)
+    pad = lambda xs: np.array([list(x) + [0] * (S - len(x)) for x in xs], dtype=float)  # noqa: E731
+    col = lambda f: np.array([f(lay) for lay in layouts], dtype=float)[:, None]  # noqa: E731
+    lay0 = layouts[0]
+    fl = [step_flops(lay.model, tokens=lay.gbs * lay.seq_len, seq=lay.seq_len, dense_layers=lay.model.layers,
+                     moe_layers=0, head=1, attention_eager=lay.plan.attention == "eager",
+                     recompute=act.RECOMPUTE_CODE[lay.plan.recompute], vocab_padded=lay.model.vocab) for lay in layouts]
+    bulk = step_time_core(
+        lay0.model, hardware(lay0), recipe(lay0.plan),
+        tp=col(lambda x: x.tp), pp=col(lambda x: x.pp), dp=col(lambda x: x.dp), cp=col(lambda x: x.cp),
+        ep=col(lambda x: x.ep), zero=col(lambda x: x.zero), mbs=col(lambda x: x.mbs), seq=col(lambda x: x.seq_len),
+        m=col(lambda x: x.micro_batches), vpp=col(lambda x: x.vpp),
+        schedule=col(lambda x: SCHEDULE_CODE[x.plan.schedule]),
+        recompute=col(lambda x: act.RECOMPUTE_CODE[x.plan.recompute]),
+        eager=col(lambda x: x.plan.attention == "eager"), dropout=0.0,
+        overlap_tp=col(lambda x: x.plan.overlap_tp), overlap_dp=True, offload_optimizer=False, gpn=8,
+        stage_dense=pad([x.stage_dense_layers for x in layouts]), stage_moe=pad([x.stage_moe_layers for x in layouts]),
+        first=pad([[1] + [0] * (x.pp - 1) for x in layouts]), last=pad([[0] * (x.pp - 1) + [1] for x in layouts]),
+        total_dense=col(lambda x: sum(x.stage_dense_layers)), total_moe=0.0, vocab_padded=lay0.vocab_padded,
+        trainable=col(lambda x: float(np.max(estimate_memory(x)["trainable_params"]))),
+        gbs=col(lambda x: x.gbs), gpus=col(lambda x: x.gpus),
+        model_flops=np.array([float(f["model"]) for f in fl])[:, None],
+        hw_flops=np.array([float(f["hardware"]) for f in fl])[:, None])
+    assert np.asarray(bulk["step_s"])[:, 0] == pytest.approx(scalar, rel=1e-12)

@@ -20,19 +20,22 @@ import numpy as np
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV = range(5)
 
 
-def bus_factor(kind, n, sharp=False):
+def bus_factor(kind: int, n, sharp=False):
+    """Bytes on the busiest link per byte of buffer (kind is one of the constants above;
+    n, the group size, may be an array)."""
     n = np.asarray(n, dtype=float)
-    frac = np.where(n > 1, (n - 1) / np.maximum(n, 1), 0.0)
-    kind = np.asarray(kind)
-    ar = np.where(sharp, frac, 2 * frac)
-    return np.where(kind == ALL_REDUCE, ar, np.where(kind == SEND_RECV, np.where(n > 1, 1.0, 0.0), frac))
+    if kind == SEND_RECV:
+        return (n > 1) * 1.0
+    frac = (n - 1) / np.maximum(n, 1)
+    if kind == ALL_REDUCE:
+        return np.where(sharp, frac, 2 * frac)
+    return frac
 
 
-def collective_time(kind, nbytes, n, busbw, latency, sharp=False):
+def collective_time(kind: int, nbytes, n, busbw, latency, sharp=False):
     """Seconds for one collective; zero for a group of one."""
     n = np.asarray(n, dtype=float)
-    t = bus_factor(kind, n, sharp) * np.asarray(nbytes, dtype=float) / busbw + latency
-    return np.where(n > 1, t, 0.0)
+    return (bus_factor(kind, n, sharp) * nbytes / busbw + latency) * (n > 1)
 
 
 def group_busbw(size, stride, gpus_per_node, nvlink_busbw, nic_busbw):

@@ -26,6 +26,7 @@ CP a ring exchange of K/V blocks overlapped with attention.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -83,190 +84,241 @@ def _linears(model, index):
     return tuple(model.layer_linears(index))
 
 
-def layer_gemm_time(model, index, tokens, tp, ep, peak, eff, sms, elem_bytes):
-    """Forward GEMM seconds of layer `index` for `tokens` tokens on one rank (all its
-    linears evaluated at once)."""
-    kvh = model.heads if model.is_mla else model.n_kv_heads
-    shapes = []
-    for lin in _linears(model, index):
-        k, n = lin.fan_in, lin.fan_out
-        if lin.tp == "col":
-            n = n / tp
-        elif lin.tp == "row":
-            k = k / tp
-        elif lin.tp == "kv":
-            n = n / min(tp, kvh)
-        if lin.expert:
-            # ep ranks each host E/ep experts and receive top_k·tokens routed tokens in all
-            shapes.append((model.top_k * tokens * ep / lin.count, n, k, lin.count / ep))
-        else:
-            shapes.append((tokens, n, k, 1.0))
-    m, n, k, count = (np.array(col, dtype=float) for col in zip(*shapes, strict=True))
-    return float(np.sum(_gemm_time(m, n, k, count, peak, eff, sms, elem_bytes)))
+SPLIT = {"none": 0, "col": 1, "row": 2, "kv": 3}
 
 
-# ---- the step ---------------------------------------------------------------------------
-def step_time(layout: Layout, profile: dict | None = None, memory: dict | None = None) -> dict:
-    plan, model, gpu = layout.plan, layout.model, layout.gpu
-    r = recipe(plan)
+@dataclass(frozen=True)
+class LayerGemms:
+    """The weight matrices of one layer kind as arrays (one entry per linear)."""
+
+    fan_in: np.ndarray
+    fan_out: np.ndarray
+    split: np.ndarray  # SPLIT codes
+    expert: np.ndarray  # 1.0 for routed-expert matrices
+    count: np.ndarray
+
+
+@lru_cache(maxsize=256)
+def layer_gemms(model, moe: bool) -> LayerGemms:
+    index = next((i for i in range(model.layers) if model.is_moe_layer(i) == moe), None)
+    lins = _linears(model, index) if index is not None else ()
+    col = lambda f: np.array([f(lin) for lin in lins], dtype=float)  # noqa: E731
+    return LayerGemms(col(lambda x: x.fan_in), col(lambda x: x.fan_out), col(lambda x: SPLIT[x.tp]),
+                      col(lambda x: float(x.expert)), col(lambda x: x.count))
+
+
+def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes):
+    """Forward GEMM seconds of one layer for `tokens` tokens on one rank; every argument may
+    be an array (layouts), the layer's linears are the last axis."""
+    if g.fan_in.size == 0:
+        return np.zeros(np.broadcast(tokens, tp).shape)
+    ex = lambda x: np.asarray(x, dtype=float)[..., None]  # noqa: E731
+    tokens, tp, ep = ex(tokens), ex(tp), ex(ep)
+    k = np.where(g.split == SPLIT["row"], g.fan_in / tp, g.fan_in)
+    n = np.where(g.split == SPLIT["col"], g.fan_out / tp,
+                 np.where(g.split == SPLIT["kv"], g.fan_out / np.minimum(tp, kv_heads), g.fan_out))
+    # routed experts: ep ranks host E/ep experts each and receive top_k·tokens tokens in all
+    m = np.where(g.expert > 0, top_k * tokens * ep / g.count, tokens)
+    count = np.where(g.expert > 0, g.count / ep, 1.0)
+    return np.sum(_gemm_time(m, n, k, count, peak, eff, sms, elem_bytes), axis=-1)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The accelerator as the time model sees it (achieved rates, bytes/s and FLOP/s)."""
+
+    peak: float  # dense FLOP/s of the compute dtype
+    gemm_peak: float  # GEMM FLOP/s (fp8 when the recipe is fp8)
+    peak_dense: float  # the MFU denominator
+    sms: int
+    hbm: float
+    nvlink: float  # achieved unidirectional ring bandwidth per GPU
+    nic: float
+    latency: float
+    gemm_eff: float
+    flash_eff: float
+
+
+def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
+    plan, gpu = layout.plan, layout.gpu
     e = efficiencies(layout, profile)
     dtype = "bf16" if plan.precision == "fp8" and gpu.peak("fp8") is None else plan.precision
     dtype = "tf32" if dtype == "fp32" and gpu.peak("tf32") else dtype
     peak = gpu.peak(dtype) or gpu.peak("bf16")
-    gemm_peak = gpu.peak("fp8") if plan.precision == "fp8" else peak
-    sms = gpu.sms or 108
-    elem = r.act_bytes
-    hbm = gpu.hbm_tbs * 1e12 * e["hbm"]
-    tp, pp, dp, cp, ep = layout.tp, layout.pp, layout.dp, layout.cp, layout.ep
-    gpn = plan.gpus_per_node
-    nvlink = gpu.scale_up_gbs / 2 * 1e9 * e["nvlink"]  # unidirectional per GPU
+    nvlink = gpu.scale_up_gbs / 2 * 1e9 * e["nvlink"]
     nic = (gpu.nic_gbps / 8 * 1e9 * e["nic"]) if gpu.nic_gbps else nvlink
     if not gpu.scale_up_gbs:
         nvlink = nic
-    lat = e["latency"]
-    tokens = layout.mbs * layout.seq_len / cp
-    seq = layout.seq_len
-    h = model.hidden
-    rc = act.RECOMPUTE_CODE[plan.recompute]
+    return Hardware(
+        peak=peak, gemm_peak=gpu.peak("fp8") if plan.precision == "fp8" else peak,
+        peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
+        sms=gpu.sms or 108, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
+        latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"])
 
-    # -- per-layer forward compute for one micro-batch
-    dense_i = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
-    moe_i = next((i for i in range(model.layers) if model.is_moe_layer(i)), None)
-    gemm = {kind: layer_gemm_time(model, i, tokens, tp, ep, gemm_peak, e["gemm"], sms, elem) if i is not None else 0.0
-            for kind, i in (("dense", dense_i), ("moe", moe_i))}
+
+# ---- the step: one formula, numbers or arrays (DESIGN §2) ---------------------------------
+def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
+                   recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
+                   stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
+                   trainable, gbs, gpus, model_flops, hw_flops) -> dict:
+    """Step time and its breakdown. Layout arguments broadcast against the stage arrays
+    (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
+    total_moe are the layers of all stages (for the pipeline's sum over stages)."""
+    f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
+    tp, pp, dp, cp, ep, mbs, seq, m, vpp = (f(x) for x in (tp, pp, dp, cp, ep, mbs, seq, m, vpp))
+    zero, rc = f(zero), f(recompute)
+    eager, overlap_tp, overlap_dp = f(eager) > 0, f(overlap_tp) > 0, f(overlap_dp) > 0
+    elem = r.act_bytes
+    h = model.hidden
+    tokens = mbs * seq / cp
+    kvh = model.heads if model.is_mla else model.n_kv_heads
+    gemm = {kind: layer_gemm_time(layer_gemms(model, kind == "moe"), tokens, tp, ep, kvh, model.top_k,
+                                  hw.gemm_peak, hw.gemm_eff, hw.sms, elem) for kind in ("dense", "moe")}
     heads_local = model.heads / tp
     qk = model.q_dim / model.heads
     vd = model.attn_out_dim / model.heads
-    if plan.attention == "eager":
-        attn = 2 * _gemm_time(seq, seq, qk, layout.mbs * heads_local / cp, peak, e["gemm"], sms, elem) \
-            + (layout.mbs * heads_local * seq * seq / cp) * elem * 4 / hbm  # softmax in/out, mask
-    else:
-        # the causal half of 2·s·(qk + v) per token per head, at the kernel's efficiency
-        attn = 0.5 * tokens * seq * heads_local * 2 * (qk + vd) / (peak * e["flash"])
-    f_dense = model.ffn / tp
-    elem_elems = (10 * h + (3 if model.mlp == "swiglu" else 2) * f_dense
+    attn_eager = 2 * _gemm_time(seq, seq, qk, mbs * heads_local / cp, hw.peak, hw.gemm_eff, hw.sms, elem) \
+        + (mbs * heads_local * seq * seq / cp) * elem * 4 / hw.hbm  # softmax in and out, mask
+    # FlashAttention: the causal half of 2·s·(qk + v) per token and head, at its efficiency
+    attn_flash = 0.5 * tokens * seq * heads_local * 2 * (qk + vd) / (hw.peak * hw.flash_eff)
+    attn = np.where(eager, attn_eager, attn_flash)
+    elem_elems = (10 * h + model.mlp_matrices * model.ffn / tp
                   + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0)
-                  + (6 * h if plan.dropout > 0 else 0))
-    elementwise = tokens * elem_elems * elem / hbm
-    layer_fwd = {k: v + attn + elementwise for k, v in gemm.items()}
-    attn_bwd_ratio = 2.0 if plan.attention == "eager" else 2.5
-    layer_bwd = {k: 2 * gemm[k] + attn_bwd_ratio * attn + 2 * elementwise for k in gemm}
+                  + 6 * h * (f(dropout) > 0))
+    elementwise = tokens * elem_elems * elem / hw.hbm
+    attn_bwd = np.where(eager, 2.0, 2.5)
+    recomputed = lambda fwd: np.where(rc == 2, fwd, np.where(rc == 1, attn, 0.0))  # noqa: E731
+    compute = {}
+    for kind in gemm:
+        fwd = gemm[kind] + attn + elementwise
+        compute[kind] = fwd + 2 * gemm[kind] + attn_bwd * attn + 2 * elementwise + recomputed(fwd)
 
-    # -- per-layer exposed communication for one micro-batch
-    tp_bytes = tokens * h * elem
-    tp_ar = comm.collective_time(comm.ALL_REDUCE, tp_bytes, tp, comm.group_busbw(tp, 1, gpn, nvlink, nic), lat)
-    tp_fwd, tp_bwd = 2 * tp_ar, 2 * tp_ar
-    if plan.overlap_tp:
-        # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the
-        # GEMMs of the same pass; what exceeds them stays exposed.
-        tp_fwd = np.maximum(0.0, 2 * tp_ar - gemm["dense"])
-        tp_bwd = np.maximum(0.0, 2 * tp_ar - 2 * gemm["dense"])
+    # -- communication per layer and micro-batch
+    tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp,
+                                 comm.group_busbw(tp, 1, gpn, hw.nvlink, hw.nic), hw.latency)
+    # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
+    # the same pass; what exceeds them stays exposed.
+    tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
+    tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - 2 * gemm["dense"]), 2 * tp_ar)
+    tp_layer = tp_fwd + tp_bwd + np.where(rc == 2, tp_fwd, 0.0)
     a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
-                               comm.group_busbw(ep, tp * cp, gpn, nvlink, nic), lat) if model.is_moe else 0.0
+                               comm.group_busbw(ep, tp * cp, gpn, hw.nvlink, hw.nic), hw.latency) \
+        if model.is_moe else 0.0
     cp_ring = comm.collective_time(comm.ALL_GATHER, tokens * 2 * model.kv_dim / tp * elem * cp, cp,
-                                   comm.group_busbw(cp, tp, gpn, nvlink, nic), lat)
-    cp_exposed = np.maximum(0.0, cp_ring - attn)
-    # recompute: full re-runs each layer's forward (with its TP collectives), selective the
-    # attention core only
-    compute = {k: layer_fwd[k] + layer_bwd[k] + (layer_fwd[k] if rc == 2 else (attn if rc == 1 else 0.0))
-               for k in gemm}
-    tp_layer = tp_fwd + tp_bwd + (tp_fwd if rc == 2 else 0.0)
-    ep_layer = 4 * a2a
-    cp_layer = 3 * cp_exposed
+                                   comm.group_busbw(cp, tp, gpn, hw.nvlink, hw.nic), hw.latency)
+    cp_layer = 3 * np.maximum(0.0, cp_ring - attn)
+    # PP: each micro-batch sends 1/t of its activations forward and their gradients back
+    # (Megatron's scatter-gather optimization, Narayanan et al. 2021 §4.1), on the critical
+    # path of 1F1B; neighbouring stages are tp·cp·dp ranks apart.
+    p2p = np.where(pp > 1, comm.collective_time(comm.SEND_RECV, tokens * h * elem / tp, 2,
+                                                comm.group_busbw(2, tp * cp * dp, gpn, hw.nvlink, hw.nic),
+                                                hw.latency), 0.0)
+    head_fwd = _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, hw.gemm_eff, hw.sms, elem) \
+        + tokens * vocab_padded / tp * 4 * 3 / hw.hbm
+    embed_fwd = tokens * h * elem * 2 / hw.hbm
 
-    # -- per stage, per micro-batch, by component
-    dense_l = np.asarray(layout.stage_dense_layers, dtype=float)
-    moe_l = np.asarray(layout.stage_moe_layers, dtype=float)
-    v_pad = layout.vocab_padded
-    first = (np.arange(pp) == 0).astype(float)
-    last = (np.arange(pp) == pp - 1).astype(float)
-    head_fwd = _gemm_time(tokens, v_pad / tp, h, 1, peak, e["gemm"], sms, elem) + tokens * v_pad / tp * 4 * 3 / hbm
-    embed_fwd = tokens * h * elem * 2 / hbm
-    parts = {
-        "compute": dense_l * compute["dense"] + moe_l * compute["moe"] + 3 * last * head_fwd + 3 * first * embed_fwd,
-        "tp_comm": (dense_l + moe_l) * tp_layer,
-        "ep_comm": moe_l * ep_layer,
-        "cp_comm": (dense_l + moe_l) * cp_layer,
-    }
-    # -- pipeline: each micro-batch sends its activations forward and their gradients back;
-    # Megatron's scatter-gather optimization sends 1/t of the tensor across nodes and
-    # all-gathers it over NVLink (Narayanan et al. 2021 §4.1). In 1F1B these transfers sit
-    # on the critical path of every micro-batch.
-    p2p_bytes = tokens * h * elem / tp
-    # neighbouring stages are tp·cp·dp ranks apart; each rank sends over its own link
-    p2p = float(comm.collective_time(comm.SEND_RECV, p2p_bytes, 2, comm.group_busbw(2, tp * cp * dp, gpn, nvlink, nic),
-                                     lat)) if pp > 1 else 0.0
-    parts["pp_comm"] = np.full(pp, 2 * p2p)
+    def per_stage(dense, moe, first_, last_, n_stages):
+        return {
+            "compute": dense * compute["dense"] + moe * compute["moe"] + 3 * last_ * head_fwd + 3 * first_ * embed_fwd,
+            "tp_comm": (dense + moe) * tp_layer,
+            "ep_comm": moe * 4 * a2a,
+            "cp_comm": (dense + moe) * cp_layer,
+            "pp_comm": n_stages * 2 * p2p,
+        }
+
+    parts = per_stage(f(stage_dense), f(stage_moe), f(first), f(last), 1.0)
     stage = sum(parts.values())
-    sched = SCHEDULE_CODE[plan.schedule]
-    m = layout.micro_batches
-    pipe = float(pipeline_time(sched, pp, m, stage.max(), stage.sum(), layout.vpp, p2p, wgrad_share=1 / 3))
-    slow = int(np.argmax(stage))
-    busy = {k: m * float(v[slow]) for k, v in parts.items()}
-    bubble = max(pipe - sum(busy.values()), 0.0)
+    totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp)
+    slow = np.argmax(stage, axis=-1)
+    n_stages = stage.shape[-1]
 
-    # -- data parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
-    from .memory import estimate_memory
+    def pick(a):
+        """The value on the slowest stage of a per-stage array (keeping the stage axis as one
+        entry, so it lines up with layout arrays shaped (..., 1)); `a` itself otherwise."""
+        a = np.asarray(a)
+        if a.ndim == 0 or a.shape[-1] != n_stages:
+            return a
+        if a.ndim == 1:
+            return a[slow]
+        return np.take_along_axis(np.broadcast_to(a, stage.shape), slow[..., None], axis=-1)
+    stage_max = pick(stage)
+    pipe = pipeline_time(schedule, pp, m, stage_max, sum(totals.values()), vpp, p2p, wgrad_share=1 / 3)
+    busy = {k: m * pick(v) for k, v in parts.items()}
+    bubble = np.maximum(pipe - sum(busy.values()), 0.0)
 
-    mem = memory if memory is not None else estimate_memory(layout)
-    trainable = float(np.max(mem["trainable_params"]))
+    # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
     dp_group = dp * cp
-    dp_bw = comm.group_busbw(dp_group, tp, gpn, nvlink, nic)
+    dp_bw = comm.group_busbw(dp_group, tp, gpn, hw.nvlink, hw.nic)
     grad_bytes = trainable * r.grad_bytes
-    stage_compute = float(parts["compute"][slow])
-    if layout.zero >= 3:
-        # FSDP / ZeRO-3 gathers the parameters for every micro-batch's forward and backward
-        # and reduce-scatters its gradients, prefetching so that each overlaps that
-        # micro-batch's compute.
-        gather = float(comm.collective_time(comm.ALL_GATHER, trainable * dp_group * r.compute_weight_bytes / dp_group,
-                                            dp_group, dp_bw, lat))
-        scatter = float(comm.collective_time(comm.REDUCE_SCATTER, trainable * dp_group * r.grad_bytes / dp_group,
-                                             dp_group, dp_bw, lat))
-        per_mb = 2 * gather + scatter
-        dp_comm = m * per_mb
-        dp_exposed = m * (max(0.0, per_mb - stage_compute) if plan.overlap_dp else per_mb)
-    elif layout.zero >= 1:
-        # sharded optimizer (ZeRO-1/2, Megatron's distributed optimizer): reduce-scatter the
-        # gradients during the last micro-batch's backward, all-gather the updated
-        # parameters during the next step's first forward (--overlap-grad-reduce,
-        # --overlap-param-gather)
-        rs = float(comm.collective_time(comm.REDUCE_SCATTER, grad_bytes, dp_group, dp_bw, lat))
-        ag = float(comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw, lat))
-        dp_comm = rs + ag
-        dp_exposed = (max(0.0, rs - stage_compute * 2 / 3) + max(0.0, ag - stage_compute / 3)) \
-            if plan.overlap_dp else dp_comm
-    else:
-        # one all-reduce per step; with overlap it runs bucket by bucket during the last
-        # micro-batch's backward
-        dp_comm = float(comm.collective_time(comm.ALL_REDUCE, grad_bytes, dp_group, dp_bw, lat))
-        dp_exposed = max(0.0, dp_comm - stage_compute * 2 / 3) if plan.overlap_dp else dp_comm
-    shard = dp_group if layout.zero >= 1 else 1
+    stage_compute = pick(parts["compute"])
+    # ZeRO-3 / FSDP gathers the parameters for every micro-batch's forward and backward and
+    # reduce-scatters its gradients, prefetching so each overlaps that micro-batch's compute.
+    gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw, hw.latency)
+    scatter = comm.collective_time(comm.REDUCE_SCATTER, grad_bytes, dp_group, dp_bw, hw.latency)
+    per_mb = 2 * gather + scatter
+    z3 = m * np.where(overlap_dp, np.maximum(0.0, per_mb - stage_compute), per_mb)
+    # a sharded optimizer (ZeRO-1/2, Megatron's distributed optimizer) reduce-scatters the
+    # gradients during the last micro-batch's backward and all-gathers the parameters during
+    # the next step's first forward (--overlap-grad-reduce, --overlap-param-gather)
+    z1 = np.where(overlap_dp, np.maximum(0.0, scatter - stage_compute * 2 / 3)
+                  + np.maximum(0.0, gather - stage_compute / 3), scatter + gather)
+    # plain data parallelism: one all-reduce, bucket by bucket during the last backward
+    ar = comm.collective_time(comm.ALL_REDUCE, grad_bytes, dp_group, dp_bw, hw.latency)
+    z0 = np.where(overlap_dp, np.maximum(0.0, ar - stage_compute * 2 / 3), ar)
+    dp_exposed = np.where(zero >= 3, z3, np.where(zero >= 1, z1, z0))
+    shard = np.where(zero >= 1, dp_group, 1.0)
     opt_bytes = trainable / shard * (r.grad_bytes + 2 * (r.master_bytes + r.optimizer_bytes) + r.weight_bytes)
-    optimizer = 0.0 if plan.offload_optimizer else opt_bytes / hbm
+    optimizer = np.where(f(offload_optimizer) > 0, 0.0, opt_bytes / hw.hbm)
     step = pipe + dp_exposed + optimizer
-
-    # -- throughput and utilisation (PaLM's MFU: model FLOPs without recompute; HFU with)
-    fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=seq,
-                    dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                    attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab)
-    model_flops, hw_flops = float(fl["model"]), float(fl["hardware"])
-    gpus = layout.gpus
-    peak_dense = gpu.peak("bf16") or peak if plan.precision in ("bf16", "fp8") else peak
-    breakdown = {**busy, "bubble": bubble, "dp_comm": dp_exposed, "optimizer": optimizer}
-    slowest = max((k for k in breakdown if k != "compute"), key=lambda k: breakdown[k])
     return {
         "step_s": step,
-        "tokens_per_s": layout.gbs * layout.seq_len / step,
+        "tokens_per_s": gbs * seq / step,
         "tflops_per_gpu": model_flops / step / gpus / 1e12,
         "hardware_tflops_per_gpu": hw_flops / step / gpus / 1e12,
-        "mfu": model_flops / (peak_dense * step * gpus),
-        "hfu": hw_flops / (peak_dense * step * gpus),
+        "mfu": model_flops / (hw.peak_dense * step * gpus),
+        "hfu": hw_flops / (hw.peak_dense * step * gpus),
         "bubble_fraction": bubble / step,
+        "breakdown_s": {**busy, "bubble": bubble, "dp_comm": dp_exposed, "optimizer": optimizer},
+        "stage_s": stage,
+        "micro_batch_s": {k: pick(v) for k, v in parts.items()},
+    }
+
+
+def step_time(layout: Layout, profile: dict | None = None, memory: dict | None = None) -> dict:
+    """The step of a resolved plan (every stage considered), as plain numbers."""
+    from .memory import estimate_memory
+
+    plan, model = layout.plan, layout.model
+    mem = memory if memory is not None else estimate_memory(layout)
+    rc = act.RECOMPUTE_CODE[plan.recompute]
+    fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
+                    dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
+                    attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab)
+    stages = np.arange(layout.pp)
+    out = step_time_core(
+        model, hardware(layout, profile), recipe(plan), tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
+        ep=layout.ep, zero=layout.zero, mbs=layout.mbs, seq=layout.seq_len, m=layout.micro_batches,
+        vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule], recompute=rc, eager=plan.attention == "eager",
+        dropout=plan.dropout, overlap_tp=plan.overlap_tp, overlap_dp=plan.overlap_dp,
+        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node,
+        stage_dense=np.asarray(layout.stage_dense_layers, dtype=float),
+        stage_moe=np.asarray(layout.stage_moe_layers, dtype=float),
+        first=(stages == 0).astype(float), last=(stages == layout.pp - 1).astype(float),
+        total_dense=sum(layout.stage_dense_layers), total_moe=sum(layout.stage_moe_layers),
+        vocab_padded=layout.vocab_padded, trainable=float(np.max(mem["trainable_params"])),
+        gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]))
+    num = lambda x: float(x)  # noqa: E731
+    breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
+    step = num(out["step_s"])
+    slowest = max((k for k in breakdown if k != "compute"), key=lambda k: breakdown[k])
+    return {
+        **{k: num(out[k]) for k in ("step_s", "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu",
+                                    "mfu", "hfu", "bubble_fraction")},
         "breakdown_s": breakdown,
         "bottleneck": f"{slowest.replace('_', ' ')} {breakdown[slowest] / step:.0%}"
         if breakdown[slowest] > 0.1 * step else "compute-bound",
-        "model_flops_per_step": model_flops,
-        "hardware_flops_per_step": hw_flops,
-        "per_microbatch_stage_s": [float(x) for x in stage],
-        "micro_batch_s": {k: float(v[slow]) for k, v in parts.items()},
+        "model_flops_per_step": float(fl["model"]),
+        "hardware_flops_per_step": float(fl["hardware"]),
+        "per_microbatch_stage_s": [num(x) for x in out["stage_s"]],
+        "micro_batch_s": {k: num(v) for k, v in out["micro_batch_s"].items()},
     }
