@@ -21,6 +21,7 @@ BLOCKS = {
     "qlora-example": "trainplan plan --model llama-3-8b --gpu RTX-4090 --gpus 1 --finetune qlora "
                      "--seq-len 2048 --recompute full",
     "explain-example": "trainplan plan --model gpt2-xl --gpu V100 --gpus 1 --precision fp32 --explain",
+    "search-example": "trainplan search --model llama-3-70b --gpus 64 --gbs 256 --top 5",
     "validate-example": "trainplan validate --model llama-3-70b --gpus 2 --zero 3 --framework fsdp "
                         "--recompute full --device cpu",
 }

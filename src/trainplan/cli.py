@@ -107,8 +107,11 @@ PLAN_PARAMS = list(inspect.signature(_plan_options, eval_str=True).parameters.va
 
 
 def with_plan_options(fn):
-    """Give a command every plan option in front of its own; it receives them in `options`."""
-    own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "options"]
+    """Give a command every plan option in front of its own; it receives them in `options`.
+    (A `ctx: typer.Context` parameter, when present, stays first.)"""
+    params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "options"]
+    head = [p for p in params if p.annotation is typer.Context]
+    own = [p for p in params if p.annotation is not typer.Context]
     names = [p.name for p in PLAN_PARAMS]
 
     @functools.wraps(fn)
@@ -116,7 +119,7 @@ def with_plan_options(fn):
         options = {k: _v(kwargs.pop(k)) for k in names}
         return fn(options=options, **kwargs)
 
-    command.__signature__ = inspect.Signature(PLAN_PARAMS + own)
+    command.__signature__ = inspect.Signature(head + PLAN_PARAMS + own)
     return command
 
 
@@ -198,6 +201,51 @@ def validate(
     from .render import render_validation
 
     render_validation(data)
+
+
+LAYOUT_DIMS = ("tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp")
+
+
+@app.command()
+@with_plan_options
+def search(
+    ctx: typer.Context,
+    options: dict,
+    top: Annotated[int, typer.Option(help="How many layouts to show")] = 5,
+    objective: Annotated[str, typer.Option(help="time (most tokens per second) or cost (fewest dollars per token)")] = "time",
+    max_tp: Annotated[int | None, typer.Option(help="Largest TP to try (default: GPUs per node)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON")] = False,
+) -> None:
+    """Find the fastest (or cheapest) layout that fits: layout options you give stay fixed,
+    the others (TP, PP, CP, EP, ZeRO, micro-batch, recompute, schedule) are searched."""
+    from .plan import make_plan
+    from .search import search as run_search
+
+    def given(name):
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name == "COMMANDLINE"
+
+    fixed = {d for d in LAYOUT_DIMS if given(d)}
+    try:
+        if not 1 <= top <= 1000:
+            raise PlanError("top", "must be between 1 and 1000")
+        plan_ = make_plan(**options)
+        if as_json:
+            data = run_search(plan_, fixed, top=top, objective=objective, max_tp=max_tp)
+        else:
+            from rich.console import Console
+
+            with Console(stderr=True).status("searching…") as status:
+                data = run_search(plan_, fixed, top=top, objective=objective, max_tp=max_tp,
+                                  progress=lambda msg: status.update(msg))
+    except PlanError as err:
+        _fail(err)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    from .render import render_search
+
+    render_search(data)
 
 
 @app.command()

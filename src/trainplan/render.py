@@ -162,3 +162,22 @@ def render_time(c: Console, data: dict) -> None:
     c.print(f"[bold]training[/] {tr['tokens'] / 1e9:,.0f}B tokens · {tr['steps']:,.0f} steps · "
             f"{tr['days']:,.1f} days · {tr['gpu_hours']:,.0f} GPU-hours · {cost} · "
             f"{tr['energy_kwh']:,.0f} kWh · {tr['co2_t']:,.1f} t CO2 · goodput {tr['goodput']:.1%}")
+
+
+def render_search(data: dict) -> None:
+    c = _console()
+    c.print(f"evaluated {data['evaluated']:,} layouts in {data['seconds']:.2f} s; {data['feasible']:,} fit; "
+            f"best by {data['objective']}:")
+    t = Table()
+    for col in ("#", "TP", "PP", "DP", "CP", "EP", "ZeRO", "mbs", "recompute", "schedule", "step", "tokens/s",
+                "MFU", "peak GiB", "headroom", "bottleneck", "$/M tok"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for i, b in enumerate(data["best"], 1):
+        p, tm, mem, tr = b["parallel"], b["time"], b["memory"], b["training"]
+        sched = {"interleaved": "interl."}.get(p["schedule"], p["schedule"]) + (f" v{p['vpp']}" if p["vpp"] > 1 else "")
+        per_m = (tr["cost_usd"] / tr["tokens"] * 1e6) if tr["cost_usd"] else None
+        t.add_row(str(i), str(p["tp"]), str(p["pp"]), str(p["dp"]), str(p["cp"]), str(p["ep"]), str(p["zero"]),
+                  str(p["mbs"]), p["recompute"], sched, _dur(tm["step_s"]), f"{tm['tokens_per_s']:,.0f}",
+                  f"{tm['mfu']:.1%}", f"{mem['peak_bytes'] / GiB:.1f}", f"{mem['headroom_bytes'] / GiB:.1f}",
+                  tm["bottleneck"], f"{per_m:.3f}" if per_m is not None else "—")
+    c.print(t)

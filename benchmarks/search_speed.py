@@ -1,0 +1,51 @@
+"""Search speed: layouts evaluated per second (one process) and wall time of whole searches.
+
+Targets: at least 1,000,000 plans per second per core, and each search under 10 s wall.
+(a) GPT-3 175B on 1024 A100, (b) Llama-3.1-405B on 16384 H100, with TP, PP, CP, DP,
+micro-batch, recompute, ZeRO and schedule all free.
+
+    .venv/bin/python benchmarks/search_speed.py
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from trainplan.plan import load_model, make_plan  # noqa: E402
+from trainplan.search import default_space, enumerate_layouts, evaluate_bulk, search  # noqa: E402
+
+CASES = {
+    "GPT-3 175B on 1024 x A100": dict(model="gpt3-175b", gpu="A100-80GB-SXM", gpus=1024, gbs=1536, seq_len=2048),
+    "Llama-3.1-405B on 16384 x H100": dict(model="llama-3.1-405b", gpu="H100-SXM", gpus=16384, gbs=2048,
+                                           seq_len=8192),
+}
+
+
+def main() -> None:
+    print(f"{'case':<32s} {'layouts':>10s} {'enumerate s':>12s} {'evaluate s':>11s} {'plans/s':>12s} "
+          f"{'search wall s':>14s} {'fit':>8s}")
+    for name, kw in CASES.items():
+        plan = make_plan(**kw)
+        model = load_model(plan)
+        space = default_space(plan, set(), kw["gpus"], model.layers, 8, model.is_moe)
+        t0 = time.perf_counter()
+        lay = enumerate_layouts(plan, space, kw["gpus"])
+        t1 = time.perf_counter()
+        res = evaluate_bulk(plan, lay, kw["gpus"])
+        t2 = time.perf_counter()
+        out = search(plan, set(), top=5)
+        wall = time.perf_counter() - t2
+        n = len(lay["tp"])
+        print(f"{name:<32s} {n:>10,d} {t1 - t0:>12.3f} {t2 - t1:>11.3f} {n / (t2 - t1):>12,.0f} {wall:>14.2f} "
+              f"{int(res['fits'].sum()):>8,d}")
+        best = out["best"][0]["parallel"]
+        print(f"   best: TP {best['tp']} PP {best['pp']} DP {best['dp']} CP {best['cp']} ZeRO {best['zero']} "
+              f"mbs {best['mbs']} {best['recompute']} {best['schedule']} v{best['vpp']}")
+    print("targets: >= 1,000,000 plans/s per core; each search < 10 s wall")
+
+
+if __name__ == "__main__":
+    main()

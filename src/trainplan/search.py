@@ -1,0 +1,242 @@
+"""Layout search: enumerate every valid TP x PP x DP x CP x EP x ZeRO x micro-batch x
+recompute x schedule layout of a model on a cluster, evaluate them all at once with the same
+array formulas `plan` uses (DESIGN §2), keep those that fit, and rank them.
+
+Each layout is evaluated on a few representative pipeline stages: stage 0, the last stage and
+the first stage holding each distinct layer count of the default split. In-flight
+micro-batches fall with the stage index under every schedule and a stage's memory and time
+grow with its layers, so the peak memory and the slowest stage lie among them; the pipeline's
+sum over stages comes from the layer totals. Bulk and per-plan evaluation agree exactly (tests).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import PlanError
+from .estimate import activations as act
+from .estimate.flops import step_flops
+from .estimate.memory import model_numbers, stage_memory
+from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
+from .estimate.recipe import recipe
+from .estimate.time import hardware, step_time_core
+from .plan import Plan, conventions, default_stage_split, load_model, resolve
+from .units import GiB
+
+REPRESENTATIVE = 5
+OBJECTIVES = ("time", "cost")
+
+
+@dataclass
+class Space:
+    """The values each layout dimension may take (a fixed dimension has one value)."""
+
+    tp: list[int]
+    pp: list[int]
+    cp: list[int]
+    ep: list[int]
+    zero: list[int]
+    mbs: list[int]
+    recompute: list[str]
+    schedule: list[str]
+    vpp: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])
+
+
+def _pow2_upto(n: int) -> list[int]:
+    return [2**i for i in range(int(math.log2(max(n, 1))) + 1)]
+
+
+def default_space(plan: Plan, fixed: set[str], gpus: int, layers: int, max_tp: int, is_moe: bool) -> Space:
+    """Omitted dimensions are searched over powers of two (TP within a node); given ones stay."""
+    def dim(name, values):
+        return [getattr(plan, name)] if name in fixed else values
+
+    return Space(
+        tp=dim("tp", [t for t in _pow2_upto(max_tp) if t <= gpus]),
+        pp=dim("pp", [p for p in _pow2_upto(gpus) if p <= layers]),
+        cp=dim("cp", [c for c in _pow2_upto(min(gpus, 16))]),
+        ep=dim("ep", [e for e in _pow2_upto(gpus)] if is_moe else [1]),
+        zero=dim("zero", [0, 1, 2, 3]),
+        mbs=dim("mbs", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
+        recompute=dim("recompute", ["none", "selective", "full"]),
+        schedule=dim("schedule", ["gpipe", "1f1b", "interleaved", "zb"]),
+        vpp=[plan.vpp] if "vpp" in fixed and plan.vpp else [1, 2, 3, 4, 6, 8],
+    )
+
+
+def enumerate_layouts(plan: Plan, space: Space, gpus: int) -> dict[str, np.ndarray]:
+    """Every combination of the space that satisfies the plan rules, as arrays."""
+    model = load_model(plan)
+    seq = plan.seq_len or min(model.max_position, 4096)
+    axes = [space.tp, space.pp, space.cp, space.ep, space.zero, space.mbs,
+            [act.RECOMPUTE_CODE[r] for r in space.recompute], [SCHEDULE_CODE[s] for s in space.schedule], space.vpp]
+    if any(len(a) == 0 for a in axes):
+        return {}
+    grids = np.meshgrid(*[np.asarray(a, dtype=np.int64) for a in axes], indexing="ij")
+    tp, pp, cp, ep, zero, mbs, rc, sched, vpp = (g.ravel() for g in grids)
+    mp = tp * pp * cp
+    ok = (gpus % mp) == 0
+    dp = np.where(ok, gpus // np.maximum(mp, 1), 0)
+    ok &= dp >= 1
+    kv = model.n_kv_heads
+    ok &= (model.heads % tp) == 0
+    if not model.is_mla:
+        ok &= ((kv % tp) == 0) | ((tp % kv) == 0)
+    for f in [model.ffn] + ([model.expert_ffn] if model.expert_ffn else []):
+        ok &= (f % tp) == 0
+    ok &= pp <= model.layers
+    inter = sched == SCHEDULE_CODE["interleaved"]
+    ok &= np.where(inter, (pp >= 2) & (vpp >= 2), vpp == 1)
+    # interleaving needs every stage's layers divisible by v (default split)
+    for p in np.unique(pp):
+        split = default_stage_split(model.layers, int(p))
+        for v in np.unique(vpp):
+            if v > 1 and any(n % v for n in split):
+                ok &= ~((pp == p) & (vpp == v) & inter)
+    ok &= np.where(cp > 1, (seq % (2 * cp)) == 0, True)
+    if plan.attention == "eager":
+        ok &= cp == 1
+    if model.is_moe:
+        ok &= ((model.experts % ep) == 0) & (((dp * cp) % np.maximum(ep, 1)) == 0)
+    else:
+        ok &= ep == 1
+    if plan.offload_params:
+        ok &= zero == 3
+    gbs = plan.gbs
+    if gbs is None:
+        m = np.where(pp == 1, 1, 4 * pp)
+        gbs_arr = dp * mbs * m
+    else:
+        ok &= (gbs % np.maximum(dp * mbs, 1)) == 0
+        gbs_arr = np.full_like(dp, gbs)
+        m = gbs // np.maximum(dp * mbs, 1)
+    ok &= np.where(inter, (m % np.maximum(pp, 1)) == 0, True)
+    out = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, mbs=mbs, recompute=rc, schedule=sched, vpp=vpp,
+               m=m, gbs=gbs_arr)
+    return {k: v[ok] for k, v in out.items()}
+
+
+def _stage_tables(model, pps: np.ndarray):
+    """Per pp value: the representative stages' indices and dense/MoE layer counts."""
+    idx = np.zeros((len(pps), REPRESENTATIVE), dtype=np.int64)
+    dense = np.zeros((len(pps), REPRESENTATIVE))
+    moe = np.zeros((len(pps), REPRESENTATIVE))
+    flags = np.array([model.is_moe_layer(i) for i in range(model.layers)])
+    for row, p in enumerate(pps):
+        split = default_stage_split(model.layers, int(p))
+        bounds = np.concatenate([[0], np.cumsum(split)])
+        # stage 0 (embedding, most micro-batches in flight), the last stage (output head) and
+        # the first stage holding each distinct layer count: in-flight micro-batches fall with
+        # the stage index, so no later stage with the same count can hold or take more
+        firsts = [split.index(c) for c in sorted(set(split))]
+        reps = ([0, p - 1] + firsts + [0] * REPRESENTATIVE)[:REPRESENTATIVE]
+        for j, s in enumerate(reps):
+            lo, hi = bounds[s], bounds[s + 1]
+            idx[row, j] = s
+            moe[row, j] = flags[lo:hi].sum()
+            dense[row, j] = (hi - lo) - moe[row, j]
+    return idx, dense, moe
+
+
+def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int) -> dict[str, np.ndarray]:
+    """Peak memory, fit and step time of every layout, with the plan formulas on arrays."""
+    model = load_model(plan)
+    lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None,
+                                           "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
+                                           "vpp": None, "recompute": "none", "stage_layers": None}), model)
+    r = recipe(plan)
+    hw = hardware(lay0, None)
+    n = len(layouts["tp"])
+    col = lambda k: layouts[k].astype(float)[:, None]  # noqa: E731
+    pps, inverse = np.unique(layouts["pp"], return_inverse=True)
+    idx_t, dense_t, moe_t = _stage_tables(model, pps)
+    stage_idx, dense, moe = idx_t[inverse], dense_t[inverse], moe_t[inverse]
+    pp, m, vpp, sched = col("pp"), col("m"), col("vpp"), col("schedule")
+    seq = lay0.seq_len
+    conv = conventions()
+    mult = int(conv["frameworks"][plan.framework]["vocab_multiple"])
+    tp = col("tp")
+    vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
+    run = conv["runtime"]
+    mem = stage_memory(
+        model_numbers(model), r, dense_layers=dense, moe_layers=moe,
+        first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
+        in_flight_mb=in_flight(sched, stage_idx, pp, m, vpp), logits_in_flight=last_stage_logits_in_flight(sched, m),
+        tp=tp, sp=(tp > 1) if plan.sp or "sp" not in plan.model_fields_set else False,
+        cp=col("cp"), ep=col("ep"), dp=col("dp"), zero=col("zero"), mbs=col("mbs"), seq=seq,
+        vocab_padded=vocab_padded, attention=act.ATTENTION_CODE[plan.attention], recompute=col("recompute"),
+        recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
+        lora_saves=None, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
+        reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
+        fragmentation=plan.fragmentation if plan.fragmentation is not None else run["fragmentation"],
+        loss_workspace_bytes=float(run["loss_workspace_bytes"]))
+    peak = np.max(mem["total"], axis=-1)
+    trainable = np.max(np.broadcast_to(mem["trainable_params"], mem["total"].shape), axis=-1)[:, None]
+    rc = col("recompute")
+    fl = step_flops(model, tokens=col("gbs") * seq, seq=seq, dense_layers=model.layers - model.n_moe_layers,
+                    moe_layers=model.n_moe_layers, head=1, attention_eager=plan.attention == "eager",
+                    recompute=rc, vocab_padded=model.vocab)
+    t = step_time_core(
+        model, hw, r, tp=tp, pp=pp, dp=col("dp"), cp=col("cp"), ep=col("ep"), zero=col("zero"), mbs=col("mbs"),
+        seq=seq, m=m, vpp=vpp, schedule=sched, recompute=rc, eager=plan.attention == "eager",
+        dropout=plan.dropout, overlap_tp=plan.overlap_tp, overlap_dp=plan.overlap_dp,
+        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, stage_dense=dense, stage_moe=moe,
+        first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
+        total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers, vocab_padded=vocab_padded,
+        trainable=trainable, gbs=col("gbs"), gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"])
+    step = np.asarray(t["step_s"], dtype=float).reshape(n)
+    return {"peak_bytes": peak, "fits": peak <= lay0.gpu.capacity_bytes, "step_s": step,
+            "tokens_per_s": layouts["gbs"] * seq / step, "mfu": np.asarray(t["mfu"]).reshape(n),
+            "capacity_bytes": lay0.gpu.capacity_bytes}
+
+
+def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -> Plan:
+    """The i-th layout as a Plan (for the full per-plan report)."""
+    tp = int(layouts["tp"][i])
+    sched = SCHEDULES[int(layouts["schedule"][i])]
+    return plan.model_copy(update={
+        "gpus": gpus, "dp": None, "tp": tp, "pp": int(layouts["pp"][i]), "cp": int(layouts["cp"][i]),
+        "ep": int(layouts["ep"][i]), "zero": int(layouts["zero"][i]), "mbs": int(layouts["mbs"][i]),
+        "gbs": int(layouts["gbs"][i]), "recompute": act.RECOMPUTE[int(layouts["recompute"][i])],
+        "schedule": sched, "vpp": int(layouts["vpp"][i]) if sched == "interleaved" else None,
+        "sp": tp > 1 if plan.sp or "sp" not in plan.model_fields_set else False, "stage_layers": None})
+
+
+def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", max_tp: int | None = None,
+           progress=None) -> dict:
+    """The best layouts that fit, best first, each as the full plan JSON."""
+    from .report import evaluate, to_json
+
+    if objective not in OBJECTIVES:
+        raise PlanError("objective", f"must be one of {', '.join(OBJECTIVES)}")
+    t0 = time.perf_counter()
+    model = load_model(plan)
+    gpus = plan.gpus or (plan.tp * plan.pp * plan.cp * (plan.dp or 1))
+    space = default_space(plan, fixed, gpus, model.layers, max_tp or plan.gpus_per_node, model.is_moe)
+    layouts = enumerate_layouts(plan, space, gpus)
+    evaluated = len(layouts.get("tp", []))
+    if not evaluated:
+        resolve(plan.model_copy(update={"gpus": gpus}))  # names the rule a fixed value breaks
+        raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
+    if progress:
+        progress(f"evaluating {evaluated:,} layouts")
+    res = evaluate_bulk(plan, layouts, gpus)
+    fits = np.flatnonzero(res["fits"])
+    price = (plan.price if plan.price is not None else resolve(plan.model_copy(update={
+        "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None, "gpus": gpus, "gbs": None, "vpp": None,
+        "schedule": "1f1b", "stage_layers": None}), model).gpu.price_usd_per_hour) or 0.0
+    if objective == "cost":
+        key = gpus * price / res["tokens_per_s"][fits]  # dollars per token
+    else:
+        key = 1.0 / res["tokens_per_s"][fits]  # seconds per token
+    order = fits[np.argsort(key, kind="stable")][:top]
+    best = []
+    for i in order:
+        data = to_json(evaluate(layout_plan(plan, layouts, int(i), gpus)))
+        best.append(data)
+    return {"evaluated": evaluated, "feasible": int(len(fits)), "seconds": time.perf_counter() - t0,
+            "objective": objective, "best": best}
