@@ -15,8 +15,8 @@ SEGMENTS = (("params_bytes", "█", "cyan"), ("grads_bytes", "█", "blue"),
             ("other_bytes", "█", "bright_black"))
 
 
-def _console() -> Console:
-    return Console(highlight=False, soft_wrap=False, width=140)
+def _console(width: int = 140) -> Console:
+    return Console(highlight=False, soft_wrap=False, width=width)
 
 
 def _gib(x: float) -> str:
@@ -165,7 +165,7 @@ def render_time(c: Console, data: dict) -> None:
 
 
 def render_search(data: dict) -> None:
-    c = _console()
+    c = _console(200)
     c.print(f"evaluated {data['evaluated']:,} layouts in {data['seconds']:.2f} s; {data['feasible']:,} fit; "
             f"best by {data['objective']}:")
     t = Table()
