@@ -76,3 +76,51 @@ def test_search_cli_json():
     assert set(data) >= {"evaluated", "feasible", "seconds", "best"}
     assert len(data["best"]) == 3 and all(b["parallel"]["pp"] == 1 for b in data["best"])
     assert set(data["best"][0]) >= {"model", "parallel", "memory", "time", "training"}
+
+
+def test_pareto_front_definition():
+    from trainplan.search import pareto_front
+
+    cost = np.array([3.0, 1.0, 2.0, 2.0, 4.0])
+    benefit = np.array([5.0, 1.0, 4.0, 3.0, 5.0])
+    assert list(pareto_front(cost, benefit)) == [1, 2, 0]
+
+
+def test_pareto_front_of_layouts_is_non_dominated():
+    from trainplan.search import pareto
+
+    out = pareto(make_plan(model="llama-3-8b", gpus=8, gbs=64), set())
+    mem = [p["peak_bytes"] for p in out["front"]]
+    tps = [p["tokens_per_s"] for p in out["front"]]
+    assert mem == sorted(mem) and tps == sorted(tps)
+    all_mem, all_tps = np.array(out["all"]["peak_bytes"]), np.array(out["all"]["tokens_per_s"])
+    for m, t in zip(mem, tps, strict=True):  # nothing fits in less memory and runs faster
+        assert not np.any((all_mem < m) & (all_tps > t))
+
+
+def test_max_model_per_strategy_8xA100():
+    """Seed 000's question on 8 x A100 80GB. Model states alone allow about 5B (DDP, 16 B/param),
+    14.5B (ZeRO-1, 5.5 B/param), 21B (ZeRO-2, 3.75) and 40B (ZeRO-3, 2) (ZeRO paper's
+    formulas); with activations (full recompute, s = 2048) and buffers the planner's answers
+    sit below those ceilings and keep their order."""
+    from trainplan.search import max_model
+
+    out = max_model(make_plan(gpu="A100-80GB-SXM", gpus=8, seq_len=2048, recompute="full"))
+    params = {r["strategy"]: r["params"] for r in out["results"]}
+    ceilings = {"DDP": 80 * 2**30 / 16, "ZeRO-1": 80 * 2**30 / 5.5, "ZeRO-2": 80 * 2**30 / 3.75,
+                "ZeRO-3 / FSDP": 80 * 2**30 / 2}
+    order = list(ceilings)
+    assert [params[k] for k in order] == sorted(params[k] for k in order)
+    for k, ceiling in ceilings.items():
+        assert 0.6 * ceiling < params[k] < ceiling, k
+
+
+def test_min_gpus_meets_the_deadline_with_the_fewest():
+    from trainplan.search import min_gpus
+
+    out = min_gpus(make_plan(model="llama-3-8b", gbs=512), set(), days=10)
+    assert out["best"]["training"]["days"] <= 10
+    smaller = [t for t in out["tried"] if t["gpus"] < out["gpus"]]
+    assert smaller and all(t["days"] is None or t["days"] > 10 for t in smaller)
+    with pytest.raises(PlanError):
+        min_gpus(make_plan(model="llama-3-8b", gbs=512), set(), days=-1)

@@ -214,6 +214,11 @@ def search(
     top: Annotated[int, typer.Option(help="How many layouts to show")] = 5,
     objective: Annotated[str, typer.Option(help="time (most tokens per second) or cost (fewest dollars per token)")] = "time",
     max_tp: Annotated[int | None, typer.Option(help="Largest TP to try (default: GPUs per node)")] = None,
+    pareto: Annotated[bool, typer.Option("--pareto", help="The memory vs throughput Pareto front instead")] = False,
+    plot: Annotated[str | None, typer.Option(help="With --pareto or --max-model: draw it to a .png/.svg")] = None,
+    max_model: Annotated[bool, typer.Option("--max-model", help="The largest Llama-style model each of DDP and ZeRO-1/2/3 can train here")] = False,
+    min_gpus: Annotated[bool, typer.Option("--min-gpus", help="The fewest GPUs that train --tokens within --days")] = False,
+    days: Annotated[float | None, typer.Option(help="Deadline for --min-gpus, in days")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON")] = False,
 ) -> None:
     """Find the fastest (or cheapest) layout that fits: layout options you give stay fixed,
@@ -230,6 +235,9 @@ def search(
         if not 1 <= top <= 1000:
             raise PlanError("top", "must be between 1 and 1000")
         plan_ = make_plan(**options)
+        if pareto or max_model or min_gpus:
+            _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_tp, as_json)
+            return
         if as_json:
             data = run_search(plan_, fixed, top=top, objective=objective, max_tp=max_tp)
         else:
@@ -246,6 +254,36 @@ def search(
     from .render import render_search
 
     render_search(data)
+
+
+def _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_tp, as_json) -> None:
+    from . import search as S
+    from .render import render_max_model, render_min_gpus, render_pareto
+
+    if sum((pareto, max_model, min_gpus)) > 1:
+        raise PlanError("search", "choose one of --pareto, --max-model, --min-gpus")
+    if min_gpus:
+        if days is None:
+            raise PlanError("days", "--min-gpus needs --days (the deadline)")
+        data = S.min_gpus(plan_, fixed, days, max_tp=max_tp)
+        render = render_min_gpus
+    elif pareto:
+        data = S.pareto(plan_, fixed, max_tp=max_tp)
+        render = render_pareto
+    else:
+        data = S.max_model(plan_)
+        render = render_max_model
+    if plot:
+        from .plots import draw_search_plot
+
+        draw_search_plot(data, plot, "pareto" if pareto else "max_model")
+    if as_json:
+        data = {k: v for k, v in data.items() if k != "all"}
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        render(data)
+        if plot:
+            typer.echo(f"plot written to {plot}")
 
 
 @app.command()

@@ -181,3 +181,40 @@ def render_search(data: dict) -> None:
                   f"{tm['mfu']:.1%}", f"{mem['peak_bytes'] / GiB:.1f}", f"{mem['headroom_bytes'] / GiB:.1f}",
                   tm["bottleneck"], f"{per_m:.3f}" if per_m is not None else "—")
     c.print(t)
+
+
+def render_pareto(data: dict) -> None:
+    c = _console(160)
+    c.print(f"memory vs throughput: {len(data['front'])} layouts on the front of {data['feasible']:,} that fit "
+            f"({data['evaluated']:,} evaluated)")
+    t = Table()
+    for col in ("peak GiB", "tokens/s", "TP", "PP", "CP", "EP", "ZeRO", "mbs", "recompute", "schedule"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for pt in data["front"]:
+        p = pt["parallel"]
+        t.add_row(f"{pt['peak_bytes'] / GiB:.1f}", f"{pt['tokens_per_s']:,.0f}", str(p["tp"]), str(p["pp"]),
+                  str(p["cp"]), str(p["ep"]), str(p["zero"]), str(p["mbs"]), p["recompute"],
+                  p["schedule"] + (f" v{p['vpp']}" if p["vpp"] and p["vpp"] > 1 else ""))
+    c.print(t)
+
+
+def render_max_model(data: dict) -> None:
+    c = _console()
+    t = Table(title=f"Largest Llama-style model on {data['gpus']} x {data['gpu']}")
+    for col in ("strategy", "parameters", "hidden", "layers"):
+        t.add_column(col, justify="right")
+    for r in data["results"]:
+        t.add_row(r["strategy"], fmt_count(r["params"]) if r["params"] else "none fits",
+                  str(r["hidden"] or "—"), str(r["layers"] or "—"))
+    c.print(t)
+
+
+def render_min_gpus(data: dict) -> None:
+    c = _console()
+    b = data["best"]
+    p = b["parallel"]
+    c.print(f"fewest GPUs for {data['tokens'] / 1e9:,.0f}B tokens in {data['deadline_days']:g} days: "
+            f"[bold]{data['gpus']:,}[/] ({b['training']['days']:.1f} days with TP {p['tp']} PP {p['pp']} "
+            f"DP {p['dp']} CP {p['cp']} ZeRO {p['zero']}, {b['time']['tokens_per_s']:,.0f} tokens/s)")
+    c.print("tried: " + ", ".join(f"{t['gpus']:,} → {t['days']:.1f} d" if t["days"] else f"{t['gpus']:,} → none fits"
+                                  for t in data["tried"]))

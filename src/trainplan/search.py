@@ -240,3 +240,125 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
         best.append(data)
     return {"evaluated": evaluated, "feasible": int(len(fits)), "seconds": time.perf_counter() - t0,
             "objective": objective, "best": best}
+
+
+# ---- Pareto fronts -------------------------------------------------------------------------
+def pareto_front(cost: np.ndarray, benefit: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats on both axes (lower cost, higher benefit),
+    sorted by cost."""
+    order = np.lexsort((-benefit, cost))
+    front, best = [], -np.inf
+    for i in order:
+        if benefit[i] > best:
+            front.append(i)
+            best = benefit[i]
+    return np.asarray(front, dtype=np.int64)
+
+
+def pareto(plan: Plan, fixed: set[str], max_tp: int | None = None) -> dict:
+    """Memory vs throughput: the layouts that fit for which no other fits in less memory and
+    runs faster."""
+    model = load_model(plan)
+    gpus = plan.gpus or (plan.tp * plan.pp * plan.cp * (plan.dp or 1))
+    space = default_space(plan, fixed, gpus, model.layers, max_tp or plan.gpus_per_node, model.is_moe)
+    lay = enumerate_layouts(plan, space, gpus)
+    if not len(lay.get("tp", [])):
+        resolve(plan.model_copy(update={"gpus": gpus}))
+        raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
+    res = evaluate_bulk(plan, lay, gpus)
+    fits = np.flatnonzero(res["fits"])
+    front = fits[pareto_front(res["peak_bytes"][fits], res["tokens_per_s"][fits])]
+    points = []
+    for i in front:
+        p = layout_plan(plan, lay, int(i), gpus)
+        points.append({"peak_bytes": float(res["peak_bytes"][i]), "tokens_per_s": float(res["tokens_per_s"][i]),
+                       "parallel": {k: getattr(p, k) for k in ("tp", "pp", "cp", "ep", "zero", "mbs", "recompute",
+                                                                "schedule", "vpp")}})
+    return {"evaluated": len(lay["tp"]), "feasible": int(len(fits)), "front": points,
+            "all": {"peak_bytes": res["peak_bytes"][fits].tolist(), "tokens_per_s": res["tokens_per_s"][fits].tolist()}}
+
+
+# ---- how many GPUs -------------------------------------------------------------------------
+def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = None, max_gpus: int = 1 << 17,
+             max_tp: int | None = None) -> dict:
+    """The fewest GPUs (multiples of a node, doubling) whose best layout trains `tokens`
+    (default 20 per parameter) within `days`, goodput included."""
+    from .estimate.cost import CHINCHILLA_TOKENS_PER_PARAM
+
+    if days <= 0:
+        raise PlanError("days", "must be positive")
+    model = load_model(plan)
+    tokens = tokens or plan.tokens or CHINCHILLA_TOKENS_PER_PARAM * model.params
+    tried = []
+    gpus = plan.gpus_per_node
+    while gpus <= max_gpus:
+        try:
+            out = search(plan.model_copy(update={"gpus": gpus, "tokens": tokens}), fixed, top=1, max_tp=max_tp)
+        except PlanError:
+            out = None
+        if out and out["best"]:
+            best = out["best"][0]
+            tried.append({"gpus": gpus, "days": best["training"]["days"]})
+            if best["training"]["days"] <= days:
+                return {"gpus": gpus, "tokens": tokens, "deadline_days": days, "best": best, "tried": tried}
+        else:
+            tried.append({"gpus": gpus, "days": None})
+        gpus *= 2
+    raise PlanError("days", f"no cluster up to {max_gpus:,} GPUs trains {tokens:.3g} tokens in {days:g} days "
+                    f"(fastest: {min((t['days'] for t in tried if t['days']), default=float('nan')):.1f} days)")
+
+
+# ---- the largest trainable model ----------------------------------------------------------
+STRATEGIES = {
+    "DDP": {"zero": 0, "tp": 1, "pp": 1},
+    "ZeRO-1": {"zero": 1, "tp": 1, "pp": 1},
+    "ZeRO-2": {"zero": 2, "tp": 1, "pp": 1},
+    "ZeRO-3 / FSDP": {"zero": 3, "tp": 1, "pp": 1},
+}
+
+
+def family_model(hidden: int, vocab: int = 128256):
+    """A Llama-style model of a given width: 128-wide heads, 8 KV groups, SwiGLU with
+    ffn = 8/3·h rounded to 256, and depth h/128 (Kaplan et al. 2020's aspect ratio
+    d_model/n_layers ≈ 128 is near-optimal across scales)."""
+    from .specs.model import ModelSpec
+
+    heads = max(1, hidden // 128)
+    return ModelSpec(name=f"llama-style h{hidden}", source="family scaling rule", layers=max(1, hidden // 128),
+                     hidden=hidden, heads=heads, kv_heads=max(1, heads // 8) if heads % 8 == 0 else heads,
+                     ffn=int(round(8 * hidden / 3 / 256) * 256), vocab=vocab, max_position=8192)
+
+
+def max_model(plan: Plan, strategies: dict | None = None, hidden_step: int = 128, max_hidden: int = 65536) -> dict:
+    """For each strategy, the widest family model whose plan fits (seed 000's question: how
+    large a model can DDP and ZeRO-1/2/3 train on this cluster?). Memory grows with width, so
+    a binary search over widths in steps of `hidden_step` finds it."""
+    from .estimate.memory import estimate_memory
+
+    strategies = strategies or STRATEGIES
+    gpus = plan.gpus or 8
+
+    def fits(k: int, dims: dict) -> bool:
+        spec = family_model(k * hidden_step)
+        p = plan.model_copy(update={"gpus": gpus, "dp": None, "gbs": None, "stage_layers": None, **dims})
+        try:
+            layout = resolve(p, spec)
+        except PlanError:
+            return False
+        return float(np.max(estimate_memory(layout)["total"])) <= layout.gpu.capacity_bytes
+
+    out = []
+    for name, dims in strategies.items():
+        lo, hi = 1, max_hidden // hidden_step
+        if not fits(lo, dims):
+            out.append({"strategy": name, "params": 0, "hidden": None, "layers": None})
+            continue
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid, dims):
+                lo = mid
+            else:
+                hi = mid - 1
+        best = family_model(lo * hidden_step)
+        out.append({"strategy": name, "params": best.params, "hidden": best.hidden, "layers": best.layers})
+    return {"gpus": gpus, "gpu": plan.gpu, "results": out}
