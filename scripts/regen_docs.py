@@ -23,6 +23,7 @@ BLOCKS = {
     "explain-example": "trainplan plan --model gpt2-xl --gpu V100 --gpus 1 --precision fp32 --explain",
     "search-example": "trainplan search --model llama-3-70b --gpus 64 --gbs 256 --top 5",
     "maxmodel-example": "trainplan search --max-model --gpu A100-80GB-SXM --gpus 8 --seq-len 2048 --recompute full",
+    "export-example": "trainplan search --model llama-3-8b --gpus 16 --gbs 64 --export deepspeed",
     "validate-example": "trainplan validate --model llama-3-70b --gpus 2 --zero 3 --framework fsdp "
                         "--recompute full --device cpu",
 }

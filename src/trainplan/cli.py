@@ -203,6 +203,39 @@ def validate(
     render_validation(data)
 
 
+@app.command()
+@with_plan_options
+def export(
+    options: dict,
+    to: Annotated[str, typer.Option("--to", help="megatron (command-line arguments), deepspeed (JSON) or torchtitan (TOML)")] = "megatron",
+    output: Annotated[str | None, typer.Option("-o", "--output", help="Write to this file instead of stdout")] = None,
+) -> None:
+    """Print a ready-to-run configuration for the plan in Megatron-LM, DeepSpeed or torchtitan."""
+    from .export import export as run_export
+    from .plan import make_plan, resolve
+
+    try:
+        text = run_export(resolve(make_plan(**options)), to)
+    except PlanError as err:
+        _fail(err)
+    _write_or_echo(text, output)
+
+
+def _write_or_echo(text: str, output: str | None) -> None:
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    from pathlib import Path
+
+    path = Path(output)
+    if not path.parent.exists():
+        _fail(PlanError("output", f"directory {path.parent} does not exist"))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # never a partial file
+    typer.echo(f"written to {path}", err=True)
+
+
 LAYOUT_DIMS = ("tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp")
 
 
@@ -219,6 +252,7 @@ def search(
     max_model: Annotated[bool, typer.Option("--max-model", help="The largest Llama-style model each of DDP and ZeRO-1/2/3 can train here")] = False,
     min_gpus: Annotated[bool, typer.Option("--min-gpus", help="The fewest GPUs that train --tokens within --days")] = False,
     days: Annotated[float | None, typer.Option(help="Deadline for --min-gpus, in days")] = None,
+    export_to: Annotated[str | None, typer.Option("--export", help="Print the best layout's megatron / deepspeed / torchtitan config")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON")] = False,
 ) -> None:
     """Find the fastest (or cheapest) layout that fits: layout options you give stay fixed,
@@ -246,8 +280,20 @@ def search(
             with Console(stderr=True).status("searching…") as status:
                 data = run_search(plan_, fixed, top=top, objective=objective, max_tp=max_tp,
                                   progress=lambda msg: status.update(msg))
+        if export_to:
+            from .export import export as run_export
+            from .plan import resolve
+
+            best = data["best"][0]["parallel"]
+            dims = {k: best[k] for k in ("tp", "pp", "cp", "ep", "zero", "mbs", "gbs", "recompute", "schedule", "sp")}
+            dims["vpp"] = best["vpp"] if best["schedule"] == "interleaved" else None
+            text = run_export(resolve(plan_.model_copy(update={**dims, "dp": None, "gpus": data["best"][0]["gpu"]["gpus"]})),
+                              export_to)
     except PlanError as err:
         _fail(err)
+    if export_to:
+        typer.echo(text, nl=False)
+        return
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return

@@ -1,0 +1,29 @@
+"""A DeepSpeed JSON configuration (deepspeed.ai/docs/config-json) for a plan."""
+
+from __future__ import annotations
+
+import json
+
+
+def deepspeed_config(layout) -> str:
+    p = layout.plan
+    zero: dict = {"stage": min(layout.zero, 3), "overlap_comm": bool(p.overlap_dp), "contiguous_gradients": True}
+    if p.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if p.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    cfg = {
+        "train_batch_size": layout.gbs,
+        "train_micro_batch_size_per_gpu": layout.mbs,
+        "gradient_accumulation_steps": layout.micro_batches,
+        "zero_optimization": zero,
+        "bf16": {"enabled": p.precision in ("bf16", "fp8")},
+        "fp16": {"enabled": p.precision == "fp16"},
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW" if p.optimizer in ("adamw", "adam") else "SGD" if p.optimizer.startswith("sgd")
+                      else "Adam", "params": {"lr": 3e-4}},
+    }
+    if p.recompute != "none":
+        cfg["activation_checkpointing"] = {"partition_activations": layout.tp > 1,
+                                           "contiguous_memory_optimization": False, "cpu_checkpointing": False}
+    return json.dumps(cfg, indent=2) + "\n"

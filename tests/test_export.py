@@ -1,0 +1,97 @@
+"""Exports use only option names the frameworks accept, with values matching the plan."""
+
+import json
+import shlex
+import tomllib
+
+import pytest
+from typer.testing import CliRunner
+
+from trainplan.cli import app
+from trainplan.export import export
+from trainplan.plan import make_plan, resolve
+
+
+@pytest.fixture(scope="module")
+def names(data_dir=None):
+    from pathlib import Path
+
+    return tomllib.loads((Path(__file__).parent / "data" / "export_names.toml").read_text())
+
+
+PLANS = [
+    dict(model="llama-3-70b", gpus=64, tp=8, pp=4, sp=True, recompute="selective", zero=1, gbs=128),
+    dict(model="mixtral-8x7b", gpus=32, tp=2, ep=8, zero=1, gbs=64, recompute="full", framework="megatron"),
+    dict(model="gpt2-xl", gpus=8, precision="fp16", attention="eager", gbs=64, seq_len=1024),
+    dict(model="llama-3-8b", gpus=16, pp=2, schedule="interleaved", vpp=2, gbs=64, precision="fp8"),
+]
+
+
+def _megatron_args(text):
+    args = {}
+    tokens = shlex.split(" ".join(line.rstrip("\\") for line in text.splitlines() if not line.startswith("#")))
+    i = 0
+    while i < len(tokens):
+        key = tokens[i]
+        if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            args[key] = tokens[i + 1]
+            i += 2
+        else:
+            args[key] = True
+            i += 1
+    return args
+
+
+@pytest.mark.parametrize("kw", PLANS)
+def test_megatron_arguments(kw, names):
+    lay = resolve(make_plan(**kw))
+    args = _megatron_args(export(lay, "megatron"))
+    accepted = set(names["megatron"]["options"])
+    assert set(args) <= accepted, set(args) - accepted
+    for opt, allowed in names["megatron"]["choices"].items():
+        if opt in args:
+            assert args[opt] in allowed, (opt, args[opt])
+    assert int(args["--tensor-model-parallel-size"]) == lay.tp
+    assert int(args["--pipeline-model-parallel-size"]) == lay.pp
+    assert int(args["--global-batch-size"]) == lay.gbs and int(args["--micro-batch-size"]) == lay.mbs
+    assert int(args["--num-layers"]) == lay.model.layers
+    if lay.plan.schedule == "interleaved":
+        assert int(args["--num-layers-per-virtual-pipeline-stage"]) * lay.vpp * lay.pp == lay.model.layers
+
+
+@pytest.mark.parametrize("kw", PLANS)
+def test_deepspeed_config(kw, names):
+    lay = resolve(make_plan(**kw))
+    cfg = json.loads(export(lay, "deepspeed"))
+    ds = names["deepspeed"]
+    assert set(cfg) <= set(ds["top_level"])
+    assert set(cfg["zero_optimization"]) <= set(ds["zero_optimization"])
+    # DeepSpeed's batch identity: train_batch_size = micro x accumulation x data parallel
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * lay.dp
+    assert cfg["zero_optimization"]["stage"] == lay.zero
+    assert cfg["bf16"]["enabled"] == (lay.plan.precision in ("bf16", "fp8"))
+
+
+@pytest.mark.parametrize("kw", PLANS)
+def test_torchtitan_toml(kw, names):
+    lay = resolve(make_plan(**kw))
+    cfg = tomllib.loads(export(lay, "torchtitan"))
+    tt = names["torchtitan"]
+    for section, keys in cfg.items():
+        assert set(keys) <= set(tt[section]), (section, set(keys) - set(tt[section]))
+    par = cfg["parallelism"]
+    assert par["pipeline_parallel_schedule"] in tt["schedules"]
+    assert cfg["activation_checkpoint"]["mode"] in tt["ac_modes"]
+    degrees = (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["tensor_parallel_degree"]
+               * par["pipeline_parallel_degree"] * par["context_parallel_degree"])
+    assert degrees == lay.gpus
+
+
+def test_export_cli_writes_file(tmp_path):
+    out = tmp_path / "ds.json"
+    res = CliRunner().invoke(app, ["export", "--to", "deepspeed", "--model", "llama-3-8b", "--gpus", "8",
+                                   "--zero", "2", "--gbs", "32", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["zero_optimization"]["stage"] == 2
+    bad = CliRunner().invoke(app, ["export", "--to", "nemo"])
+    assert bad.exit_code == 2 and "error: to:" in bad.output
