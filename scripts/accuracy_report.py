@@ -20,6 +20,45 @@ TITLES = {
 }
 
 
+def search_vs_published() -> list[str]:
+    """The layout search on the Narayanan et al. runs: the best layout it finds against the
+    published layout, both predicted by the same model."""
+    import tomllib
+
+    from trainplan.calibration import _gpt, evaluate_layout
+    from trainplan.plan import make_plan, resolve
+    from trainplan.search import search
+
+    table = tomllib.loads((ROOT / "benchmarks" / "data" / "published_runs.toml").read_text())["narayanan2021"]
+    out = ["## The layout search on the published Megatron runs\n\n",
+           "For each Narayanan et al. row, `trainplan search` (micro-batch 1, everything else free) against\n",
+           "the published layout (TP, PP, full recompute), both predicted by the same model, and the\n",
+           "published layout without recompute where that fits.\n\n",
+           "| model | published layout | its tokens/s | without recompute | search's best | its tokens/s | gain |\n",
+           "|---|---|---:|---:|---|---:|---:|\n"]
+    for pb, a, h, L, tp, pp, g, gbs, _ in table["rows"]:
+        spec = _gpt(f"GPT {pb}B", h, a, L, 51200, 2048)
+        base = dict(gpu=table["gpu"], gpus=g, gbs=gbs, mbs=1, seq_len=2048, framework="megatron",
+                    attention="eager", precision="fp16", overlap_dp=False)
+        pub = evaluate_layout(resolve(make_plan(tp=tp, pp=pp, recompute="full", **base), spec))["time"]["tokens_per_s"]
+        nr = evaluate_layout(resolve(make_plan(tp=tp, pp=pp, recompute="none", **base), spec))
+        no_rc = f"{nr['time']['tokens_per_s']:,.0f}" if nr["fits"] else "does not fit"
+        best = search(make_plan(**base), fixed={"mbs"}, top=1, spec=spec)["best"][0]
+        b = best["parallel"]
+        sched = b["schedule"] + (f" v{b['vpp']}" if b["vpp"] > 1 else "")
+        label = f"TP {b['tp']} PP {b['pp']} DP {b['dp']} CP {b['cp']} ZeRO {b['zero']}, {b['recompute']}, {sched}"
+        tps = best["time"]["tokens_per_s"]
+        out.append(f"| GPT {pb}B | TP {tp} PP {pp}, full | {pub:,.0f} | {no_rc} | {label} | {tps:,.0f} | "
+                   f"{tps / pub - 1:+.0%} |\n")
+    out += ["\nThe search's layouts beat the published ones in the model mostly by not recomputing: the\n",
+            "published runs recomputed every layer (a third more FLOPs, Narayanan et al.'s 96-count), while\n",
+            "sharding the optimizer state over data parallelism (ZeRO-1/2) frees the memory to keep the\n",
+            "activations. How much of that gain survives at 1,000+ GPUs depends on the data-parallel\n",
+            "collectives across nodes, which the model prices from bandwidth alone (no stragglers or\n",
+            "congestion); treat the ranking as a shortlist to measure, not a verdict.\n"]
+    return out
+
+
 def main() -> None:
     data = rows(ROOT / "benchmarks" / "data" / "published_runs.toml")
     lines = ["# Accuracy: predicted vs published training throughput\n\n",
@@ -51,6 +90,7 @@ def main() -> None:
             "long-sequence MosaicML rows are attention-bound at a FlashAttention efficiency their\n",
             "Triton kernel does not reach. Calibrated H100 profiles from `trainplan bench` are the\n",
             "next step.\n\n"]
+    lines += search_vs_published()
     (ROOT / "docs" / "accuracy.md").write_text("".join(lines[:1] + lines[1:5] + head + lines[5:]))
     print(f"wrote docs/accuracy.md: {len(allerr)} rows, MAE {np.mean(np.abs(allerr)) * 100:.1f}%")
 

@@ -124,3 +124,22 @@ def test_min_gpus_meets_the_deadline_with_the_fewest():
     assert smaller and all(t["days"] is None or t["days"] > 10 for t in smaller)
     with pytest.raises(PlanError):
         min_gpus(make_plan(model="llama-3-8b", gbs=512), set(), days=-1)
+
+
+def test_interrupted_search_returns_best_so_far(monkeypatch):
+    """Ctrl-C during the evaluation keeps what was evaluated and ranks it."""
+    import trainplan.search as S
+
+    calls = {"n": 0}
+    real = S.evaluate_bulk
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(S, "CHUNK", 500)
+    monkeypatch.setattr(S, "evaluate_bulk", flaky)
+    out = S.search(make_plan(model="llama-3-8b", gpus=16, gbs=64), set(), top=2)
+    assert out["interrupted"] and out["evaluated"] == 500 and len(out["best"]) == 2

@@ -34,8 +34,9 @@ class PlanResult:
         return self.peak <= self.capacity
 
 
-def evaluate(plan: Plan, with_time: bool = True) -> PlanResult:
-    layout = resolve(plan)
+def evaluate(plan: Plan, with_time: bool = True, spec=None) -> PlanResult:
+    """Memory, time and the training run of a plan (for an in-memory model spec if given)."""
+    layout = resolve(plan, spec)
     result = PlanResult(layout=layout, memory=estimate_memory(layout))
     if with_time:
         from .estimate.time import step_time

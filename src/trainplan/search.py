@@ -51,13 +51,14 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def default_space(plan: Plan, fixed: set[str], gpus: int, layers: int, max_tp: int, is_moe: bool) -> Space:
-    """Omitted dimensions are searched over powers of two (TP within a node); given ones stay."""
+    """Omitted dimensions are searched: TP and CP over powers of two (TP within a node), PP over
+    every divisor of the GPU count up to the layer count; given dimensions stay fixed."""
     def dim(name, values):
         return [getattr(plan, name)] if name in fixed else values
 
     return Space(
         tp=dim("tp", [t for t in _pow2_upto(max_tp) if t <= gpus]),
-        pp=dim("pp", [p for p in _pow2_upto(gpus) if p <= layers]),
+        pp=dim("pp", [p for p in range(1, min(gpus, layers) + 1) if gpus % p == 0]),
         cp=dim("cp", [c for c in _pow2_upto(min(gpus, 16))]),
         ep=dim("ep", [e for e in _pow2_upto(gpus)] if is_moe else [1]),
         zero=dim("zero", [0, 1, 2, 3]),
@@ -68,9 +69,9 @@ def default_space(plan: Plan, fixed: set[str], gpus: int, layers: int, max_tp: i
     )
 
 
-def enumerate_layouts(plan: Plan, space: Space, gpus: int) -> dict[str, np.ndarray]:
+def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[str, np.ndarray]:
     """Every combination of the space that satisfies the plan rules, as arrays."""
-    model = load_model(plan)
+    model = spec or load_model(plan)
     seq = plan.seq_len or min(model.max_position, 4096)
     axes = [space.tp, space.pp, space.cp, space.ep, space.zero, space.mbs,
             [act.RECOMPUTE_CODE[r] for r in space.recompute], [SCHEDULE_CODE[s] for s in space.schedule], space.vpp]
@@ -142,9 +143,9 @@ def _stage_tables(model, pps: np.ndarray):
     return idx, dense, moe
 
 
-def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int) -> dict[str, np.ndarray]:
+def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=None) -> dict[str, np.ndarray]:
     """Peak memory, fit and step time of every layout, with the plan formulas on arrays."""
-    model = load_model(plan)
+    model = spec or load_model(plan)
     lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
                                            "vpp": None, "recompute": "none", "stage_layers": None}), model)
@@ -206,29 +207,47 @@ def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -
         "sp": tp > 1 if plan.sp or "sp" not in plan.model_fields_set else False, "stage_layers": None})
 
 
+CHUNK = 200_000  # layouts evaluated per batch (progress, interruption, bounded memory)
+
+
 def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", max_tp: int | None = None,
-           progress=None) -> dict:
-    """The best layouts that fit, best first, each as the full plan JSON."""
+           progress=None, spec=None) -> dict:
+    """The best layouts that fit, best first, each as the full plan JSON. Ctrl-C during the
+    evaluation returns the best of what was evaluated so far (`interrupted`: true)."""
     from .report import evaluate, to_json
 
     if objective not in OBJECTIVES:
         raise PlanError("objective", f"must be one of {', '.join(OBJECTIVES)}")
     t0 = time.perf_counter()
-    model = load_model(plan)
+    model = spec or load_model(plan)
     gpus = plan.gpus or (plan.tp * plan.pp * plan.cp * (plan.dp or 1))
     space = default_space(plan, fixed, gpus, model.layers, max_tp or plan.gpus_per_node, model.is_moe)
-    layouts = enumerate_layouts(plan, space, gpus)
-    evaluated = len(layouts.get("tp", []))
-    if not evaluated:
-        resolve(plan.model_copy(update={"gpus": gpus}))  # names the rule a fixed value breaks
+    layouts = enumerate_layouts(plan, space, gpus, model)
+    total = len(layouts.get("tp", []))
+    if not total:
+        resolve(plan.model_copy(update={"gpus": gpus}), model)  # names the rule a fixed value breaks
         raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
-    if progress:
-        progress(f"evaluating {evaluated:,} layouts")
-    res = evaluate_bulk(plan, layouts, gpus)
+    parts, interrupted = [], False
+    try:
+        for start in range(0, total, CHUNK):
+            chunk = {k: v[start:start + CHUNK] for k, v in layouts.items()}
+            parts.append(evaluate_bulk(plan, chunk, gpus, model))
+            if progress:
+                progress(f"evaluated {min(start + CHUNK, total):,} of {total:,} layouts")
+    except KeyboardInterrupt:
+        interrupted = True
+    if not parts:
+        raise PlanError("search", "interrupted before any layout was evaluated")
+    evaluated = sum(len(p["step_s"]) for p in parts)
+    layouts = {k: v[:evaluated] for k, v in layouts.items()}
+    res = {k: np.concatenate([p[k] for p in parts]) for k in ("peak_bytes", "fits", "step_s", "tokens_per_s", "mfu")}
     fits = np.flatnonzero(res["fits"])
     price = (plan.price if plan.price is not None else resolve(plan.model_copy(update={
         "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None, "gpus": gpus, "gbs": None, "vpp": None,
         "schedule": "1f1b", "stage_layers": None}), model).gpu.price_usd_per_hour) or 0.0
+    if not len(fits):
+        raise PlanError("search", f"none of the {evaluated:,} layouts fits in memory; add GPUs, lower the "
+                        "sequence or micro-batch, or allow recompute and ZeRO")
     if objective == "cost":
         key = gpus * price / res["tokens_per_s"][fits]  # dollars per token
     else:
@@ -236,10 +255,11 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
     order = fits[np.argsort(key, kind="stable")][:top]
     best = []
     for i in order:
-        data = to_json(evaluate(layout_plan(plan, layouts, int(i), gpus)))
+        p = layout_plan(plan, layouts, int(i), gpus)
+        data = to_json(evaluate(p, spec=spec))
         best.append(data)
     return {"evaluated": evaluated, "feasible": int(len(fits)), "seconds": time.perf_counter() - t0,
-            "objective": objective, "best": best}
+            "objective": objective, "interrupted": interrupted, "best": best}
 
 
 # ---- Pareto fronts -------------------------------------------------------------------------
