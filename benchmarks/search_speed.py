@@ -15,7 +15,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from trainplan.plan import load_model, make_plan  # noqa: E402
-from trainplan.search import default_space, enumerate_layouts, evaluate_bulk, search  # noqa: E402
+from trainplan.search import CHUNK, default_space, enumerate_layouts, evaluate_bulk, search  # noqa: E402
 
 CASES = {
     "GPT-3 175B on 1024 x A100": dict(model="gpt3-175b", gpu="A100-80GB-SXM", gpus=1024, gbs=1536, seq_len=2048),
@@ -34,13 +34,16 @@ def main() -> None:
         t0 = time.perf_counter()
         lay = enumerate_layouts(plan, space, kw["gpus"])
         t1 = time.perf_counter()
-        res = evaluate_bulk(plan, lay, kw["gpus"])
+        n = len(lay["tp"])
+        fits = 0
+        for start in range(0, n, CHUNK):  # as `search` evaluates: cache-sized batches
+            res = evaluate_bulk(plan, {k: v[start:start + CHUNK] for k, v in lay.items()}, kw["gpus"], model)
+            fits += int(res["fits"].sum())
         t2 = time.perf_counter()
         out = search(plan, set(), top=5)
         wall = time.perf_counter() - t2
-        n = len(lay["tp"])
         print(f"{name:<32s} {n:>10,d} {t1 - t0:>12.3f} {t2 - t1:>11.3f} {n / (t2 - t1):>12,.0f} {wall:>14.2f} "
-              f"{int(res['fits'].sum()):>8,d}")
+              f"{fits:>8,d}")
         best = out["best"][0]["parallel"]
         print(f"   best: TP {best['tp']} PP {best['pp']} DP {best['dp']} CP {best['cp']} ZeRO {best['zero']} "
               f"mbs {best['mbs']} {best['recompute']} {best['schedule']} v{best['vpp']}")

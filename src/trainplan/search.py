@@ -207,7 +207,7 @@ def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -
         "sp": tp > 1 if plan.sp or "sp" not in plan.model_fields_set else False, "stage_layers": None})
 
 
-CHUNK = 200_000  # layouts evaluated per batch (progress, interruption, bounded memory)
+CHUNK = 8192  # layouts per batch: temporaries stay in cache (2.5x faster than one big batch), progress, Ctrl-C
 
 
 def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", max_tp: int | None = None,
