@@ -202,3 +202,35 @@ def test_page_debounces_typing_to_one_request(server, browser):
     page.wait_for_timeout(900)
     assert len(requests) == 1
     page.close()
+
+
+def test_api_search_bounded_and_validated():
+    res = client.post("/api/search", json={"model": "llama-3-70b", "gpus": 64, "gbs": 128, "top": 3,
+                                           "tp": 8, "fixed": ["tp"]})
+    assert res.status_code == 200
+    data = res.json()
+    assert len(data["best"]) == 3 and all(b["parallel"]["tp"] == 8 for b in data["best"])
+    assert data["evaluated"] <= 200_000
+    for body, field in (({"top": 99}, "top"), ({"fixed": ["bogus"]}, "fixed"), ({"gpu_profile": "/x"}, "gpu_profile")):
+        bad = client.post("/api/search", json={"model": "llama-3-70b", **body})
+        assert bad.status_code == 422 and bad.json()["field"] == field
+
+
+def test_page_find_best_layout_and_load_it(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.goto(server + "/?model=llama-3-70b&gpus=64&gbs=128")
+    _ready(page)
+    page.click("#find")
+    page.wait_for_function("document.body.dataset.search === 'ready'")
+    items = page.query_selector_all(".search-result")
+    assert len(items) == 5
+    api = client.post("/api/search", json={"model": "llama-3-70b", "gpu": "H100-SXM", "gpus": 64, "gbs": 128,
+                                           "gpus_per_node": 8, "top": 5}).json()
+    best = api["best"][0]["parallel"]
+    with page.expect_response("**/api/plan"):
+        items[0].click()
+    _ready(page)
+    assert page.input_value("select[name=tp]") == str(best["tp"])
+    assert page.input_value("select[name=pp]") == str(best["pp"])
+    page.wait_for_function(f"document.querySelector('#fit').dataset.peak == '{api['best'][0]['memory']['peak_bytes']}'")
+    page.close()

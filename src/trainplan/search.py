@@ -211,7 +211,7 @@ CHUNK = 8192  # layouts per batch: temporaries stay in cache (2.5x faster than o
 
 
 def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", max_tp: int | None = None,
-           progress=None, spec=None) -> dict:
+           progress=None, spec=None, max_layouts: int | None = None, max_seconds: float | None = None) -> dict:
     """The best layouts that fit, best first, each as the full plan JSON. Ctrl-C during the
     evaluation returns the best of what was evaluated so far (`interrupted`: true)."""
     from .report import evaluate, to_json
@@ -227,9 +227,15 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
     if not total:
         resolve(plan.model_copy(update={"gpus": gpus}), model)  # names the rule a fixed value breaks
         raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
+    if max_layouts is not None and total > max_layouts:
+        raise PlanError("search", f"{total:,} layouts exceed the limit of {max_layouts:,}; fix some dimensions "
+                        "(e.g. tp, pp or zero)")
     parts, interrupted = [], False
     try:
         for start in range(0, total, CHUNK):
+            if max_seconds is not None and parts and time.perf_counter() - t0 > max_seconds:
+                interrupted = True  # out of time: rank what was evaluated
+                break
             chunk = {k: v[start:start + CHUNK] for k, v in layouts.items()}
             parts.append(evaluate_bulk(plan, chunk, gpus, model))
             if progress:

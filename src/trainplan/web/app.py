@@ -4,6 +4,8 @@
     GET  /api/models      the model catalog
     GET  /api/gpus        the accelerator catalog
     POST /api/plan        a plan: the CLI's plan options as JSON keys (model or hf_config)
+    POST /api/search      the best layouts that fit (plan options; "fixed": dimensions to keep,
+                          "top", "objective"); bounded to 200,000 layouts and 5 s
     GET  /openapi.json    the API's OpenAPI document
 
 Bad input gets HTTP 422 with the field and the rule; bodies over MAX_BODY_BYTES get 413;
@@ -25,6 +27,9 @@ from ..errors import PlanError, from_pydantic
 from ..plan import Plan
 
 MAX_BODY_BYTES = 256 * 1024  # a pasted config.json is a few KB
+SEARCH_MAX_LAYOUTS = 200_000  # web searches are bounded in layouts ...
+SEARCH_MAX_SECONDS = 5.0  # ... and in time (the best found so far is returned)
+SEARCH_MAX_TOP = 20
 STATIC = resources.files("trainplan.web") / "static"
 MEDIA = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
@@ -105,26 +110,59 @@ def create_app() -> FastAPI:
 
         return [g.model_dump() for g in catalog.gpus()]
 
-    @app.post("/api/plan")
-    async def plan(request: Request) -> Response:
+    async def read_body(request: Request):
+        """The JSON object of a request, or an error response (413 / 422)."""
         length = request.headers.get("content-length", "")
+        too_big = JSONResponse(status_code=413, content={
+            "field": "body", "rule": f"request body must be at most {MAX_BODY_BYTES} bytes"})
         if length.isdigit() and int(length) > MAX_BODY_BYTES:  # refuse before reading
-            return JSONResponse(status_code=413, content={
-                "field": "body", "rule": f"request body must be at most {MAX_BODY_BYTES} bytes"})
+            return None, too_big
         raw = b""
         async for chunk in request.stream():  # bounded read, whatever the headers claim
             raw += chunk
             if len(raw) > MAX_BODY_BYTES:
-                break
-        if len(raw) > MAX_BODY_BYTES:
-            return JSONResponse(status_code=413, content={
-                "field": "body", "rule": f"request body must be at most {MAX_BODY_BYTES} bytes"})
+                return None, too_big
         try:
             body = json.loads(raw or b"{}")
         except json.JSONDecodeError as exc:
-            return _error("body", f"must be a JSON object ({exc.msg})")
+            return None, _error("body", f"must be a JSON object ({exc.msg})")
         if not isinstance(body, dict):
-            return _error("body", "must be a JSON object of plan options")
+            return None, _error("body", "must be a JSON object of plan options")
+        return body, None
+
+    @app.post("/api/search")
+    async def search_layouts(request: Request) -> Response:
+        body, err = await read_body(request)
+        if err is not None:
+            return err
+        top = body.pop("top", 5)
+        fixed = body.pop("fixed", [])
+        objective = body.pop("objective", "time")
+        body.pop("timeline", None)
+        try:
+            if not isinstance(top, int) or not 1 <= top <= SEARCH_MAX_TOP:
+                raise PlanError("top", f"must be an integer between 1 and {SEARCH_MAX_TOP}")
+            dims = {"tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp"}
+            if not isinstance(fixed, list) or not set(fixed) <= dims:
+                raise PlanError("fixed", f"must list layout dimensions to keep, from {', '.join(sorted(dims))}")
+            _check_web_plan(body)
+            try:
+                p = Plan(**{k: v for k, v in body.items() if v is not None and v != ""})
+            except ValidationError as exc:
+                raise from_pydantic(exc) from None
+            from ..search import search
+
+            data = search(p, set(fixed), top=top, objective=objective, max_layouts=SEARCH_MAX_LAYOUTS,
+                          max_seconds=SEARCH_MAX_SECONDS)
+        except PlanError as e:
+            return _error(e.field, e.rule)
+        return Response(json.dumps(data, separators=(",", ":")).encode(), media_type="application/json")
+
+    @app.post("/api/plan")
+    async def plan(request: Request) -> Response:
+        body, err = await read_body(request)
+        if err is not None:
+            return err
         key = json.dumps(body, sort_keys=True, separators=(",", ":"))
         hit = cache.get(key)
         if hit is not None:

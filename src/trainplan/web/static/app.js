@@ -20,6 +20,7 @@
     document.querySelectorAll("[data-i18n]").forEach((el) => { el.textContent = t(el.dataset.i18n); });
     $("lang").textContent = lang === "zh" ? "English" : "中文";
     if (last) render(last);
+    if (lastSearch) renderSearch(lastSearch);
   }
 
   function readForm() {
@@ -213,6 +214,52 @@
     $("hints").innerHTML = hints.map((h) => `<li>${h}</li>`).join("");
   }
 
+  let lastSearch = null;
+
+  function renderSearch(data) {
+    $("search-status").textContent = t("search_done", { n: data.evaluated.toLocaleString(), fit: data.feasible.toLocaleString() });
+    const list = $("search-results");
+    list.innerHTML = "";
+    for (const b of data.best) {
+      const p = b.parallel;
+      const li = document.createElement("li");
+      const a = document.createElement("a");
+      a.href = "#";
+      a.className = "search-result";
+      a.textContent = t("search_row", { tp: p.tp, pp: p.pp, dp: p.dp, cp: p.cp, zero: p.zero, mbs: p.mbs,
+        rc: p.recompute, sched: p.schedule + (p.vpp > 1 ? " v" + p.vpp : ""), step: dur(b.time.step_s),
+        mfu: pct(b.time.mfu), peak: fmt(b.memory.peak_bytes / GiB) });
+      a.addEventListener("click", (ev) => {
+        ev.preventDefault();
+        for (const k of ["tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule"]) form.elements[k].value = String(p[k]);
+        form.elements.vpp.value = p.schedule === "interleaved" ? String(p.vpp) : "";
+        form.elements.dp.value = "";
+        form.elements.gbs.value = String(p.gbs);
+        form.elements.sp.checked = !!p.sp;
+        update();
+      });
+      li.appendChild(a);
+      list.appendChild(li);
+    }
+  }
+
+  async function findBest() {
+    const state = readForm();
+    const req = toRequest(state);
+    if (req.error) { showError(req.error.field, req.error.rule); return; }
+    const body = req.body;
+    delete body.timeline;
+    for (const k of ["tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp"]) delete body[k];
+    body.top = 5;
+    $("search-status").textContent = t("searching");
+    const res = await fetch("/api/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    const data = await res.json();
+    if (!res.ok) { $("search-status").textContent = ""; showError(data.field || "body", data.rule || res.statusText); return; }
+    lastSearch = data;
+    renderSearch(data);
+    document.body.dataset.search = "ready";
+  }
+
   async function init() {
     fillPow2("tp", 64); fillPow2("pp", 128); fillPow2("cp", 32); fillPow2("ep", 128);
     const [models, gpus] = await Promise.all([fetch("/api/models").then((r) => r.json()), fetch("/api/gpus").then((r) => r.json())]);
@@ -223,6 +270,7 @@
     form.addEventListener("input", schedule);
     form.addEventListener("change", schedule);
     $("lang").addEventListener("click", () => { lang = lang === "en" ? "zh" : "en"; applyLanguage(); writeUrl(readForm()); });
+    $("find").addEventListener("click", findBest);
     applyLanguage();
     update();
   }
