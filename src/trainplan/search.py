@@ -27,7 +27,7 @@ from .estimate.time import hardware, step_time_core
 from .plan import Plan, conventions, default_stage_split, load_model, resolve
 from .units import GiB
 
-REPRESENTATIVE = 5
+REPRESENTATIVE = 4
 OBJECTIVES = ("time", "cost")
 
 
