@@ -9,19 +9,25 @@ from .errors import PlanError
 from .units import GiB
 
 
-def draw_search_plot(data: dict, path: str, kind: str) -> None:
+def pyplot_for(path: str, field: str):
+    """(matplotlib.pyplot, Path) for writing a figure to `path`, or a PlanError naming `field`."""
     out = Path(path)
     if out.suffix.lower() not in (".png", ".svg"):
-        raise PlanError("plot", f"the file must end in .png or .svg (got {out.name})")
+        raise PlanError(field, f"the file must end in .png or .svg (got {out.name})")
     if not out.parent.exists():
-        raise PlanError("plot", f"directory {out.parent} does not exist")
+        raise PlanError(field, f"directory {out.parent} does not exist")
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlanError("plot", "drawing needs matplotlib: pip install 'trainplan[plot]'") from None
+        raise PlanError(field, "drawing needs matplotlib: pip install 'trainplan[plot]'") from None
+    return plt, out
+
+
+def draw_search_plot(data: dict, path: str, kind: str) -> None:
+    plt, out = pyplot_for(path, "plot")
     fig, ax = plt.subplots(figsize=(8, 5))
     if kind == "pareto":
         ax.scatter([x / GiB for x in data["all"]["peak_bytes"]], data["all"]["tokens_per_s"], s=4, alpha=0.3,

@@ -3,33 +3,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .errors import PlanError
-from .estimate.pipeline import simulate
+from .estimate.pipeline import FWD_SHARE, simulate
+from .plots import pyplot_for
 
 MAX_MICRO_BATCHES_DRAWN = 64
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
 
 
 def draw_timeline(result, path: str) -> None:
-    out = Path(path)
-    if out.suffix.lower() not in (".png", ".svg"):
-        raise PlanError("timeline", f"the file must end in .png or .svg (got {out.name})")
-    if not out.parent.exists():
-        raise PlanError("timeline", f"directory {out.parent} does not exist")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise PlanError("timeline", "drawing needs matplotlib: pip install 'trainplan[plot]'") from None
+    plt, out = pyplot_for(path, "timeline")
     L, t = result.layout, result.time
     m = min(L.micro_batches, MAX_MICRO_BATCHES_DRAWN)
     stage = t["per_microbatch_stage_s"]
-    fwd = [x / 3 for x in stage]  # forward ≈ 1/3 of forward + backward
-    bwd = [x * 2 / 3 for x in stage]
+    fwd = [x * FWD_SHARE for x in stage]
+    bwd = [x * (1 - FWD_SHARE) for x in stage]
     sim = simulate(L.plan.schedule, L.pp, m, fwd, bwd, vpp=L.vpp)
     fig, ax = plt.subplots(figsize=(12, 0.45 * L.pp + 1.6))
     for op in sim.ops:

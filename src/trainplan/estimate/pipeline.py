@@ -21,6 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+# A backward pass costs twice its forward (input and weight gradients: two GEMMs per forward
+# GEMM), so the forward is a third of a micro-batch's work and the weight gradients another
+# third (the share ZB-H1 can defer).
+FWD_SHARE = 1 / 3
+WGRAD_SHARE = 1 / 3
 SCHEDULE_CODE = {name: i for i, name in enumerate(SCHEDULES)}
 
 

@@ -35,7 +35,7 @@ from ..plan import Layout, conventions
 from . import activations as act
 from . import comm
 from .flops import step_flops
-from .pipeline import SCHEDULE_CODE, pipeline_time
+from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .recipe import recipe
 
 TILE = 128  # GEMM output tile edge used for tile/wave quantization (CUTLASS/cuBLAS 128x128)
@@ -242,7 +242,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
             return a[slow]
         return np.take_along_axis(np.broadcast_to(a, stage.shape), slow[..., None], axis=-1)
     stage_max = pick(stage)
-    pipe = pipeline_time(schedule, pp, m, stage_max, sum(totals.values()), vpp, p2p, wgrad_share=1 / 3)
+    pipe = pipeline_time(schedule, pp, m, stage_max, sum(totals.values()), vpp, p2p, wgrad_share=WGRAD_SHARE)
     busy = {k: m * pick(v) for k, v in parts.items()}
     bubble = np.maximum(pipe - sum(busy.values()), 0.0)
 

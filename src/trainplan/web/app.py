@@ -191,12 +191,13 @@ def create_app() -> FastAPI:
 
 def _timeline(result, max_micro_batches: int = 16) -> dict:
     """The simulated schedule of the first micro-batches, for the page to draw."""
-    from ..estimate.pipeline import simulate
+    from ..estimate.pipeline import FWD_SHARE, simulate
 
     L, t = result.layout, result.time
     m = min(L.micro_batches, max_micro_batches)
     stage = t["per_microbatch_stage_s"]
-    sim = simulate(L.plan.schedule, L.pp, m, [x / 3 for x in stage], [x * 2 / 3 for x in stage], vpp=L.vpp)
+    sim = simulate(L.plan.schedule, L.pp, m, [x * FWD_SHARE for x in stage], [x * (1 - FWD_SHARE) for x in stage],
+                   vpp=L.vpp)
     return {"micro_batches": m, "step_s": sim.step_time, "bubble_fraction": sim.bubble_fraction,
             "ops": [[op.stage, op.kind, op.mb, op.start, op.end] for op in sim.ops]}
 
