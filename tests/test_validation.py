@@ -97,6 +97,10 @@ PLAN_FIELDS = st.fixed_dictionaries({}, optional={
     "dropout": st.one_of(st.floats(-1, 2), st.just(float("nan"))),
     "offload_optimizer": st.booleans(), "offload_params": st.booleans(),
     "lora_targets": st.sampled_from(["q,v", "q,k,v,o,gate,up,down", "", "x"]),
+    "tokens": st.one_of(st.none(), st.floats(-1, 1e15)), "price": st.one_of(st.none(), st.floats(-1, 100)),
+    "pue": st.one_of(st.none(), st.floats(0, 3)), "gpu_mtbf_hours": st.one_of(st.none(), st.floats(0, 1e6), st.floats(1e-9, 1e-3)),
+    "checkpoint_gbs": st.one_of(st.none(), st.floats(0, 100)), "overlap_tp": st.booleans(),
+    "overlap_dp": st.booleans(), "grid_kg_per_kwh": st.one_of(st.none(), st.floats(-1, 2)),
     "hf_config": st.one_of(st.none(), st.dictionaries(st.sampled_from(
         ["model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
          "intermediate_size"]), st.one_of(st.integers(-3, 5000), st.sampled_from(["llama", "gpt2", "qwen2"])))),
@@ -114,6 +118,8 @@ def test_random_plans_raise_only_plan_errors(fields):
     assert data["memory"]["peak_bytes"] > 0
     for s in data["memory"]["stages"]:
         assert s["total_bytes"] > 0
+    json.dumps(data, allow_nan=False)  # strict JSON: no NaN or Infinity anywhere
+    assert data["time"]["step_s"] > 0
 
 
 SPEC_FIELDS = st.fixed_dictionaries({

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import PlanError
 from ..plan import Layout, conventions
 from .cost import CHINCHILLA_TOKENS_PER_PARAM, goodput, training_run
 from .recipe import recipe
@@ -18,6 +19,10 @@ def training_figures(layout: Layout, step_s: float) -> dict:
     write_s = ckpt_bytes / ((plan.checkpoint_gbs or tr["checkpoint_write_gbs_per_node"]) * 1e9 * nodes)
     mtbf_s = (plan.gpu_mtbf_hours or tr["gpu_mtbf_hours"]) * 3600.0 / layout.gpus
     share = float(goodput(write_s, mtbf_s, tr["restart_minutes"] * 60.0))
+    if share <= 0:
+        raise PlanError("gpu_mtbf_hours", f"the {layout.gpus}-GPU cluster fails every {mtbf_s:.3g} s on average, "
+                        f"too often to checkpoint ({write_s:.3g} s per checkpoint) and restart: the run never "
+                        "finishes; raise the MTBF or the checkpoint bandwidth")
     out = training_run(
         tokens=tokens, tokens_per_step=layout.gbs * layout.seq_len, step_s=step_s, gpus=layout.gpus,
         price_per_gpu_hour=plan.price if plan.price is not None else gpu.price_usd_per_hour,
