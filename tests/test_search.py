@@ -143,3 +143,20 @@ def test_interrupted_search_returns_best_so_far(monkeypatch):
     monkeypatch.setattr(S, "evaluate_bulk", flaky)
     out = S.search(make_plan(model="llama-3-8b", gpus=16, gbs=64), set(), top=2)
     assert out["interrupted"] and out["evaluated"] == 500 and len(out["best"]) == 2
+
+
+def test_search_times_only_layouts_that_fit():
+    """`fitting_only` (how `search` evaluates) gives the same memory and fit for every layout
+    and the same step time, bit for bit, for each layout that fits; the rest are never ranked."""
+    from trainplan.plan import load_model
+
+    plan = make_plan(model="llama-3-70b", gpus=64, gbs=256)
+    model = load_model(plan)
+    lay = enumerate_layouts(plan, default_space(plan, set(), 64, model.layers, 8, False), 64)
+    full = evaluate_bulk(plan, lay, 64, model)
+    pruned = evaluate_bulk(plan, lay, 64, model, fitting_only=True)
+    fits = full["fits"]
+    assert 0 < fits.sum() < len(fits)  # both kinds present: the comparison means something
+    assert np.array_equal(full["peak_bytes"], pruned["peak_bytes"]) and np.array_equal(fits, pruned["fits"])
+    assert np.array_equal(full["step_s"][fits], pruned["step_s"][fits])
+    assert np.all(np.isinf(pruned["step_s"][~fits])) and np.all(pruned["tokens_per_s"][~fits] == 0)

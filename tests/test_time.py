@@ -205,3 +205,22 @@ def test_time_model_bulk_equals_scalar():
         model_flops=np.array([float(f["model"]) for f in fl])[:, None],
         hw_flops=np.array([float(f["hardware"]) for f in fl])[:, None])
     assert np.asarray(bulk["step_s"])[:, 0] == pytest.approx(scalar, rel=1e-12)
+
+
+def test_gemm_time_per_distinct_shape_equals_direct():
+    """Timing each distinct (tokens, tp, ep) once and gathering gives exactly what timing every
+    layout does (the dedup is only a speed-up)."""
+    from trainplan.estimate.time import _layer_gemm_time, layer_gemm_time, layer_gemms
+    from trainplan.plan import load_model, make_plan
+
+    model = load_model(make_plan(model="mixtral-8x7b", gpus=8))
+    rng = np.random.default_rng(0)
+    tokens = rng.choice([1024.0, 2048.0, 4096.0, 3000.0], size=(5000, 1))
+    tp = rng.choice([1.0, 2.0, 4.0, 8.0], size=(5000, 1))
+    ep = rng.choice([1.0, 8.0], size=(5000, 1))
+    for moe in (False, True):
+        g = layer_gemms(model, moe)
+        args = (8, 2, 989e12, 0.8, 132, 2)
+        fast = layer_gemm_time(g, tokens, tp, ep, *args)
+        assert fast.shape == (5000, 1)
+        assert np.array_equal(fast, _layer_gemm_time(g, tokens, tp, ep, *args))

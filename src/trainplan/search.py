@@ -122,10 +122,12 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
 
 
 def _stage_tables(model, pps: np.ndarray):
-    """Per pp value: the representative stages' indices and dense/MoE layer counts."""
+    """Per pp value: the representative stages' indices, dense/MoE layer counts, and how many
+    of them are distinct (the rest repeat stage 0 and change no maximum)."""
     idx = np.zeros((len(pps), REPRESENTATIVE), dtype=np.int64)
     dense = np.zeros((len(pps), REPRESENTATIVE))
     moe = np.zeros((len(pps), REPRESENTATIVE))
+    width = np.zeros(len(pps), dtype=np.int64)
     flags = np.array([model.is_moe_layer(i) for i in range(model.layers)])
     for row, p in enumerate(pps):
         split = default_stage_split(model.layers, int(p))
@@ -134,28 +136,71 @@ def _stage_tables(model, pps: np.ndarray):
         # the first stage holding each distinct layer count: in-flight micro-batches fall with
         # the stage index, so no later stage with the same count can hold or take more
         firsts = [split.index(c) for c in sorted(set(split))]
-        reps = ([0, p - 1] + firsts + [0] * REPRESENTATIVE)[:REPRESENTATIVE]
-        for j, s in enumerate(reps):
+        reps = list(dict.fromkeys([0, int(p) - 1] + firsts))[:REPRESENTATIVE]
+        width[row] = len(reps)
+        for j, s in enumerate(reps + [0] * (REPRESENTATIVE - len(reps))):
             lo, hi = bounds[s], bounds[s + 1]
             idx[row, j] = s
             moe[row, j] = flags[lo:hi].sum()
             dense[row, j] = (hi - lo) - moe[row, j]
-    return idx, dense, moe
+    return idx, dense, moe, width
 
 
-def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=None) -> dict[str, np.ndarray]:
-    """Peak memory, fit and step time of every layout, with the plan formulas on arrays."""
+def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=None,
+                  fitting_only: bool = False) -> dict[str, np.ndarray]:
+    """Peak memory, fit and step time of every layout, with the plan formulas on arrays
+    (`fitting_only`: step time only for layouts that fit; the others get inf).
+    Layouts are evaluated in groups by how many distinct representative stages their pipeline
+    depth has (one without pipelining, two for an even split), so no stage is computed twice."""
     model = spec or load_model(plan)
+    pps, inverse = np.unique(layouts["pp"], return_inverse=True)
+    idx_t, dense_t, moe_t, width_t = _stage_tables(model, pps)
+    width = width_t[inverse]
+    groups = np.unique(width)
+    if len(groups) == 1:
+        w = int(groups[0])
+        return _evaluate(plan, layouts, gpus, model, idx_t[inverse, :w], dense_t[inverse, :w], moe_t[inverse, :w],
+                         fitting_only)
+    n = len(width)
+    out: dict[str, np.ndarray] = {}
+    for w in groups:
+        rows = np.flatnonzero(width == w)
+        sub = {k: v[rows] for k, v in layouts.items()}
+        res = _evaluate(plan, sub, gpus, model, idx_t[inverse[rows], :w], dense_t[inverse[rows], :w],
+                        moe_t[inverse[rows], :w], fitting_only)
+        for k, v in res.items():
+            if k == "capacity_bytes":
+                out[k] = v
+                continue
+            if k not in out:
+                out[k] = np.empty(n, dtype=v.dtype)
+            out[k][rows] = v
+    return out
+
+
+_BASE: list = [None, None]  # (plan, gpus, model) and what `_base` derived from them
+
+
+def _base(plan: Plan, gpus: int, model):
+    """What every layout of a search shares: the plan resolved on one GPU layout, its
+    precision recipe and the hardware rates (derived once per search, not per batch)."""
+    key, value = _BASE
+    if key is not None and key[0] is plan and key[1] == gpus and key[2] is model:
+        return value
     lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
                                            "vpp": None, "recompute": "none", "stage_layers": None}), model)
-    r = recipe(plan)
-    hw = hardware(lay0, None)
+    value = (lay0, recipe(plan), hardware(lay0, None))
+    _BASE[:] = [(plan, gpus, model), value]
+    return value
+
+
+def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stage_idx: np.ndarray,
+              dense: np.ndarray, moe: np.ndarray, fitting_only: bool) -> dict[str, np.ndarray]:
+    """`evaluate_bulk` for layouts that share one number of representative stages (last axis)."""
+    lay0, r, hw = _base(plan, gpus, model)
     n = len(layouts["tp"])
     col = lambda k: layouts[k].astype(float)[:, None]  # noqa: E731
-    pps, inverse = np.unique(layouts["pp"], return_inverse=True)
-    idx_t, dense_t, moe_t = _stage_tables(model, pps)
-    stage_idx, dense, moe = idx_t[inverse], dense_t[inverse], moe_t[inverse]
     pp, m, vpp, sched = col("pp"), col("m"), col("vpp"), col("schedule")
     seq = lay0.seq_len
     conv = conventions()
@@ -176,23 +221,30 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
         fragmentation=plan.fragmentation if plan.fragmentation is not None else run["fragmentation"],
         loss_workspace_bytes=float(run["loss_workspace_bytes"]))
     peak = np.max(mem["total"], axis=-1)
-    trainable = np.max(np.broadcast_to(mem["trainable_params"], mem["total"].shape), axis=-1)[:, None]
-    rc = col("recompute")
-    fl = step_flops(model, tokens=col("gbs") * seq, seq=seq, dense_layers=model.layers - model.n_moe_layers,
-                    moe_layers=model.n_moe_layers, head=1, attention_eager=plan.attention == "eager",
-                    recompute=rc, vocab_padded=model.vocab)
-    t = step_time_core(
-        model, hw, r, tp=tp, pp=pp, dp=col("dp"), cp=col("cp"), ep=col("ep"), zero=col("zero"), mbs=col("mbs"),
-        seq=seq, m=m, vpp=vpp, schedule=sched, recompute=rc, eager=plan.attention == "eager",
-        dropout=plan.dropout, overlap_tp=plan.overlap_tp, overlap_dp=plan.overlap_dp,
-        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, stage_dense=dense, stage_moe=moe,
-        first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
-        total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers, vocab_padded=vocab_padded,
-        trainable=trainable, gbs=col("gbs"), gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"])
-    step = np.asarray(t["step_s"], dtype=float).reshape(n)
-    return {"peak_bytes": peak, "fits": peak <= lay0.gpu.capacity_bytes, "step_s": step,
-            "tokens_per_s": layouts["gbs"] * seq / step, "mfu": np.asarray(t["mfu"]).reshape(n),
-            "capacity_bytes": lay0.gpu.capacity_bytes}
+    fits = peak <= lay0.gpu.capacity_bytes
+    step, mfu = np.full(n, np.inf), np.zeros(n)
+    # a search ranks only layouts that fit, so it times only those
+    rows = np.flatnonzero(fits) if fitting_only else np.arange(n)
+    if len(rows):
+        trainable = np.max(np.broadcast_to(mem["trainable_params"], mem["total"].shape), axis=-1)[rows, None]
+        sel = lambda a: a[rows]  # noqa: E731
+        rc = sel(col("recompute"))
+        fl = step_flops(model, tokens=sel(col("gbs")) * seq, seq=seq,
+                        dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
+                        attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab)
+        t = step_time_core(
+            model, hw, r, tp=sel(tp), pp=sel(pp), dp=sel(col("dp")), cp=sel(col("cp")), ep=sel(col("ep")),
+            zero=sel(col("zero")), mbs=sel(col("mbs")), seq=seq, m=sel(m), vpp=sel(vpp), schedule=sel(sched),
+            recompute=rc, eager=plan.attention == "eager", dropout=plan.dropout, overlap_tp=plan.overlap_tp,
+            overlap_dp=plan.overlap_dp, offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node,
+            stage_dense=sel(dense), stage_moe=sel(moe), first=sel(stage_idx == 0).astype(float),
+            last=sel(stage_idx == pp - 1).astype(float), total_dense=model.layers - model.n_moe_layers,
+            total_moe=model.n_moe_layers, vocab_padded=sel(vocab_padded), trainable=trainable,
+            gbs=sel(col("gbs")), gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"])
+        step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
+        mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
+    return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,
+            "mfu": mfu, "capacity_bytes": lay0.gpu.capacity_bytes}
 
 
 def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -> Plan:
@@ -237,7 +289,7 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
                 interrupted = True  # out of time: rank what was evaluated
                 break
             chunk = {k: v[start:start + CHUNK] for k, v in layouts.items()}
-            parts.append(evaluate_bulk(plan, chunk, gpus, model))
+            parts.append(evaluate_bulk(plan, chunk, gpus, model, fitting_only=True))
             if progress:
                 progress(f"evaluated {min(start + CHUNK, total):,} of {total:,} layouts")
     except KeyboardInterrupt:
@@ -291,7 +343,7 @@ def pareto(plan: Plan, fixed: set[str], max_tp: int | None = None) -> dict:
     if not len(lay.get("tp", [])):
         resolve(plan.model_copy(update={"gpus": gpus}))
         raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
-    res = evaluate_bulk(plan, lay, gpus)
+    res = evaluate_bulk(plan, lay, gpus, fitting_only=True)
     fits = np.flatnonzero(res["fits"])
     front = fits[pareto_front(res["peak_bytes"][fits], res["tokens_per_s"][fits])]
     points = []

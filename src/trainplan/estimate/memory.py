@@ -245,6 +245,13 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     fragment = allocated * fragmentation
     other = zero3_gather + bucket + loss_ws + fragment + reserved_bytes
     total = allocated + fragment + reserved_bytes
+    cpu_offload = np.zeros(np.shape(total))
+    if np.any(offload_optimizer):
+        cpu_offload = cpu_offload + np.where(offload_optimizer, sharded(r.master_bytes, 1)
+                                             + sharded(r.optimizer_bytes, 1), 0.0)
+    if np.any(offload_params):
+        cpu_offload = cpu_offload + np.where(offload_params, p_stage * r.weight_bytes
+                                             / np.where(zero >= 3, shard_dense, 1), 0.0)
     return {
         "params": weights, "grads": grads, "master": master, "optimizer_state": opt_state,
         "optimizer": master + opt_state, "activations": activations, "other": other,
@@ -255,8 +262,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         "activation_parts": parts, "dense_layer_terms": dense_terms, "moe_layer_terms": moe_terms,
         "embedding_terms": emb, "head_terms": hd, "checkpoint_per_layer": ckpt,
         "per_microbatch_layers": per_mb_layers,
-        "cpu_offload": np.where(offload_optimizer, sharded(r.master_bytes, 1) + sharded(r.optimizer_bytes, 1), 0.0)
-        + np.where(offload_params, p_stage * r.weight_bytes / np.where(zero >= 3, shard_dense, 1), 0.0),
+        "cpu_offload": cpu_offload,
     }
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from ..plan import Layout, conventions
 from . import activations as act
 from . import comm
+from .distinct import per_distinct
 from .flops import step_flops
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .recipe import recipe
@@ -109,9 +110,15 @@ def layer_gemms(model, moe: bool) -> LayerGemms:
 
 def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes):
     """Forward GEMM seconds of one layer for `tokens` tokens on one rank; every argument may
-    be an array (layouts), the layer's linears are the last axis."""
+    be an array (layouts), the layer's linears are the last axis. Layouts share few GEMM
+    shapes, so each distinct (tokens, tp, ep) is timed once."""
     if g.fan_in.size == 0:
         return np.zeros(np.broadcast(tokens, tp).shape)
+    return per_distinct(_layer_gemm_time, {"tokens": tokens, "tp": tp, "ep": ep}, g=g, kv_heads=kv_heads,
+                        top_k=top_k, peak=peak, eff=eff, sms=sms, elem_bytes=elem_bytes)
+
+
+def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes):
     ex = lambda x: np.asarray(x, dtype=float)[..., None]  # noqa: E731
     tokens, tp, ep = ex(tokens), ex(tp), ex(ep)
     k = np.where(g.split == SPLIT["row"], g.fan_in / tp, g.fan_in)
@@ -243,7 +250,8 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
         return np.take_along_axis(np.broadcast_to(a, stage.shape), slow[..., None], axis=-1)
     stage_max = pick(stage)
     pipe = pipeline_time(schedule, pp, m, stage_max, sum(totals.values()), vpp, p2p, wgrad_share=WGRAD_SHARE)
-    busy = {k: m * pick(v) for k, v in parts.items()}
+    per_micro_batch = {k: pick(v) for k, v in parts.items()}
+    busy = {k: m * v for k, v in per_micro_batch.items()}
     bubble = np.maximum(pipe - sum(busy.values()), 0.0)
 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
@@ -280,7 +288,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
         "bubble_fraction": bubble / step,
         "breakdown_s": {**busy, "bubble": bubble, "dp_comm": dp_exposed, "optimizer": optimizer},
         "stage_s": stage,
-        "micro_batch_s": {k: pick(v) for k, v in parts.items()},
+        "micro_batch_s": per_micro_batch,
     }
 
 
