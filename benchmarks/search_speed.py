@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from trainplan.plan import load_model, make_plan  # noqa: E402
@@ -24,23 +26,31 @@ CASES = {
 }
 
 
-def _rate(plan, lay, gpus, model, fitting_only: bool) -> tuple[float, int]:
-    """Layouts per second through `evaluate_bulk` in cache-sized batches, as `search` runs it."""
+REPEATS = 5  # each rate is the median of this many passes over all layouts (one core is noisy)
+
+
+def _rate(plan, lay, gpus, model, fitting_only: bool) -> tuple[float, float, int]:
+    """Median and best layouts per second through `evaluate_bulk` in cache-sized batches, as
+    `search` runs it, over REPEATS passes; and how many layouts fit."""
     n = len(lay["tp"])
-    fits = 0
-    t0 = time.perf_counter()
-    for start in range(0, n, CHUNK):
-        res = evaluate_bulk(plan, {k: v[start:start + CHUNK] for k, v in lay.items()}, gpus, model,
-                            fitting_only=fitting_only)
-        fits += int(res["fits"].sum())
-    return n / (time.perf_counter() - t0), fits
+    rates = []
+    for _ in range(REPEATS):
+        fits = 0
+        t0 = time.perf_counter()
+        for start in range(0, n, CHUNK):
+            res = evaluate_bulk(plan, {k: v[start:start + CHUNK] for k, v in lay.items()}, gpus, model,
+                                fitting_only=fitting_only)
+            fits += int(res["fits"].sum())
+        rates.append(n / (time.perf_counter() - t0))
+    return float(np.median(rates)), max(rates), fits
 
 
 def main() -> None:
     print("plans/s (all timed): memory and step time of every layout")
     print("plans/s (search):    memory of every layout, step time of those that fit (what `search` ranks)")
-    print(f"{'case':<32s} {'layouts':>10s} {'fit':>8s} {'enumerate s':>12s} {'plans/s (all timed)':>20s} "
-          f"{'plans/s (search)':>17s} {'search wall s':>14s}")
+    print(f"rates: median (best) of {REPEATS} passes, one process, OMP_NUM_THREADS=1")
+    print(f"{'case':<32s} {'layouts':>8s} {'fit':>7s} {'enum s':>7s} {'plans/s (all timed)':>22s} "
+          f"{'plans/s (search)':>22s} {'search wall s':>14s}")
     for name, kw in CASES.items():
         plan = make_plan(**kw)
         model = load_model(plan)
@@ -50,13 +60,13 @@ def main() -> None:
         enum_s = time.perf_counter() - t0
         n = len(lay["tp"])
         evaluate_bulk(plan, {k: v[:CHUNK] for k, v in lay.items()}, kw["gpus"], model)  # warm caches
-        rate_all, fits = _rate(plan, lay, kw["gpus"], model, fitting_only=False)
-        rate_search, _ = _rate(plan, lay, kw["gpus"], model, fitting_only=True)
+        all_med, all_best, fits = _rate(plan, lay, kw["gpus"], model, fitting_only=False)
+        search_med, search_best, _ = _rate(plan, lay, kw["gpus"], model, fitting_only=True)
         t2 = time.perf_counter()
         out = search(plan, set(), top=5)
         wall = time.perf_counter() - t2
-        print(f"{name:<32s} {n:>10,d} {fits:>8,d} {enum_s:>12.3f} {rate_all:>20,.0f} {rate_search:>17,.0f} "
-              f"{wall:>14.2f}")
+        print(f"{name:<32s} {n:>8,d} {fits:>7,d} {enum_s:>7.3f} {all_med:>11,.0f} ({all_best:>8,.0f}) "
+              f"{search_med:>11,.0f} ({search_best:>8,.0f}) {wall:>14.2f}")
         best = out["best"][0]["parallel"]
         print(f"   best: TP {best['tp']} PP {best['pp']} DP {best['dp']} CP {best['cp']} ZeRO {best['zero']} "
               f"mbs {best['mbs']} {best['recompute']} {best['schedule']} v{best['vpp']}")

@@ -23,11 +23,12 @@ from .estimate.flops import step_flops
 from .estimate.memory import model_numbers, stage_memory
 from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
 from .estimate.recipe import recipe
-from .estimate.time import hardware, step_time_core
+from .estimate.time import hardware, stage_times, step_from_stages
 from .plan import Plan, conventions, default_stage_split, load_model, resolve
 from .units import GiB
 
 REPRESENTATIVE = 4
+MIN_GROUP = 2048  # layouts: a smaller group of one stage width is evaluated with a wider one
 OBJECTIVES = ("time", "cost")
 
 
@@ -156,6 +157,15 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
     pps, inverse = np.unique(layouts["pp"], return_inverse=True)
     idx_t, dense_t, moe_t, width_t = _stage_tables(model, pps)
     width = width_t[inverse]
+    # a small group costs more in per-call overhead than its spare stages: it joins the next
+    # wider one (a narrower layout evaluated at a larger width repeats stage 0, changing nothing)
+    counts = np.bincount(width, minlength=REPRESENTATIVE + 1)
+    group_width = np.zeros(REPRESENTATIVE + 1, dtype=np.int64)
+    pending = 0
+    for w in range(REPRESENTATIVE, 0, -1):
+        pending = w if counts[w] >= MIN_GROUP or not pending else pending
+        group_width[w] = pending if counts[w] else 0
+    width = group_width[width]
     groups = np.unique(width)
     if len(groups) == 1:
         w = int(groups[0])
@@ -208,39 +218,66 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
     tp = col("tp")
     vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
     run = conv["runtime"]
+    # Memory depends on the schedule only through the micro-batches in flight, linearly
+    # (stage_memory: activations x in-flight count, then + fragmentation share). Layouts that
+    # differ only in schedule and interleaving (adjacent in enumeration order) share one
+    # evaluation at one micro-batch in flight, scaled to each schedule's count.
+    change = np.zeros(max(n - 1, 0), dtype=bool)
+    for k in ("tp", "pp", "cp", "ep", "dp", "zero", "mbs", "recompute"):
+        change |= layouts[k][1:] != layouts[k][:-1]
+    group = np.concatenate([[0], np.cumsum(change)])
+    heads = np.concatenate([[0], np.flatnonzero(change) + 1])
+    g = lambda a: a[heads]  # noqa: E731
+    fragmentation = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
     mem = stage_memory(
-        model_numbers(model), r, dense_layers=dense, moe_layers=moe,
-        first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
-        in_flight_mb=in_flight(sched, stage_idx, pp, m, vpp), logits_in_flight=last_stage_logits_in_flight(sched, m),
-        tp=tp, sp=(tp > 1) if plan.sp or "sp" not in plan.model_fields_set else False,
-        cp=col("cp"), ep=col("ep"), dp=col("dp"), zero=col("zero"), mbs=col("mbs"), seq=seq,
-        vocab_padded=vocab_padded, attention=act.ATTENTION_CODE[plan.attention], recompute=col("recompute"),
+        model_numbers(model), r, dense_layers=g(dense), moe_layers=g(moe),
+        first=g(stage_idx == 0).astype(float), last=g(stage_idx == pp - 1).astype(float),
+        in_flight_mb=1.0, logits_in_flight=1.0,
+        tp=g(tp), sp=(g(tp) > 1) if plan.sp or "sp" not in plan.model_fields_set else False,
+        cp=g(col("cp")), ep=g(col("ep")), dp=g(col("dp")), zero=g(col("zero")), mbs=g(col("mbs")), seq=seq,
+        vocab_padded=g(vocab_padded), attention=act.ATTENTION_CODE[plan.attention], recompute=g(col("recompute")),
         recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
-        lora_saves=None, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
+        lora_saves=None, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
-        fragmentation=plan.fragmentation if plan.fragmentation is not None else run["fragmentation"],
-        loss_workspace_bytes=float(run["loss_workspace_bytes"]))
-    peak = np.max(mem["total"], axis=-1)
+        fragmentation=fragmentation, loss_workspace_bytes=float(run["loss_workspace_bytes"]))
+    parts = mem["activation_parts"]
+    per_in_flight = (parts["layers"] + parts["embedding"] + parts["stage_tensors"]) * (1 + fragmentation)
+    per_logits = parts["head_and_loss"] * (1 + fragmentation)
+    total = (mem["total"][group]
+             + per_in_flight[group] * (in_flight(sched, stage_idx, pp, m, vpp) - 1)
+             + per_logits[group] * (last_stage_logits_in_flight(sched, m) - 1))
+    peak = np.max(total, axis=-1)
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu = np.full(n, np.inf), np.zeros(n)
     # a search ranks only layouts that fit, so it times only those
     rows = np.flatnonzero(fits) if fitting_only else np.arange(n)
     if len(rows):
-        trainable = np.max(np.broadcast_to(mem["trainable_params"], mem["total"].shape), axis=-1)[rows, None]
+        trainable = np.max(np.broadcast_to(mem["trainable_params"], mem["total"].shape), axis=-1)[group[rows], None]
         sel = lambda a: a[rows]  # noqa: E731
         rc = sel(col("recompute"))
         fl = step_flops(model, tokens=sel(col("gbs")) * seq, seq=seq,
                         dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                         attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab)
-        t = step_time_core(
-            model, hw, r, tp=sel(tp), pp=sel(pp), dp=sel(col("dp")), cp=sel(col("cp")), ep=sel(col("ep")),
-            zero=sel(col("zero")), mbs=sel(col("mbs")), seq=seq, m=sel(m), vpp=sel(vpp), schedule=sel(sched),
-            recompute=rc, eager=plan.attention == "eager", dropout=plan.dropout, overlap_tp=plan.overlap_tp,
-            overlap_dp=plan.overlap_dp, offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node,
-            stage_dense=sel(dense), stage_moe=sel(moe), first=sel(stage_idx == 0).astype(float),
-            last=sel(stage_idx == pp - 1).astype(float), total_dense=model.layers - model.n_moe_layers,
-            total_moe=model.n_moe_layers, vocab_padded=sel(vocab_padded), trainable=trainable,
-            gbs=sel(col("gbs")), gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"])
+        # per-stage times do not depend on the schedule either: once per group, then each
+        # layout's pipeline schedule, data-parallel communication and optimizer
+        heads_fit = np.unique(group[rows])
+        h = lambda a: a[heads[heads_fit]]  # noqa: E731
+        stages = stage_times(
+            model, hw, r, tp=h(tp), pp=h(pp), dp=h(col("dp")), cp=h(col("cp")), ep=h(col("ep")), mbs=h(col("mbs")),
+            seq=seq, recompute=h(col("recompute")), eager=plan.attention == "eager", dropout=plan.dropout,
+            overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=h(dense), stage_moe=h(moe),
+            first=h(stage_idx == 0).astype(float), last=h(stage_idx == pp - 1).astype(float),
+            total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
+            vocab_padded=h(vocab_padded))
+        at = np.searchsorted(heads_fit, group[rows])
+        spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
+        stages = {"parts": {k: spread(v) for k, v in stages["parts"].items()}, "totals": spread(stages["totals"]),
+                  "p2p": spread(stages["p2p"])}
+        t = step_from_stages(
+            stages, hw, r, pp=sel(pp), dp=sel(col("dp")), cp=sel(col("cp")), tp=sel(tp), zero=sel(col("zero")),
+            m=sel(m), vpp=sel(vpp), schedule=sel(sched), overlap_dp=plan.overlap_dp,
+            offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=trainable,
+            gbs=sel(col("gbs")), seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"])
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,

@@ -171,10 +171,26 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
+    stages = stage_times(model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=recompute,
+                         eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
+                         stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
+                         total_moe=total_moe, vocab_padded=vocab_padded)
+    return step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
+                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
+                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
+                            hw_flops=hw_flops)
+
+
+def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
+                overlap_tp, gpn, stage_dense, stage_moe, first, last, total_dense, total_moe,
+                vocab_padded) -> dict:
+    """One micro-batch's forward + backward seconds on each stage, by part ("parts", stage
+    axis last), the same summed over all stages ("totals") and the point-to-point transfer
+    between stages ("p2p"). Nothing here depends on the pipeline schedule."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
-    tp, pp, dp, cp, ep, mbs, seq, m, vpp = (f(x) for x in (tp, pp, dp, cp, ep, mbs, seq, m, vpp))
-    zero, rc = f(zero), f(recompute)
-    eager, overlap_tp, overlap_dp = f(eager) > 0, f(overlap_tp) > 0, f(overlap_dp) > 0
+    tp, pp, dp, cp, ep, mbs, seq = (f(x) for x in (tp, pp, dp, cp, ep, mbs, seq))
+    rc = f(recompute)
+    eager, overlap_tp = f(eager) > 0, f(overlap_tp) > 0
     elem = r.act_bytes
     h = model.hidden
     tokens = mbs * seq / cp
@@ -234,10 +250,22 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
         }
 
     parts = per_stage(f(stage_dense), f(stage_moe), f(first), f(last), 1.0)
-    stage = sum(parts.values())
     totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp)
+    return {"parts": parts, "totals": sum(totals.values()), "p2p": p2p}
+
+
+def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
+                     offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops) -> dict:
+    """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
+    data-parallel communication and the optimizer update."""
+    f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
+    pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
+    overlap_dp = f(overlap_dp) > 0
+    parts, p2p = stages["parts"], stages["p2p"]
+    stage = sum(parts.values())
     slow = np.argmax(stage, axis=-1)
     n_stages = stage.shape[-1]
+    slow_flat = np.arange(slow.size) * n_stages + slow.ravel()  # the slowest stage's flat index
 
     def pick(a):
         """The value on the slowest stage of a per-stage array (keeping the stage axis as one
@@ -247,9 +275,11 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
             return a
         if a.ndim == 1:
             return a[slow]
-        return np.take_along_axis(np.broadcast_to(a, stage.shape), slow[..., None], axis=-1)
+        if n_stages == 1:  # one stage considered: it is the slowest
+            return np.broadcast_to(a, stage.shape)
+        return np.broadcast_to(a, stage.shape).reshape(-1)[slow_flat].reshape(slow.shape + (1,))
     stage_max = pick(stage)
-    pipe = pipeline_time(schedule, pp, m, stage_max, sum(totals.values()), vpp, p2p, wgrad_share=WGRAD_SHARE)
+    pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE)
     per_micro_batch = {k: pick(v) for k, v in parts.items()}
     busy = {k: m * v for k, v in per_micro_batch.items()}
     bubble = np.maximum(pipe - sum(busy.values()), 0.0)
