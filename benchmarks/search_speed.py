@@ -17,7 +17,7 @@ import numpy as np
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from trainplan.plan import load_model, make_plan  # noqa: E402
-from trainplan.search import CHUNK, default_space, enumerate_layouts, evaluate_bulk, search  # noqa: E402
+from trainplan.search import CHUNK, batches, default_space, enumerate_layouts, evaluate_bulk, search  # noqa: E402
 
 CASES = {
     "GPT-3 175B on 1024 x A100": dict(model="gpt3-175b", gpu="A100-80GB-SXM", gpus=1024, gbs=1536, seq_len=2048),
@@ -37,8 +37,8 @@ def _rate(plan, lay, gpus, model, fitting_only: bool) -> tuple[float, float, int
     for _ in range(REPEATS):
         fits = 0
         t0 = time.perf_counter()
-        for start in range(0, n, CHUNK):
-            res = evaluate_bulk(plan, {k: v[start:start + CHUNK] for k, v in lay.items()}, gpus, model,
+        for part in batches(n):
+            res = evaluate_bulk(plan, {k: v[part] for k, v in lay.items()}, gpus, model,
                                 fitting_only=fitting_only)
             fits += int(res["fits"].sum())
         rates.append(n / (time.perf_counter() - t0))

@@ -74,12 +74,15 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
     """Every combination of the space that satisfies the plan rules, as arrays."""
     model = spec or load_model(plan)
     seq = plan.seq_len or min(model.max_position, 4096)
-    axes = [space.tp, space.pp, space.cp, space.ep, space.zero, space.mbs,
-            [act.RECOMPUTE_CODE[r] for r in space.recompute], [SCHEDULE_CODE[s] for s in space.schedule], space.vpp]
+    # innermost the dimensions that change the least work: schedule and interleaving leave
+    # memory (but for micro-batches in flight) and stage times alike, ZeRO leaves stage times
+    # alike, so equal work lies in adjacent runs (see `_evaluate`)
+    axes = [space.tp, space.pp, space.cp, space.ep, space.mbs, [act.RECOMPUTE_CODE[r] for r in space.recompute],
+            space.zero, [SCHEDULE_CODE[s] for s in space.schedule], space.vpp]
     if any(len(a) == 0 for a in axes):
         return {}
     grids = np.meshgrid(*[np.asarray(a, dtype=np.int64) for a in axes], indexing="ij")
-    tp, pp, cp, ep, zero, mbs, rc, sched, vpp = (g.ravel() for g in grids)
+    tp, pp, cp, ep, mbs, rc, zero, sched, vpp = (g.ravel() for g in grids)
     mp = tp * pp * cp
     ok = (gpus % mp) == 0
     dp = np.where(ok, gpus // np.maximum(mp, 1), 0)
@@ -205,6 +208,19 @@ def _base(plan: Plan, gpus: int, model):
     return value
 
 
+def _runs(layouts: dict[str, np.ndarray], keys: tuple[str, ...], within: np.ndarray | None = None) -> np.ndarray:
+    """Run number of each layout: a new run starts wherever one of `keys` (or the run in
+    `within`) changes from the previous layout."""
+    n = len(layouts["tp"])
+    change = np.zeros(n, dtype=bool)
+    change[0:1] = True
+    for k in keys:
+        change[1:] |= layouts[k][1:] != layouts[k][:-1]
+    if within is not None:
+        change[1:] |= within[1:] != within[:-1]
+    return np.cumsum(change) - 1
+
+
 def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stage_idx: np.ndarray,
               dense: np.ndarray, moe: np.ndarray, fitting_only: bool) -> dict[str, np.ndarray]:
     """`evaluate_bulk` for layouts that share one number of representative stages (last axis)."""
@@ -222,11 +238,9 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
     # (stage_memory: activations x in-flight count, then + fragmentation share). Layouts that
     # differ only in schedule and interleaving (adjacent in enumeration order) share one
     # evaluation at one micro-batch in flight, scaled to each schedule's count.
-    change = np.zeros(max(n - 1, 0), dtype=bool)
-    for k in ("tp", "pp", "cp", "ep", "dp", "zero", "mbs", "recompute"):
-        change |= layouts[k][1:] != layouts[k][:-1]
-    group = np.concatenate([[0], np.cumsum(change)])
-    heads = np.concatenate([[0], np.flatnonzero(change) + 1])
+    time_run = _runs(layouts, ("tp", "pp", "cp", "ep", "dp", "mbs", "recompute"))
+    group = _runs(layouts, ("zero",), time_run)
+    heads = np.flatnonzero(np.diff(group, prepend=-1))
     g = lambda a: a[heads]  # noqa: E731
     fragmentation = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
     mem = stage_memory(
@@ -260,8 +274,10 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
                         attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab)
         # per-stage times do not depend on the schedule either: once per group, then each
         # layout's pipeline schedule, data-parallel communication and optimizer
-        heads_fit = np.unique(group[rows])
-        h = lambda a: a[heads[heads_fit]]  # noqa: E731
+        # runs of fitting layouts that differ only in ZeRO stage, schedule and interleaving
+        starts = np.diff(time_run[rows], prepend=-1) != 0
+        heads_fit, at = rows[starts], np.cumsum(starts) - 1
+        h = lambda a: a[heads_fit]  # noqa: E731
         stages = stage_times(
             model, hw, r, tp=h(tp), pp=h(pp), dp=h(col("dp")), cp=h(col("cp")), ep=h(col("ep")), mbs=h(col("mbs")),
             seq=seq, recompute=h(col("recompute")), eager=plan.attention == "eager", dropout=plan.dropout,
@@ -269,7 +285,6 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             first=h(stage_idx == 0).astype(float), last=h(stage_idx == pp - 1).astype(float),
             total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
             vocab_padded=h(vocab_padded))
-        at = np.searchsorted(heads_fit, group[rows])
         spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
         stages = {"parts": {k: spread(v) for k, v in stages["parts"].items()}, "totals": spread(stages["totals"]),
                   "p2p": spread(stages["p2p"])}
@@ -296,7 +311,17 @@ def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -
         "sp": tp > 1 if plan.sp or "sp" not in plan.model_fields_set else False, "stage_layers": None})
 
 
-CHUNK = 8192  # layouts per batch: temporaries stay in cache (2.5x faster than one big batch), progress, Ctrl-C
+# Layouts per batch: equal work is deduplicated within a batch, so larger batches evaluate fewer
+# distinct groups per layout, while the full-size temporaries must stay small enough for the
+# cache; also the unit of progress reports and of Ctrl-C. Measured: benchmarks/search_speed.py.
+CHUNK = 32768
+
+
+def batches(total: int) -> list[slice]:
+    """`total` layouts cut into near-equal batches of at most CHUNK (no small remainder batch)."""
+    count = max(1, -(-total // CHUNK))
+    size = max(1, -(-total // count))
+    return [slice(start, min(start + size, total)) for start in range(0, total, size)]
 
 
 def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", max_tp: int | None = None,
@@ -321,14 +346,14 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
                         "(e.g. tp, pp or zero)")
     parts, interrupted = [], False
     try:
-        for start in range(0, total, CHUNK):
+        for part in batches(total):
             if max_seconds is not None and parts and time.perf_counter() - t0 > max_seconds:
                 interrupted = True  # out of time: rank what was evaluated
                 break
-            chunk = {k: v[start:start + CHUNK] for k, v in layouts.items()}
+            chunk = {k: v[part] for k, v in layouts.items()}
             parts.append(evaluate_bulk(plan, chunk, gpus, model, fitting_only=True))
             if progress:
-                progress(f"evaluated {min(start + CHUNK, total):,} of {total:,} layouts")
+                progress(f"evaluated {part.stop:,} of {total:,} layouts")
     except KeyboardInterrupt:
         interrupted = True
     if not parts:
