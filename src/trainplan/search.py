@@ -292,8 +292,9 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
             vocab_padded=h(vocab_padded))
         spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
-        stages = {"parts": {k: spread(v) for k, v in stages["parts"].items()}, "totals": spread(stages["totals"]),
-                  "p2p": spread(stages["p2p"])}
+        stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
+                  "p2p": spread(stages["p2p"]),
+                  "slowest_parts": {k: spread(v) for k, v in stages["slowest_parts"].items()}}
         t = step_from_stages(
             stages, hw, r, pp=sel(pp), dp=sel(col("dp")), cp=sel(col("cp")), tp=sel(tp), zero=sel(col("zero")),
             m=sel(m), vpp=sel(vpp), schedule=sel(sched), overlap_dp=plan.overlap_dp,

@@ -251,17 +251,13 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
 
     parts = per_stage(f(stage_dense), f(stage_moe), f(first), f(last), 1.0)
     totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp)
-    return {"parts": parts, "totals": sum(totals.values()), "p2p": p2p}
+    return {**slowest_stage(parts), "totals": sum(totals.values()), "p2p": p2p}
 
 
-def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
-                     offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops) -> dict:
-    """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
-    data-parallel communication and the optimizer update."""
-    f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
-    pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
-    overlap_dp = f(overlap_dp) > 0
-    parts, p2p = stages["parts"], stages["p2p"]
+def slowest_stage(parts: dict) -> dict:
+    """The slowest stage of per-stage times by part (stage axis last): its seconds per
+    micro-batch in all ("slowest_s") and by part ("slowest_parts"), and every stage's total
+    ("stage_s")."""
     stage = sum(parts.values())
     slow = np.argmax(stage, axis=-1)
     n_stages = stage.shape[-1]
@@ -278,9 +274,19 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         if n_stages == 1:  # one stage considered: it is the slowest
             return np.broadcast_to(a, stage.shape)
         return np.broadcast_to(a, stage.shape).reshape(-1)[slow_flat].reshape(slow.shape + (1,))
-    stage_max = pick(stage)
+
+    return {"slowest_s": pick(stage), "slowest_parts": {k: pick(v) for k, v in parts.items()}, "stage_s": stage}
+
+
+def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
+                     offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops) -> dict:
+    """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
+    data-parallel communication and the optimizer update."""
+    f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
+    pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
+    overlap_dp = f(overlap_dp) > 0
+    stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
     pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE)
-    per_micro_batch = {k: pick(v) for k, v in parts.items()}
     busy = {k: m * v for k, v in per_micro_batch.items()}
     bubble = np.maximum(pipe - sum(busy.values()), 0.0)
 
@@ -288,7 +294,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     dp_group = dp * cp
     dp_bw = comm.group_busbw(dp_group, tp, gpn, hw.nvlink, hw.nic)
     grad_bytes = trainable * r.grad_bytes
-    stage_compute = pick(parts["compute"])
+    stage_compute = per_micro_batch["compute"]
     # ZeRO-3 / FSDP gathers the parameters for every micro-batch's forward and backward and
     # reduce-scatters its gradients, prefetching so each overlaps that micro-batch's compute.
     gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw, hw.latency)
@@ -317,7 +323,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "hfu": hw_flops / (hw.peak_dense * step * gpus),
         "bubble_fraction": bubble / step,
         "breakdown_s": {**busy, "bubble": bubble, "dp_comm": dp_exposed, "optimizer": optimizer},
-        "stage_s": stage,
+        "stage_s": stages.get("stage_s"),
         "micro_batch_s": per_micro_batch,
     }
 
