@@ -333,6 +333,40 @@ def _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_
 
 
 @app.command()
+def bench(
+    suites: Annotated[list[str] | None, typer.Argument(help="gemm, memory (default: all)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes (seconds on a CPU)")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    gpu: Annotated[str | None, typer.Option(help="Catalog accelerator to compare with (percent of peak; needed for --profile)")] = None,
+    profile: Annotated[str | None, typer.Option(help="Write a calibrated hardware profile (TOML) for `plan --gpu-profile`")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON")] = False,
+) -> None:
+    """Measure the accelerator (or CPU): GEMM TFLOP/s and memory bandwidth, each kernel checked
+    against float64 first; optionally write a profile the planner uses instead of defaults."""
+    from .bench.run import run_bench, write_profile
+
+    try:
+        if as_json:
+            results = run_bench(suites or [], device, quick, gpu)
+        else:
+            from rich.console import Console
+
+            with Console(stderr=True).status("measuring…") as status:
+                results = run_bench(suites or [], device, quick, gpu, progress=lambda msg: status.update(msg))
+        eff = write_profile(results, profile) if profile else None
+    except PlanError as err:
+        _fail(err)
+    if as_json:
+        typer.echo(json.dumps({**results, "profile": eff}, indent=2))
+        return
+    from .render import render_bench
+
+    render_bench(results)
+    if eff:
+        typer.echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()))
+
+
+@app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,

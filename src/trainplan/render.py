@@ -218,3 +218,28 @@ def render_min_gpus(data: dict) -> None:
             f"DP {p['dp']} CP {p['cp']} ZeRO {p['zero']}, {b['time']['tokens_per_s']:,.0f} tokens/s)")
     c.print("tried: " + ", ".join(f"{t['gpus']:,} → {t['days']:.1f} d" if t["days"] else f"{t['gpus']:,} → none fits"
                                   for t in data["tried"]))
+
+
+def render_bench(results: dict) -> None:
+    """`trainplan bench`: one table per suite."""
+    console = Console()
+    m = results["machine"]
+    console.print(f"[bold]{m['name']}[/bold] ({m['device']}, torch {m['torch']}, {m['date']})"
+                  + (f" vs the {results['gpu']} datasheet" if results.get("gpu") else ""))
+    pct = lambda v: "" if v is None else f"{v:.1f}%"  # noqa: E731
+    if results.get("gemm"):
+        table = Table(title="GEMM C = A @ B (square, checked against float64)")
+        for col in ("dtype", "n", "ms", "TFLOP/s", "% of peak", "rel. error"):
+            table.add_column(col, justify="left" if col == "dtype" else "right")
+        for r in results["gemm"]:
+            table.add_row(r["dtype"], str(r["n"]), f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}",
+                          pct(r.get("pct_of_peak")), f"{r['rel_error']:.1e}")
+        console.print(table)
+    if results.get("memory"):
+        table = Table(title="Memory bandwidth (bytes read + written)")
+        for col in ("kernel", "MiB moved", "ms", "GB/s", "% of spec"):
+            table.add_column(col, justify="left" if col == "kernel" else "right")
+        for r in results["memory"]:
+            table.add_row(r["kernel"], f"{r['bytes'] / 2**20:.0f}", f"{r['seconds'] * 1e3:.3f}", f"{r['gbs']:.1f}",
+                          pct(r.get("pct_of_spec")))
+        console.print(table)

@@ -209,7 +209,12 @@ def _base(plan: Plan, gpus: int, model):
     lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
                                            "vpp": None, "recompute": "none", "stage_layers": None}), model)
-    value = (lay0, recipe(plan), hardware(lay0, None))
+    profile = None
+    if plan.gpu_profile:
+        from .profile import load_profile
+
+        profile = load_profile(plan.gpu_profile)
+    value = (lay0, recipe(plan), hardware(lay0, profile))
     _BASE[:] = [(plan, gpus, model), value]
     return value
 

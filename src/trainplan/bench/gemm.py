@@ -1,0 +1,61 @@
+"""GEMM throughput: TFLOP/s of C = A @ B by dtype and square size, and the share of the
+accelerator's dense peak it reaches (the efficiency curve the time model calibrates)."""
+
+from __future__ import annotations
+
+# Relative Frobenius error allowed against a float64 product of the same (rounded) inputs:
+# about 20x the output rounding of each dtype (unit roundoff fp32 6e-8, tf32 inputs 5e-4,
+# fp16 5e-4, bf16 4e-3), so a wrong kernel fails and a correct one passes at any size here.
+TOLERANCE = {"fp32": 1e-5, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
+SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
+QUICK_SIZES = (128, 256, 512)
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def supported_dtypes(device: str) -> list[str]:
+    """fp32 and bf16 everywhere; tf32 and fp16 on CUDA (CPU fp16 matmul is an emulation)."""
+    return ["fp32", "tf32", "bf16", "fp16"] if device == "cuda" else ["fp32", "bf16"]
+
+
+def gemm_point(n: int, dtype: str, device: str, seed: int = 0) -> dict:
+    """One square GEMM: checked against float64, then timed."""
+    import torch
+
+    from .timing import median_seconds
+
+    gen = torch.Generator(device="cpu").manual_seed(seed + n)
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=torch_dtype(dtype))
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=torch_dtype(dtype))
+    out = torch.full((n, n), float("nan"), device=device, dtype=torch_dtype(dtype))  # poisoned
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        torch.matmul(a, b, out=out)
+        ref = a.double().cpu() @ b.double().cpu()
+        err = float(torch.linalg.norm(out.double().cpu() - ref) / torch.linalg.norm(ref))
+        if not err <= TOLERANCE[dtype]:  # also catches NaN: the poison survived
+            raise RuntimeError(f"{dtype} GEMM {n}^3 is wrong: relative error {err:.2e} > {TOLERANCE[dtype]:.0e}")
+        seconds = median_seconds(lambda: torch.matmul(a, b, out=out), device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32_before
+    return {"n": n, "dtype": dtype, "seconds": seconds, "tflops": 2 * n**3 / seconds / 1e12, "rel_error": err}
+
+
+def run(device: str, quick: bool, peak_tflops: dict[str, float] | None = None, progress=None) -> list[dict]:
+    """The square sweep for every supported dtype; `pct_of_peak` when the peak is known
+    (tf32 against the tf32 peak, the others against their own)."""
+    rows = []
+    for dtype in supported_dtypes(device):
+        for n in QUICK_SIZES if quick else SIZES:
+            if progress:
+                progress(f"gemm {dtype} {n}^3")
+            row = gemm_point(n, dtype, device)
+            peak = (peak_tflops or {}).get(dtype)
+            row["pct_of_peak"] = 100 * row["tflops"] / peak if peak else None
+            rows.append(row)
+    return rows

@@ -1,0 +1,116 @@
+"""Run the suites, describe the machine, and turn the results into a hardware profile."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+from pathlib import Path
+
+from ..errors import PlanError
+from . import gemm, memory
+
+SUITES = {"gemm": "matmul TFLOP/s by dtype and size", "memory": "copy and triad bandwidth"}
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PlanError("device", "cuda was asked for but torch sees no CUDA device")
+    if device not in ("cpu", "cuda"):
+        raise PlanError("device", f"must be auto, cpu or cuda (got {device!r})")
+    return device
+
+
+def machine(device: str) -> dict:
+    """What the results were measured on."""
+    import torch
+
+    info = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    if device == "cuda":
+        info.update(name=torch.cuda.get_device_name(), driver_cuda=torch.version.cuda)
+    else:
+        info.update(name=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    return info
+
+
+def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu: str | None = None,
+              progress=None) -> dict:
+    """Run `suites` (default all) and return {"machine", "gpu", <suite>: rows}. `gpu` names the
+    catalog accelerator whose datasheet the results are compared against."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise PlanError("bench", "needs PyTorch: pip install 'trainplan[torch]'") from None
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        raise PlanError("suite", f"unknown {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+    device = resolve_device(device)
+    spec = _gpu_spec(gpu) if gpu else None
+    out: dict = {"machine": machine(device), "gpu": spec.name if spec else None, "quick": quick}
+    for suite in suites or list(SUITES):
+        if suite == "gemm":
+            out["gemm"] = gemm.run(device, quick, dict(spec.peak_tflops) if spec else None, progress)
+        elif suite == "memory":
+            out["memory"] = memory.run(device, quick, progress)
+            if spec:
+                for row in out["memory"]:
+                    row["pct_of_spec"] = 100 * row["gbs"] / (spec.hbm_tbs * 1e3)
+    return out
+
+
+def _gpu_spec(name: str):
+    from ..specs import catalog
+
+    return catalog.gpu(name)  # names the field and lists the known accelerators when unknown
+
+
+def profile_from(results: dict) -> dict:
+    """Efficiencies for the time model: the best bf16 GEMM (fp32 when bf16 was not run) as a
+    fraction of the dense peak of that dtype, and the copy bandwidth as a fraction of the
+    datasheet HBM bandwidth."""
+    if not results.get("gpu"):
+        raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
+    spec = _gpu_spec(results["gpu"])
+    eff: dict[str, float] = {}
+    rows = results.get("gemm") or []
+    for dtype in ("bf16", "fp32"):
+        points = [r for r in rows if r["dtype"] == dtype]
+        peak = spec.peak(dtype)
+        if points and peak:
+            best = max(points, key=lambda r: r["tflops"])
+            eff["gemm"] = best["tflops"] * 1e12 / peak
+            break
+    copy = [r for r in results.get("memory") or [] if r["kernel"] == "copy"]
+    if copy:
+        eff["hbm"] = copy[0]["gbs"] * 1e9 / (spec.hbm_tbs * 1e12)
+    if not eff:
+        raise PlanError("suite", "a profile needs the gemm or memory suite")
+    return eff
+
+
+def write_profile(results: dict, path: str) -> dict:
+    """Write the profile TOML (atomically: a finished file or none) and return its efficiencies."""
+    eff = profile_from(results)
+    m = results["machine"]
+    lines = [
+        "# trainplan hardware profile: achieved fractions of the datasheet, measured by `trainplan bench`",
+        f'gpu = "{results["gpu"]}"',
+        f'measured_on = "{m["name"]} ({m["device"]}, torch {m["torch"]})"',
+        f'date = "{m["date"]}"',
+        f'source = "trainplan bench{" --quick" if results.get("quick") else ""}"',
+        "",
+        "[efficiency]",
+        *(f"{k} = {v:.6g}" for k, v in eff.items()),
+        "",
+    ]
+    target = Path(path)
+    if not target.parent.exists():
+        raise PlanError("profile", f"directory {target.parent} does not exist")
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(target)
+    return eff

@@ -1,0 +1,84 @@
+"""`trainplan bench` on the CPU at small sizes: kernels checked against float64, results
+sane against a datasheet, and the profile round-trips into `plan` and `search`."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+torch = pytest.importorskip("torch")
+
+from trainplan.bench import gemm  # noqa: E402
+from trainplan.bench.run import run_bench, write_profile  # noqa: E402
+from trainplan.cli import app  # noqa: E402
+from trainplan.errors import PlanError  # noqa: E402
+from trainplan.plan import make_plan  # noqa: E402
+from trainplan.profile import load_profile  # noqa: E402
+from trainplan.report import evaluate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_bench(["gemm", "memory"], device="cpu", quick=True, gpu="A100-80GB-SXM")
+
+
+def test_quick_cpu_suite_is_checked_and_sane(results):
+    rows = results["gemm"]
+    assert {r["dtype"] for r in rows} == {"fp32", "bf16"} and {r["n"] for r in rows} == set(gemm.QUICK_SIZES)
+    for r in rows:
+        assert 0 < r["rel_error"] <= gemm.TOLERANCE[r["dtype"]]
+        # a CPU core reaches well under 10% of an A100's 19.5 (fp32) / 312 (bf16) TFLOP/s
+        assert 0 < r["pct_of_peak"] < 10
+    copy, triad = results["memory"]
+    assert triad["bytes"] == 1.5 * copy["bytes"]  # copy moves 2 arrays, triad 3
+    assert 0 < copy["pct_of_spec"] < 50  # host memory vs the A100's 2,039 GB/s HBM
+    assert results["machine"]["device"] == "cpu" and results["machine"]["torch"] == torch.__version__
+
+
+def test_a_wrong_gemm_is_caught(monkeypatch):
+    """The check compares with float64 on random inputs: a kernel that leaves the poisoned
+    output (NaN) or computes the wrong product fails instead of being timed."""
+    monkeypatch.setattr(torch, "matmul", lambda a, b, out: out)
+    with pytest.raises(RuntimeError, match="wrong"):
+        gemm.gemm_point(64, "fp32", "cpu")
+    monkeypatch.setattr(torch, "matmul", lambda a, b, out: out.copy_(a @ b.T))
+    with pytest.raises(RuntimeError, match="relative error"):
+        gemm.gemm_point(64, "fp32", "cpu")
+
+
+def test_profile_round_trips_into_plan_and_search(results, tmp_path):
+    from trainplan.search import search
+
+    path = tmp_path / "cpu-as-a100.toml"
+    eff = write_profile(results, str(path))
+    assert load_profile(str(path)) == pytest.approx(eff, rel=1e-5)
+    best_gemm = max(r["tflops"] for r in results["gemm"] if r["dtype"] == "bf16")
+    assert eff["gemm"] == pytest.approx(best_gemm / 312, rel=1e-5)  # A100 bf16 dense peak 312 TFLOP/s
+    kw = dict(model="llama-3-8b", gpu="A100-80GB-SXM", gpus=8, gbs=64, seq_len=2048, tp=1, pp=1, zero=1, mbs=2)
+    base = evaluate(make_plan(**kw)).time["step_s"]
+    slow = evaluate(make_plan(**kw, gpu_profile=str(path))).time["step_s"]
+    # GEMMs dominate an 8B step; at well under 1% of peak instead of the default ~80% the step
+    # is more than 20x longer
+    assert slow > 20 * base
+    fixed = {"tp", "pp", "zero", "mbs"}
+    found = search(make_plan(**kw, gpu_profile=str(path)), fixed, top=1)["best"][0]["time"]["step_s"]
+    assert found == pytest.approx(slow, rel=1e-9)
+
+
+def test_bench_cli_json_and_errors(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["bench", "memory", "--quick", "--device", "cpu", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert [r["kernel"] for r in data["memory"]] == ["copy", "triad"] and data["profile"] is None
+    res = runner.invoke(app, ["bench", "tensor-cores", "--quick", "--device", "cpu"])
+    assert res.exit_code == 2 and "suite" in res.output and "gemm, memory" in res.output
+    out = tmp_path / "p.toml"
+    res = runner.invoke(app, ["bench", "memory", "--quick", "--device", "cpu", "--profile", str(out)])
+    assert res.exit_code == 2 and "--gpu" in res.output and not out.exists()
+
+
+def test_profile_without_datasheet_is_refused():
+    with pytest.raises(PlanError) as err:
+        write_profile({"gpu": None, "machine": {}}, "/tmp/never.toml")
+    assert err.value.field == "gpu"
