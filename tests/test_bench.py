@@ -19,7 +19,7 @@ from trainplan.report import evaluate  # noqa: E402
 
 @pytest.fixture(scope="module")
 def results():
-    return run_bench(["gemm", "memory"], device="cpu", quick=True, gpu="A100-80GB-SXM")
+    return run_bench(["gemm", "memory", "alignment"], device="cpu", quick=True, gpu="A100-80GB-SXM")
 
 
 def test_quick_cpu_suite_is_checked_and_sane(results):
@@ -33,6 +33,19 @@ def test_quick_cpu_suite_is_checked_and_sane(results):
     assert triad["bytes"] == 1.5 * copy["bytes"]  # copy moves 2 arrays, triad 3
     assert 0 < copy["pct_of_spec"] < 50  # host memory vs the A100's 2,039 GB/s HBM
     assert results["machine"]["device"] == "cpu" and results["machine"]["torch"] == torch.__version__
+
+
+def test_alignment_pairs_are_timed_side_by_side(results):
+    from trainplan.bench.alignment import QUICK_CASES
+
+    rows = results["alignment"]
+    assert [r["case"] for r in rows] == [c[0] for c in QUICK_CASES]
+    for r, (_, tokens, hidden, odd, even) in zip(rows, QUICK_CASES, strict=True):
+        assert even % 64 == 0 and odd % 64 != 0
+        assert r["speedup"] == pytest.approx(r["unaligned_s"] / r["aligned_s"])
+        # the TFLOP/s columns are the FLOPs of each shape over its own time
+        assert r["aligned_tflops"] * r["aligned_s"] == pytest.approx(2 * tokens * hidden * even / 1e12)
+        assert r["unaligned_tflops"] * r["unaligned_s"] == pytest.approx(2 * tokens * hidden * odd / 1e12)
 
 
 def test_a_wrong_gemm_is_caught(monkeypatch):

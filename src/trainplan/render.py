@@ -243,3 +243,11 @@ def render_bench(results: dict) -> None:
             table.add_row(r["kernel"], f"{r['bytes'] / 2**20:.0f}", f"{r['seconds'] * 1e3:.3f}", f"{r['gbs']:.1f}",
                           pct(r.get("pct_of_spec")))
         console.print(table)
+    if results.get("alignment"):
+        table = Table(title="Alignment (bf16; the aligned GEMM does more FLOPs)")
+        for col in ("case", "unaligned ms", "aligned ms", "speedup"):
+            table.add_column(col, justify="left" if col == "case" else "right")
+        for r in results["alignment"]:
+            table.add_row(r["case"], f"{r['unaligned_s'] * 1e3:.3f}", f"{r['aligned_s'] * 1e3:.3f}",
+                          f"{r['speedup']:.2f}x")
+        console.print(table)

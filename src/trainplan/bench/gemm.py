@@ -22,16 +22,18 @@ def supported_dtypes(device: str) -> list[str]:
     return ["fp32", "tf32", "bf16", "fp16"] if device == "cuda" else ["fp32", "bf16"]
 
 
-def gemm_point(n: int, dtype: str, device: str, seed: int = 0) -> dict:
-    """One square GEMM: checked against float64, then timed."""
+def gemm_point(n: int, dtype: str, device: str, seed: int = 0, m: int | None = None, k: int | None = None) -> dict:
+    """One GEMM (m x k) @ (k x n), square unless m or k is given: checked against float64,
+    then timed."""
     import torch
 
     from .timing import median_seconds
 
+    m, k = m or n, k or n
     gen = torch.Generator(device="cpu").manual_seed(seed + n)
-    a = torch.randn(n, n, generator=gen).to(device=device, dtype=torch_dtype(dtype))
-    b = torch.randn(n, n, generator=gen).to(device=device, dtype=torch_dtype(dtype))
-    out = torch.full((n, n), float("nan"), device=device, dtype=torch_dtype(dtype))  # poisoned
+    a = torch.randn(m, k, generator=gen).to(device=device, dtype=torch_dtype(dtype))
+    b = torch.randn(k, n, generator=gen).to(device=device, dtype=torch_dtype(dtype))
+    out = torch.full((m, n), float("nan"), device=device, dtype=torch_dtype(dtype))  # poisoned
     tf32_before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
@@ -39,11 +41,13 @@ def gemm_point(n: int, dtype: str, device: str, seed: int = 0) -> dict:
         ref = a.double().cpu() @ b.double().cpu()
         err = float(torch.linalg.norm(out.double().cpu() - ref) / torch.linalg.norm(ref))
         if not err <= TOLERANCE[dtype]:  # also catches NaN: the poison survived
-            raise RuntimeError(f"{dtype} GEMM {n}^3 is wrong: relative error {err:.2e} > {TOLERANCE[dtype]:.0e}")
+            raise RuntimeError(f"{dtype} GEMM {m}x{k}x{n} is wrong: relative error {err:.2e} > "
+                               f"{TOLERANCE[dtype]:.0e}")
         seconds = median_seconds(lambda: torch.matmul(a, b, out=out), device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_before
-    return {"n": n, "dtype": dtype, "seconds": seconds, "tflops": 2 * n**3 / seconds / 1e12, "rel_error": err}
+    return {"m": m, "n": n, "k": k, "dtype": dtype, "seconds": seconds, "tflops": 2 * m * n * k / seconds / 1e12,
+            "rel_error": err}
 
 
 def run(device: str, quick: bool, peak_tflops: dict[str, float] | None = None, progress=None) -> list[dict]:

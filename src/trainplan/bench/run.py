@@ -7,9 +7,10 @@ import platform
 from pathlib import Path
 
 from ..errors import PlanError
-from . import gemm, memory
+from . import alignment, gemm, memory
 
-SUITES = {"gemm": "matmul TFLOP/s by dtype and size", "memory": "copy and triad bandwidth"}
+SUITES = {"gemm": "matmul TFLOP/s by dtype and size", "memory": "copy and triad bandwidth",
+          "alignment": "padded vs unpadded GEMM dimensions"}
 
 
 def resolve_device(device: str) -> str:
@@ -54,6 +55,8 @@ def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu:
     for suite in suites or list(SUITES):
         if suite == "gemm":
             out["gemm"] = gemm.run(device, quick, dict(spec.peak_tflops) if spec else None, progress)
+        elif suite == "alignment":
+            out["alignment"] = alignment.run(device, quick, progress)
         elif suite == "memory":
             out["memory"] = memory.run(device, quick, progress)
             if spec:
