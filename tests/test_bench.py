@@ -80,14 +80,22 @@ def test_profile_round_trips_into_plan_and_search(results, tmp_path):
 
 def test_bench_cli_json_and_errors(tmp_path):
     runner = CliRunner()
-    res = runner.invoke(app, ["bench", "memory", "--quick", "--device", "cpu", "--json"])
+    db = str(tmp_path / "bench.sqlite")
+    res = runner.invoke(app, ["bench", "memory", "--quick", "--device", "cpu", "--json", "--db", db])
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert [r["kernel"] for r in data["memory"]] == ["copy", "triad"] and data["profile"] is None
-    res = runner.invoke(app, ["bench", "tensor-cores", "--quick", "--device", "cpu"])
+    assert data["run_id"] == 1
+    res = runner.invoke(app, ["bench", "compare", "--db", db, "--json"])
+    assert res.exit_code == 0, res.output
+    table = json.loads(res.output)
+    assert table["rows"]["memory copy GB/s"] == [pytest.approx(data["memory"][0]["gbs"])]
+    res = runner.invoke(app, ["bench", "compare", "9", "--db", db])
+    assert res.exit_code == 2 and "no run 9" in res.output
+    res = runner.invoke(app, ["bench", "tensor-cores", "--quick", "--device", "cpu", "--no-save"])
     assert res.exit_code == 2 and "suite" in res.output and "gemm, memory" in res.output
     out = tmp_path / "p.toml"
-    res = runner.invoke(app, ["bench", "memory", "--quick", "--device", "cpu", "--profile", str(out)])
+    res = runner.invoke(app, ["bench", "memory", "--quick", "--device", "cpu", "--profile", str(out), "--no-save"])
     assert res.exit_code == 2 and "--gpu" in res.output and not out.exists()
 
 
@@ -95,3 +103,26 @@ def test_profile_without_datasheet_is_refused():
     with pytest.raises(PlanError) as err:
         write_profile({"gpu": None, "machine": {}}, "/tmp/never.toml")
     assert err.value.field == "gpu"
+
+
+def test_store_lines_up_runs_and_a_failed_write_stores_nothing(results, tmp_path):
+    from trainplan.bench import store
+
+    db = tmp_path / "runs.sqlite"
+    first = store.save(results, db)
+    second = store.save({**results, "machine": {**results["machine"], "name": "another machine"}}, db)
+    runs = store.load(None, db)
+    assert [r["id"] for r in runs] == [first, second]
+    assert runs[0]["gemm"] == results["gemm"] and runs[1]["machine"]["name"] == "another machine"
+    table = store.compare(runs)
+    copy = results["memory"][0]["gbs"]
+    assert table["rows"]["memory copy GB/s"] == [pytest.approx(copy), pytest.approx(copy)]
+    n = results["gemm"][0]["n"]
+    assert f"gemm fp32 {n}x{n}x{n} TFLOP/s" in table["rows"]
+    broken = {**results, "memory": [{"kernel": "copy", "gbs": object()}]}  # not storable, mid-run
+    with pytest.raises(TypeError):
+        store.save(broken, db)
+    assert [r["id"] for r in store.load(None, db)] == [first, second]  # nothing half-written
+    with pytest.raises(PlanError) as err:
+        store.load(None, tmp_path / "missing.sqlite")
+    assert err.value.field == "db"

@@ -334,36 +334,60 @@ def _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_
 
 @app.command()
 def bench(
-    suites: Annotated[list[str] | None, typer.Argument(help="gemm, memory, alignment (default: all)")] = None,
+    suites: Annotated[list[str] | None, typer.Argument(help="gemm, memory, alignment (default: all); or `compare [RUN_ID…]`")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes (seconds on a CPU)")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
     gpu: Annotated[str | None, typer.Option(help="Catalog accelerator to compare with (percent of peak; needed for --profile)")] = None,
     profile: Annotated[str | None, typer.Option(help="Write a calibrated hardware profile (TOML) for `plan --gpu-profile`")] = None,
+    db: Annotated[str | None, typer.Option(help="Results store (SQLite; default $XDG_DATA_HOME/trainplan/bench.sqlite)")] = None,
+    save: Annotated[bool, typer.Option("--save/--no-save", help="Store the run in the results store")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON")] = False,
 ) -> None:
-    """Measure the accelerator (or CPU): GEMM TFLOP/s and memory bandwidth, each kernel checked
-    against float64 first; optionally write a profile the planner uses instead of defaults."""
+    """Measure the accelerator (or CPU): GEMM TFLOP/s, memory bandwidth and alignment, each
+    kernel checked against float64 first; store the run; optionally write a profile the planner
+    uses instead of defaults. `trainplan bench compare [RUN_ID…]` lines up stored runs."""
+    from .bench import store
     from .bench.run import run_bench, write_profile
 
+    suites = suites or []
+    if suites[:1] == ["compare"]:
+        try:
+            ids = [int(x) for x in suites[1:]]
+        except ValueError:
+            _fail(PlanError("run", f"run ids are integers (got {' '.join(suites[1:])})"))
+        try:
+            table = store.compare(store.load(ids or None, db))
+        except PlanError as err:
+            _fail(err)
+        if as_json:
+            typer.echo(json.dumps(table, indent=2))
+            return
+        from .render import render_bench_compare
+
+        render_bench_compare(table)
+        return
     try:
         if as_json:
-            results = run_bench(suites or [], device, quick, gpu)
+            results = run_bench(suites, device, quick, gpu)
         else:
             from rich.console import Console
 
             with Console(stderr=True).status("measuring…") as status:
-                results = run_bench(suites or [], device, quick, gpu, progress=lambda msg: status.update(msg))
+                results = run_bench(suites, device, quick, gpu, progress=lambda msg: status.update(msg))
         eff = write_profile(results, profile) if profile else None
+        run_id = store.save(results, db) if save else None
     except PlanError as err:
         _fail(err)
     if as_json:
-        typer.echo(json.dumps({**results, "profile": eff}, indent=2))
+        typer.echo(json.dumps({**results, "profile": eff, "run_id": run_id}, indent=2))
         return
     from .render import render_bench
 
     render_bench(results)
     if eff:
         typer.echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()))
+    if run_id is not None:
+        typer.echo(f"stored as run {run_id} in {db or store.default_path()}", err=True)
 
 
 @app.command()

@@ -251,3 +251,15 @@ def render_bench(results: dict) -> None:
             table.add_row(r["case"], f"{r['unaligned_s'] * 1e3:.3f}", f"{r['aligned_s'] * 1e3:.3f}",
                           f"{r['speedup']:.2f}x")
         console.print(table)
+
+
+def render_bench_compare(table: dict) -> None:
+    """`trainplan bench compare`: measurements down, runs across."""
+    out = Table(title="Stored bench runs side by side")
+    out.add_column("measurement")
+    for run in table["runs"]:
+        out.add_column(f"#{run['id']} {run['name']}\n{run['device']} {run['date'][:10]}"
+                       + (" quick" if run["quick"] else ""), justify="right")
+    for key, values in table["rows"].items():
+        out.add_row(key, *("" if v is None else f"{v:,.3f}" for v in values))
+    Console().print(out)

@@ -34,8 +34,20 @@ def machine(device: str) -> dict:
     if device == "cuda":
         info.update(name=torch.cuda.get_device_name(), driver_cuda=torch.version.cuda)
     else:
-        info.update(name=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+        info.update(name=_cpu_name(), threads=torch.get_num_threads())
+    info["host"] = platform.node()
     return info
+
+
+def _cpu_name() -> str:
+    """The CPU model (Linux /proc/cpuinfo), else what the platform reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu: str | None = None,
