@@ -334,7 +334,7 @@ def _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_
 
 @app.command()
 def bench(
-    suites: Annotated[list[str] | None, typer.Argument(help="gemm, memory, alignment (default: all); or `compare [RUN_ID…]`")] = None,
+    suites: Annotated[list[str] | None, typer.Argument(help="gemm, memory, alignment, recompute (default: all); or `compare [RUN_ID…]`")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes (seconds on a CPU)")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
     gpu: Annotated[str | None, typer.Option(help="Catalog accelerator to compare with (percent of peak; needed for --profile)")] = None,

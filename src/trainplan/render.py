@@ -251,6 +251,17 @@ def render_bench(results: dict) -> None:
             table.add_row(r["case"], f"{r['unaligned_s'] * 1e3:.3f}", f"{r['aligned_s'] * 1e3:.3f}",
                           f"{r['speedup']:.2f}x")
         console.print(table)
+    if results.get("recompute"):
+        rows = results["recompute"]
+        table = Table(title=f"Recompute ({rows[0]['layers']} layers, hidden {rows[0]['hidden']}, "
+                            f"{rows[0]['tokens']:,} tokens; loss and gradients equal)")
+        for col in ("recompute", "activations MiB", "vs none", "peak MiB", "step ms", "vs none"):
+            table.add_column(col, justify="left" if col == "recompute" else "right")
+        for r in rows:
+            table.add_row(r["recompute"], f"{r['activation_bytes'] / 2**20:.1f}", f"{r['activation_ratio']:.2f}x",
+                          "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}",
+                          f"{r['step_s'] * 1e3:.1f}", f"{r['time_ratio']:.2f}x")
+        console.print(table)
 
 
 def render_bench_compare(table: dict) -> None:

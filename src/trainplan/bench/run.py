@@ -7,10 +7,11 @@ import platform
 from pathlib import Path
 
 from ..errors import PlanError
-from . import alignment, gemm, memory
+from . import alignment, gemm, memory, recompute
 
 SUITES = {"gemm": "matmul TFLOP/s by dtype and size", "memory": "copy and triad bandwidth",
-          "alignment": "padded vs unpadded GEMM dimensions"}
+          "alignment": "padded vs unpadded GEMM dimensions",
+          "recompute": "activation checkpointing: memory saved vs time spent"}
 
 
 def resolve_device(device: str) -> str:
@@ -67,6 +68,8 @@ def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu:
     for suite in suites or list(SUITES):
         if suite == "gemm":
             out["gemm"] = gemm.run(device, quick, dict(spec.peak_tflops) if spec else None, progress)
+        elif suite == "recompute":
+            out["recompute"] = recompute.run(device, quick, progress)
         elif suite == "alignment":
             out["alignment"] = alignment.run(device, quick, progress)
         elif suite == "memory":

@@ -42,7 +42,8 @@ def _connect(path: str | Path | None, create: bool) -> sqlite3.Connection:
     return conn
 
 
-def save(results: dict, path: str | Path | None = None, suites=("gemm", "memory", "alignment")) -> int:
+def save(results: dict, path: str | Path | None = None,
+         suites=("gemm", "memory", "alignment", "recompute")) -> int:
     """Store one run; returns its id."""
     conn = _connect(path, create=True)
     m = results["machine"]
@@ -96,6 +97,9 @@ def compare(runs: list[dict]) -> dict:
             cells[f"memory {r['kernel']} GB/s"] = r["gbs"]
         for r in run.get("alignment", []):
             cells[f"alignment {r['case']} speedup"] = r["speedup"]
+        for r in run.get("recompute", []):
+            cells[f"recompute {r['recompute']} step s"] = r["step_s"]
+            cells[f"recompute {r['recompute']} activations MiB"] = r["activation_bytes"] / 2**20
         for key, value in cells.items():
             table.setdefault(key, [None] * len(runs))[i] = value
     return {"runs": [{"id": r["id"], "name": r["machine"]["name"], "device": r["machine"]["device"],
