@@ -140,3 +140,17 @@ def test_recompute_trades_memory_for_time_without_changing_the_math(results):
     # tensors, against every block's saved tensors: under a third
     assert full["activation_ratio"] < 1 / 3
     assert full["activation_bytes"] >= 4 * 512 * 512 * 4
+
+
+def test_plot_is_drawn_and_a_bad_path_is_refused_before_measuring(results, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from trainplan.bench.plots import draw_bench_plot
+
+    out = tmp_path / "bench.png"
+    draw_bench_plot(results, str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import trainplan.bench.run as bench_run
+
+    monkeypatch.setattr(bench_run, "run_bench", lambda *a, **k: pytest.fail("measured before checking the path"))
+    res = CliRunner().invoke(app, ["bench", "--quick", "--device", "cpu", "--no-save", "--plot", str(tmp_path / "x.gif")])
+    assert res.exit_code == 2 and "plot" in res.output and ".png or .svg" in res.output

@@ -339,6 +339,7 @@ def bench(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
     gpu: Annotated[str | None, typer.Option(help="Catalog accelerator to compare with (percent of peak; needed for --profile)")] = None,
     profile: Annotated[str | None, typer.Option(help="Write a calibrated hardware profile (TOML) for `plan --gpu-profile`")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw the GEMM curve, a measured roofline and the recompute trade (.png/.svg)")] = None,
     db: Annotated[str | None, typer.Option(help="Results store (SQLite; default $XDG_DATA_HOME/trainplan/bench.sqlite)")] = None,
     save: Annotated[bool, typer.Option("--save/--no-save", help="Store the run in the results store")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON")] = False,
@@ -367,6 +368,13 @@ def bench(
         render_bench_compare(table)
         return
     try:
+        # refuse a bad output path or a profile without a datasheet before measuring
+        if plot:
+            from .plots import pyplot_for
+
+            pyplot_for(plot, "plot")
+        if profile and not gpu:
+            raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
         if as_json:
             results = run_bench(suites, device, quick, gpu)
         else:
@@ -375,6 +383,10 @@ def bench(
             with Console(stderr=True).status("measuring…") as status:
                 results = run_bench(suites, device, quick, gpu, progress=lambda msg: status.update(msg))
         eff = write_profile(results, profile) if profile else None
+        if plot:
+            from .bench.plots import draw_bench_plot
+
+            draw_bench_plot(results, plot)
         run_id = store.save(results, db) if save else None
     except PlanError as err:
         _fail(err)
@@ -386,6 +398,8 @@ def bench(
     render_bench(results)
     if eff:
         typer.echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()))
+    if plot:
+        typer.echo(f"figure written to {plot}")
     if run_id is not None:
         typer.echo(f"stored as run {run_id} in {db or store.default_path()}", err=True)
 
