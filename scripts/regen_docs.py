@@ -24,7 +24,7 @@ BLOCKS = {
     "search-example": "trainplan search --model llama-3-70b --gpus 64 --gbs 256 --top 5",
     "maxmodel-example": "trainplan search --max-model --gpu A100-80GB-SXM --gpus 8 --seq-len 2048 --recompute full",
     "export-example": "trainplan search --model llama-3-8b --gpus 16 --gbs 64 --export deepspeed",
-    "bench-example": "trainplan bench gemm memory alignment recompute --quick --device cpu --gpu A100-80GB-SXM --no-save",
+    "bench-example": "trainplan bench gemm memory alignment recompute --quick --device cpu --gpu A100-80GB-SXM --model gpt2 --tokens 256 --no-save",
     "validate-example": "trainplan validate --model llama-3-70b --gpus 2 --zero 3 --framework fsdp "
                         "--recompute full --device cpu",
 }

@@ -19,7 +19,8 @@ from trainplan.report import evaluate  # noqa: E402
 
 @pytest.fixture(scope="module")
 def results():
-    return run_bench(["gemm", "memory", "alignment", "recompute"], device="cpu", quick=True, gpu="A100-80GB-SXM")
+    return run_bench(["gemm", "memory", "alignment", "recompute"], device="cpu", quick=True, gpu="A100-80GB-SXM",
+                     model="gpt2", tokens=64)
 
 
 def test_quick_cpu_suite_is_checked_and_sane(results):
@@ -154,3 +155,21 @@ def test_plot_is_drawn_and_a_bad_path_is_refused_before_measuring(results, tmp_p
     monkeypatch.setattr(bench_run, "run_bench", lambda *a, **k: pytest.fail("measured before checking the path"))
     res = CliRunner().invoke(app, ["bench", "--quick", "--device", "cpu", "--no-save", "--plot", str(tmp_path / "x.gif")])
     assert res.exit_code == 2 and "plot" in res.output and ".png or .svg" in res.output
+
+
+def test_model_gemm_shapes_are_the_models(results):
+    """GPT-2 small (h 768, 4h MLP, vocab 50257) on 64 tokens: each projection, the MLP and
+    the logits GEMM, checked and timed."""
+    rows = results["gemm_model"]
+    shapes = {r["gemm"]: (r["m"], r["k"], r["n"]) for r in rows}
+    assert shapes == {"q": (64, 768, 768), "k": (64, 768, 768), "v": (64, 768, 768), "o": (64, 768, 768),
+                      "up": (64, 768, 3072), "down": (64, 3072, 768), "logits": (64, 768, 50257)}
+    assert all(0 < r["rel_error"] <= gemm.TOLERANCE["bf16"] and 0 < r["pct_of_peak"] < 10 for r in rows)
+
+
+def test_bench_option_errors_name_the_field():
+    runner = CliRunner()
+    res = runner.invoke(app, ["bench", "gemm", "--quick", "--device", "cpu", "--no-save", "--tokens", "0"])
+    assert res.exit_code == 2 and "tokens" in res.output
+    res = runner.invoke(app, ["bench", "gemm", "--quick", "--device", "cpu", "--no-save", "--model", "gpt-7"])
+    assert res.exit_code == 2 and "model" in res.output

@@ -339,6 +339,8 @@ def bench(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
     gpu: Annotated[str | None, typer.Option(help="Catalog accelerator to compare with (percent of peak; needed for --profile)")] = None,
     profile: Annotated[str | None, typer.Option(help="Write a calibrated hardware profile (TOML) for `plan --gpu-profile`")] = None,
+    model: Annotated[str | None, typer.Option(help="Also measure this catalog model's GEMM shapes (QKV, attention out, MLP, logits)")] = None,
+    tokens: Annotated[int, typer.Option(help="Tokens per GEMM for --model (micro-batch x sequence)")] = 4096,
     plot: Annotated[str | None, typer.Option(help="Draw the GEMM curve, a measured roofline and the recompute trade (.png/.svg)")] = None,
     db: Annotated[str | None, typer.Option(help="Results store (SQLite; default $XDG_DATA_HOME/trainplan/bench.sqlite)")] = None,
     save: Annotated[bool, typer.Option("--save/--no-save", help="Store the run in the results store")] = True,
@@ -376,12 +378,13 @@ def bench(
         if profile and not gpu:
             raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
         if as_json:
-            results = run_bench(suites, device, quick, gpu)
+            results = run_bench(suites, device, quick, gpu, model=model, tokens=tokens)
         else:
             from rich.console import Console
 
             with Console(stderr=True).status("measuring…") as status:
-                results = run_bench(suites, device, quick, gpu, progress=lambda msg: status.update(msg))
+                results = run_bench(suites, device, quick, gpu, progress=lambda msg: status.update(msg),
+                                    model=model, tokens=tokens)
         eff = write_profile(results, profile) if profile else None
         if plot:
             from .bench.plots import draw_bench_plot

@@ -235,6 +235,15 @@ def render_bench(results: dict) -> None:
             table.add_row(r["dtype"], str(r["n"]), f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}",
                           pct(r.get("pct_of_peak")), f"{r['rel_error']:.1e}")
         console.print(table)
+    if results.get("gemm_model"):
+        rows = results["gemm_model"]
+        table = Table(title=f"GEMM shapes of {rows[0]['model']} (bf16, one layer and the head, no TP)")
+        for col in ("GEMM", "m x k x n", "ms", "TFLOP/s", "% of peak"):
+            table.add_column(col, justify="left" if col == "GEMM" else "right")
+        for r in rows:
+            table.add_row(r["gemm"], f"{r['m']}x{r['k']}x{r['n']}", f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}",
+                          pct(r.get("pct_of_peak")))
+        console.print(table)
     if results.get("memory"):
         table = Table(title="Memory bandwidth (bytes read + written)")
         for col in ("kernel", "MiB moved", "ms", "GB/s", "% of spec"):

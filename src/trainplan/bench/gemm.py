@@ -63,3 +63,28 @@ def run(device: str, quick: bool, peak_tflops: dict[str, float] | None = None, p
             row["pct_of_peak"] = 100 * row["tflops"] / peak if peak else None
             rows.append(row)
     return rows
+
+
+def model_shapes(model, tokens: int) -> list[tuple[str, int, int, int]]:
+    """(name, m, k, n) of the forward GEMMs of one layer of `model` on `tokens` tokens (no
+    tensor parallelism; a routed expert gets its average share top_k·tokens/experts) and of
+    the output head: QKV, attention out, MLP up/gate/down, logits."""
+    index = next((i for i in range(model.layers) if not model.is_moe_layer(i)), 0)
+    shapes = []
+    for lin in model.layer_linears(index):
+        m = max(1, tokens * model.top_k // lin.count) if lin.expert else tokens
+        shapes.append((lin.name, m, lin.fan_in, lin.fan_out))
+    shapes.append(("logits", tokens, model.hidden, model.vocab))
+    return shapes
+
+
+def run_model(model, tokens: int, device: str, dtype: str = "bf16", progress=None) -> list[dict]:
+    """The model's GEMM shapes, measured and next to the time model's predicted efficiency
+    for the same shape (tile and wave quantization, alignment)."""
+    rows = []
+    for name, m, k, n in model_shapes(model, tokens):
+        if progress:
+            progress(f"gemm {model.name} {name} {m}x{k}x{n}")
+        row = gemm_point(n, dtype, device, m=m, k=k)
+        rows.append({**row, "model": model.name, "gemm": name})
+    return rows

@@ -52,9 +52,10 @@ def _cpu_name() -> str:
 
 
 def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu: str | None = None,
-              progress=None) -> dict:
+              progress=None, model: str | None = None, tokens: int = 4096) -> dict:
     """Run `suites` (default all) and return {"machine", "gpu", <suite>: rows}. `gpu` names the
-    catalog accelerator whose datasheet the results are compared against."""
+    catalog accelerator whose datasheet the results are compared against; with `model`, the
+    gemm suite also measures that model's GEMM shapes on `tokens` tokens ("gemm_model")."""
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -62,12 +63,24 @@ def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu:
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
         raise PlanError("suite", f"unknown {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+    if tokens < 1:
+        raise PlanError("tokens", f"must be a positive number of tokens (got {tokens})")
+    spec_model = None
+    if model:
+        from ..specs import catalog
+
+        spec_model = catalog.model(model)
     device = resolve_device(device)
     spec = _gpu_spec(gpu) if gpu else None
     out: dict = {"machine": machine(device), "gpu": spec.name if spec else None, "quick": quick}
     for suite in suites or list(SUITES):
         if suite == "gemm":
             out["gemm"] = gemm.run(device, quick, dict(spec.peak_tflops) if spec else None, progress)
+            if spec_model:
+                out["gemm_model"] = gemm.run_model(spec_model, tokens, device, progress=progress)
+                peak = spec.peak("bf16") if spec else None
+                for row in out["gemm_model"]:
+                    row["pct_of_peak"] = 100 * row["tflops"] * 1e12 / peak if peak else None
         elif suite == "recompute":
             out["recompute"] = recompute.run(device, quick, progress)
         elif suite == "alignment":

@@ -43,7 +43,7 @@ def _connect(path: str | Path | None, create: bool) -> sqlite3.Connection:
 
 
 def save(results: dict, path: str | Path | None = None,
-         suites=("gemm", "memory", "alignment", "recompute")) -> int:
+         suites=("gemm", "gemm_model", "memory", "alignment", "recompute")) -> int:
     """Store one run; returns its id."""
     conn = _connect(path, create=True)
     m = results["machine"]
@@ -93,6 +93,8 @@ def compare(runs: list[dict]) -> dict:
         cells = {}
         for r in run.get("gemm", []):
             cells[f"gemm {r['dtype']} {r.get('m', r['n'])}x{r.get('k', r['n'])}x{r['n']} TFLOP/s"] = r["tflops"]
+        for r in run.get("gemm_model", []):
+            cells[f"gemm {r['model']} {r['gemm']} {r['m']}x{r['k']}x{r['n']} TFLOP/s"] = r["tflops"]
         for r in run.get("memory", []):
             cells[f"memory {r['kernel']} GB/s"] = r["gbs"]
         for r in run.get("alignment", []):
