@@ -172,3 +172,22 @@ def test_search_times_only_layouts_that_fit():
     assert np.array_equal(full["peak_bytes"], pruned["peak_bytes"]) and np.array_equal(fits, pruned["fits"])
     assert np.array_equal(full["step_s"][fits], pruned["step_s"][fits])
     assert np.all(np.isinf(pruned["step_s"][~fits])) and np.all(pruned["tokens_per_s"][~fits] == 0)
+
+
+def test_memory_slopes_in_micro_batches_in_flight_are_exact():
+    """The search scales one memory evaluation per schedule group by the stage_memory slopes;
+    they must equal the difference of two full evaluations (Llama-3-70B, 4 stages, 1F1B)."""
+    from trainplan.estimate.memory import layout_inputs, numbers_for, stage_memory
+    from trainplan.estimate.recipe import recipe
+    from trainplan.plan import resolve
+
+    layout = resolve(make_plan(model="llama-3-70b", gpus=64, tp=8, pp=4, gbs=256, recompute="selective"))
+    args = dict(layout_inputs(layout))
+    one = stage_memory(numbers_for(layout), recipe(layout.plan), **{**args, "in_flight_mb": 1.0,
+                                                                      "logits_in_flight": 1.0})
+    more = stage_memory(numbers_for(layout), recipe(layout.plan), **{**args, "in_flight_mb": 4.0,
+                                                                       "logits_in_flight": 3.0})
+    expected = more["total"] - one["total"]
+    got = 3 * one["total_per_in_flight"] + 2 * one["total_per_logits"]
+    assert np.all(expected > 0)
+    assert got == pytest.approx(expected, rel=1e-12)

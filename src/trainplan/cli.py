@@ -37,6 +37,17 @@ def _fail(err: PlanError) -> None:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+def _with_status(work, quiet: bool, label: str):
+    """`work(progress)` under a spinner on stderr that shows its progress messages; without
+    one (progress=None) when the output is JSON."""
+    if quiet:
+        return work(None)
+    from rich.console import Console
+
+    with Console(stderr=True).status(label) as status:
+        return work(status.update)
+
+
 def _choices(name: str, literal) -> type[StrEnum]:
     """A CLI choice type built from the plan's Literal, so the allowed values live in one place."""
     return StrEnum(name, {v: v for v in get_args(literal)})
@@ -186,13 +197,8 @@ def validate(
         scale = Scale(layers=layers, hidden=hidden, vocab=vocab, experts=experts)
         if impl not in ("reference", "transformers"):
             raise PlanError("impl", f"must be reference or transformers (got {impl!r})")
-        if as_json:
-            data = run_validate(plan_, scale, device, impl=impl)
-        else:
-            from rich.console import Console
-
-            with Console(stderr=True).status("measuring…") as status:
-                data = run_validate(plan_, scale, device, progress=lambda msg: status.update(msg), impl=impl)
+        data = _with_status(lambda progress: run_validate(plan_, scale, device, progress=progress, impl=impl),
+                            as_json, "measuring…")
     except PlanError as err:
         _fail(err)
     if as_json:
@@ -272,14 +278,8 @@ def search(
         if pareto or max_model or min_gpus:
             _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_tp, as_json)
             return
-        if as_json:
-            data = run_search(plan_, fixed, top=top, objective=objective, max_tp=max_tp)
-        else:
-            from rich.console import Console
-
-            with Console(stderr=True).status("searching…") as status:
-                data = run_search(plan_, fixed, top=top, objective=objective, max_tp=max_tp,
-                                  progress=lambda msg: status.update(msg))
+        data = _with_status(lambda progress: run_search(plan_, fixed, top=top, objective=objective, max_tp=max_tp,
+                                                        progress=progress), as_json, "searching…")
         if export_to:
             from .export import export as run_export
             from .plan import resolve
@@ -377,14 +377,8 @@ def bench(
             pyplot_for(plot, "plot")
         if profile and not gpu:
             raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
-        if as_json:
-            results = run_bench(suites, device, quick, gpu, model=model, tokens=tokens)
-        else:
-            from rich.console import Console
-
-            with Console(stderr=True).status("measuring…") as status:
-                results = run_bench(suites, device, quick, gpu, progress=lambda msg: status.update(msg),
-                                    model=model, tokens=tokens)
+        results = _with_status(lambda progress: run_bench(suites, device, quick, gpu, progress=progress, model=model,
+                                                          tokens=tokens), as_json, "measuring…")
         eff = write_profile(results, profile) if profile else None
         if plot:
             from .bench.plots import draw_bench_plot

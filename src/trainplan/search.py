@@ -265,12 +265,9 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         lora_saves=None, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
         fragmentation=fragmentation, loss_workspace_bytes=float(run["loss_workspace_bytes"]))
-    parts = mem["activation_parts"]
-    per_in_flight = (parts["layers"] + parts["embedding"] + parts["stage_tensors"]) * (1 + fragmentation)
-    per_logits = parts["head_and_loss"] * (1 + fragmentation)
     total = (mem["total"][group]
-             + per_in_flight[group] * (in_flight(sched, stage_idx, pp, m, vpp) - 1)
-             + per_logits[group] * (last_stage_logits_in_flight(sched, m) - 1))
+             + mem["total_per_in_flight"][group] * (in_flight(sched, stage_idx, pp, m, vpp) - 1)
+             + mem["total_per_logits"][group] * (last_stage_logits_in_flight(sched, m) - 1))
     peak = np.max(total, axis=-1)
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu = np.full(n, np.inf), np.zeros(n)

@@ -213,15 +213,22 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
                         linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
                         fused=float(r.fused_kernels))
+    # what one more micro-batch in flight (or one more set of live logits) holds
+    per_in_flight = {
+        "layers": per_mb_layers,
+        "embedding": first * sum(emb.values()),
+        "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
+                                             attention=attention).values()),
+    }
+    per_logits = last * sum(hd.values())
     parts = {
-        "layers": per_mb_layers * in_flight_mb,
+        "layers": per_in_flight["layers"] * in_flight_mb,
         # Backward of a checkpointed layer re-materialises that layer's activations (as
         # without recompute) next to its checkpointed input, once.
         "recompute_working_set": np.where(n_ckpt > 0, working_set - ckpt_reused, 0.0),
-        "embedding": first * sum(emb.values()) * in_flight_mb,
-        "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
-                                             attention=attention).values()) * in_flight_mb,
-        "head_and_loss": last * sum(hd.values()) * logits_in_flight,
+        "embedding": per_in_flight["embedding"] * in_flight_mb,
+        "stage_tensors": per_in_flight["stage_tensors"] * in_flight_mb,
+        "head_and_loss": per_logits * logits_in_flight,
         # torch.autocast caches the 16-bit cast of every weight a matmul uses (the layers'
         # matrices and the output head, tied or not) and the matmuls save those casts; a
         # fully recomputed layer runs its forward without grad (nothing saved) and keeps its
@@ -263,6 +270,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         "embedding_terms": emb, "head_terms": hd, "checkpoint_per_layer": ckpt,
         "per_microbatch_layers": per_mb_layers,
         "cpu_offload": cpu_offload,
+        # total is linear in the micro-batches in flight and in the live logits (activations,
+        # then their fragmentation share): its slopes, for callers that vary the schedule
+        "total_per_in_flight": sum(per_in_flight.values()) * (1 + fragmentation),
+        "total_per_logits": per_logits * (1 + fragmentation),
     }
 
 
