@@ -25,6 +25,7 @@ BLOCKS = {
     "maxmodel-example": "trainplan search --max-model --gpu A100-80GB-SXM --gpus 8 --seq-len 2048 --recompute full",
     "export-example": "trainplan search --model llama-3-8b --gpus 16 --gbs 64 --export deepspeed",
     "bench-example": "trainplan bench gemm memory alignment recompute --quick --device cpu --gpu A100-80GB-SXM --model gpt2 --tokens 256 --no-save",
+    "bench-kernels-example": "trainplan bench memory fusion tiling attention collectives --quick --device cpu --no-save",
     "validate-example": "trainplan validate --model llama-3-70b --gpus 2 --zero 3 --framework fsdp "
                         "--recompute full --device cpu",
 }

@@ -19,8 +19,8 @@ from trainplan.report import evaluate  # noqa: E402
 
 @pytest.fixture(scope="module")
 def results():
-    return run_bench(["gemm", "memory", "alignment", "recompute"], device="cpu", quick=True, gpu="A100-80GB-SXM",
-                     model="gpt2", tokens=64)
+    return run_bench(["gemm", "memory", "alignment", "fusion", "tiling", "attention", "recompute", "collectives"],
+                     device="cpu", quick=True, gpu="A100-80GB-SXM", model="gpt2", tokens=64)
 
 
 def test_quick_cpu_suite_is_checked_and_sane(results):
@@ -30,8 +30,12 @@ def test_quick_cpu_suite_is_checked_and_sane(results):
         assert 0 < r["rel_error"] <= gemm.TOLERANCE[r["dtype"]]
         # a CPU core reaches well under 10% of an A100's 19.5 (fp32) / 312 (bf16) TFLOP/s
         assert 0 < r["pct_of_peak"] < 10
-    copy, triad = results["memory"]
+    copy, triad, contiguous, strided, pageable, pinned = results["memory"]
     assert triad["bytes"] == 1.5 * copy["bytes"]  # copy moves 2 arrays, triad 3
+    # the same useful bytes (a quarter of the copy buffer, read and written) either way
+    assert contiguous["bytes"] == strided["bytes"] == copy["bytes"] / 4
+    assert strided["kernel"] == "copy, stride 16 reads" and strided["pct_of_spec"] is not None
+    assert pageable["gbs"] is None and pinned["note"] == "needs a CUDA device"
     assert 0 < copy["pct_of_spec"] < 50  # host memory vs the A100's 2,039 GB/s HBM
     assert results["machine"]["device"] == "cpu" and results["machine"]["torch"] == torch.__version__
 
@@ -85,7 +89,7 @@ def test_bench_cli_json_and_errors(tmp_path):
     res = runner.invoke(app, ["bench", "memory", "--quick", "--device", "cpu", "--json", "--db", db])
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
-    assert [r["kernel"] for r in data["memory"]] == ["copy", "triad"] and data["profile"] is None
+    assert [r["kernel"] for r in data["memory"]][:2] == ["copy", "triad"] and data["profile"] is None
     assert data["run_id"] == 1
     res = runner.invoke(app, ["bench", "compare", "--db", db, "--json"])
     assert res.exit_code == 0, res.output
@@ -173,3 +177,180 @@ def test_bench_option_errors_name_the_field():
     assert res.exit_code == 2 and "tokens" in res.output
     res = runner.invoke(app, ["bench", "gemm", "--quick", "--device", "cpu", "--no-save", "--model", "gpt-7"])
     assert res.exit_code == 2 and "model" in res.output
+
+
+# ------------------------------------------------------------ fusion, tiling, attention, collectives
+def test_our_triton_kernels_match_float64_in_the_interpreter():
+    """The kernels `bench` times on a GPU, run here by Triton's interpreter on shapes that are
+    not multiples of the blocks (the edge masks) against float64."""
+    pytest.importorskip("triton")
+    from trainplan.bench import attention
+    from trainplan.bench.triton_support import kernels
+
+    k = kernels("cpu")
+    gen = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.float16, 1e-3)):
+        a, b = torch.randn(70, 50, generator=gen, dtype=dtype), torch.randn(50, 90, generator=gen, dtype=dtype)
+        ref = a.double() @ b.double()
+        for out in (k.rowwise_matmul(a, b), k.tiled_matmul(a, b, bm=32, bn=64, bk=16, group_m=2)):
+            assert torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref) < tol
+    for causal in (True, False):
+        q, kk, v = (torch.randn(2, 3, 100, 32, generator=gen) for _ in range(3))
+        out = k.flash_attention(q, kk, v, causal=causal, bm=32, bn=16)
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), kk.double(), v.double(), is_causal=causal)
+        assert torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref) < 1e-6
+        if causal:
+            attention._check(out, q, kk, v, "fp32", "triton flash")
+            wrong = k.flash_attention(q, kk, v, causal=False, bm=32, bn=16)  # a kernel that ignores the mask
+            with pytest.raises(RuntimeError, match="relative error"):
+                attention._check(wrong, q, kk, v, "fp32", "triton flash")
+    with pytest.raises(ValueError, match="head_dim"):
+        k.flash_attention(*(torch.randn(1, 1, 16, 24) for _ in range(3)))
+
+
+def test_fusion_variants_agree_and_a_wrong_one_is_caught(results):
+    """Every variant computes residual + dropout(gelu(x + bias)): each element matches one of its
+    two float64 values and 90% ± 6σ are kept (p = 0.1). Eager moves 9 tensor passes plus a
+    one-byte mask, fused 3: 37/12 as many bytes in fp32."""
+    from trainplan.bench import fusion
+
+    rows = {r["variant"]: r for r in results["fusion"]}
+    assert list(rows) == ["eager", "torch.compile", "triton fused"]
+    assert rows["eager"]["bytes"] / rows["triton fused"]["bytes"] == pytest.approx(37 / 12)
+    for name, r in rows.items():
+        if name == "torch.compile" and r["note"]:  # inductor on a CPU needs a C++ compiler
+            import shutil
+
+            assert not (shutil.which("g++") or shutil.which("c++")), r["note"]
+            continue
+        assert 0 <= r["rel_error"] <= fusion.TOLERANCE["fp32"] and abs(r["kept"] - 0.9) < 0.01
+    assert rows["eager"]["seconds"] > 0 and rows["triton fused"]["note"] == "interpreted: not timed"
+    gen = torch.Generator().manual_seed(1)
+    x, res = torch.randn(64, 128, generator=gen), torch.randn(64, 128, generator=gen)
+    bias = torch.randn(128, generator=gen)
+    unscaled = res + torch.nn.functional.gelu(x + bias) * (torch.rand(64, 128, generator=gen) >= 0.1)  # no 1/(1-p)
+    with pytest.raises(RuntimeError, match="relative error"):
+        fusion.check(unscaled, x, bias, res, 0.1, "fp32")
+    half_dropped = res + torch.nn.functional.gelu(x + bias) / 0.9 * (torch.rand(64, 128, generator=gen) >= 0.5)
+    with pytest.raises(RuntimeError, match="dropout kept"):
+        fusion.check(half_dropped, x, bias, res, 0.1, "fp32")
+
+
+def test_tiling_rows_are_checked_and_only_real_kernels_timed(results):
+    from trainplan.bench import tiling
+
+    rows = results["tiling"]
+    assert [r["kernel"] for r in rows] == ["torch.matmul", "row at a time (no reuse)"] + ["tiled"] * len(
+        tiling.QUICK_BLOCKS)
+    assert [r["blocks"] for r in rows[2:]] == [f"{b[0]}x{b[1]}x{b[2]}" for b in tiling.QUICK_BLOCKS]
+    for r in rows:
+        assert 0 < r["rel_error"] <= gemm.TOLERANCE["fp16"] and r["n"] == 96
+    assert rows[0]["seconds"] > 0 and rows[0]["vs_torch"] == 1
+    assert all(r["seconds"] is None and "interpreted" in r["note"] for r in rows[1:])
+
+
+def test_attention_memory_follows_the_seed_and_every_variant_is_checked(results):
+    """Seed 004: S = 4096, d = 64, fp32: the score matrix is 4096² x 4 B = 67.1 MB per head,
+    Q, K and V 3 x 4096 x 64 x 4 B ≈ 3.1 MB, 21.3x less."""
+    from trainplan.bench import attention
+
+    scores, qkv = attention.per_head_bytes(4096, 64, 4)
+    assert scores / 1e6 == pytest.approx(67.1, abs=0.05) and qkv / 1e6 == pytest.approx(3.1, abs=0.05)
+    assert scores / qkv == pytest.approx(21.3, abs=0.05)
+    # FlashAttention-2's count: 4·b·h·s²·d for a full forward, half of it causal
+    assert attention.flops(1, 1, 1024, 128) * 2 == attention.flops(1, 1, 1024, 128, causal=False) == 4 * 1024**2 * 128
+    heads, head_dim, tokens, seqs = attention.QUICK
+    rows = results["attention"]
+    assert [r["seq"] for r in rows] == [s for s in seqs for _ in range(4)]
+    for r in rows:
+        assert r["batch"] * r["seq"] == tokens and r["heads"] == heads and r["head_dim"] == head_dim
+        assert 0 < r["rel_error"] <= attention.TOLERANCE["fp32"]
+        if r["variant"] == "sdpa fwd+bwd":
+            assert 0 < r["grad_error"] <= attention.GRAD_TOLERANCE["fp32"] and r["vs_sdpa"] is None
+        elif r["variant"] == "triton flash":
+            assert r["seconds"] is None and "interpreted" in r["note"]
+        else:
+            assert r["seconds"] > 0 and r["peak_bytes"] is None  # no allocator counter on a CPU
+
+
+def test_collectives_follow_nccl_tests_conventions(results):
+    """Bus bandwidth = algbw x 2(n-1)/n for all-reduce and x (n-1)/n for all-gather and
+    reduce-scatter (nccl-tests PERFORMANCE.md); each result checked against float64 sums."""
+    from trainplan.bench import collectives
+
+    assert collectives.bus_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert collectives.bus_factor("all_gather", 8) == collectives.bus_factor("reduce_scatter", 8) == 0.875
+    rows = results["collectives"]
+    assert [(r["op"], r["size"]) for r in rows] == [(op, s) for op in collectives.OPS for s in collectives.QUICK_SIZES]
+    for r in rows:
+        assert r["world"] == 2 and r["rel_error"] <= collectives.TOLERANCE
+        assert r["algbw_gbs"] == pytest.approx(r["size"] / r["seconds"] / 1e9)
+        assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * collectives.bus_factor(r["op"], 2))
+
+
+def test_profile_takes_flash_attention_from_sdpa_training_and_not_nvlink_from_gloo(results, tmp_path):
+    eff = write_profile(results, str(tmp_path / "p.toml"))
+    longest = [r for r in results["attention"] if r["variant"] == "sdpa fwd+bwd"][-1]
+    assert eff["flash"] == pytest.approx(longest["tflops"] / 19.5, rel=1e-9)  # A100 fp32 peak 19.5 TFLOP/s
+    assert "nvlink" not in eff  # processes on one CPU are not a link
+    assert load_profile(str(tmp_path / "p.toml"))["flash"] == pytest.approx(eff["flash"], rel=1e-5)
+
+
+def test_every_suite_renders_and_is_stored(results, tmp_path):
+    from trainplan.bench import store
+    from trainplan.render import render_bench
+
+    render_bench(results)  # no suite's table breaks on untimed rows
+    table = store.compare(store.load([store.save(results, tmp_path / "s.sqlite")], tmp_path / "s.sqlite"))
+    keys = set(table["rows"])
+    assert {"fusion eager fp32 ms", "tiling 96^3 torch.matmul TFLOP/s", "attention seq 64 sdpa TFLOP/s",
+            "all_reduce 1048576 B x2 busbw GB/s"} <= keys
+    assert not any("triton" in k for k in keys)  # interpreted kernels are not timed, so not compared
+
+
+def test_report_states_headline_figures_against_targets(results, tmp_path):
+    from trainplan.bench import report
+
+    figures = {name: (value, note) for name, value, note in report.headline(results)}
+    copy = results["memory"][0]
+    assert figures["device copy bandwidth"][0].startswith(f"{copy['gbs'] / 1e3:.3f} TB/s")
+    contiguous, strided = results["memory"][2:4]
+    assert figures["coalesced / strided reads"][0] == f"{contiguous['gbs'] / strided['gbs']:.1f}x"
+    assert "tiled Triton matmul / torch.matmul" not in figures  # interpreted on a CPU: nothing timed to compare
+    # the verdicts against the targets (80% of torch.matmul, 50% of SDPA), on rows as a GPU writes them
+    gpu_rows = {"tiling": [{"n": 4096, "kernel": "tiled", "blocks": "128x256x64", "dtype": "bf16", "seconds": 1e-3,
+                            "vs_torch": 0.84}],
+                "attention": [{"seq": s, "variant": "triton flash", "seconds": 1e-3, "vs_sdpa": r, "head_dim": 128,
+                               "tflops": 400.0, "peak_bytes": 2**20} for s, r in ((2048, 0.9), (4096, 0.45))]}
+    figures = {name: (value, note) for name, value, note in report.headline({**results, **gpu_rows})}
+    assert figures["tiled Triton matmul / torch.matmul"] == ("0.84x", "4096³ bf16, best blocks 128x256x64; "
+                                                             "target ≥ 0.80x: meets")
+    assert figures["Triton FlashAttention forward / SDPA"][1].endswith("target ≥ 0.50x: below")  # seq 4096 chosen
+    assert figures["triton flash peak memory, seq 2048 -> 4096"][0] == "1.00x"
+    path = tmp_path / "bench.md"
+    res = CliRunner().invoke(app, ["bench", "alignment", "--quick", "--device", "cpu", "--no-save", "--report",
+                                   str(path)])
+    assert res.exit_code == 0, res.output
+    text = path.read_text()
+    assert text.startswith("# trainplan bench: ") and "| alignment: GPT-2 logits" in text and "## alignment" in text
+    res = CliRunner().invoke(app, ["bench", "alignment", "--quick", "--device", "cpu", "--no-save", "--report",
+                                   str(tmp_path / "bench.txt")])
+    assert res.exit_code == 2 and "report" in res.output and ".md" in res.output
+
+
+def test_without_triton_the_suites_say_so_and_still_measure_the_rest(monkeypatch):
+    from trainplan.bench import attention, fusion, tiling, triton_support
+
+    def missing(device):
+        raise triton_support.Unavailable("Triton is not installed (pip install 'trainplan[triton]')")
+
+    monkeypatch.setattr(triton_support, "kernels", missing)
+    rows = tiling.run("cpu", quick=True)
+    assert [r["kernel"] for r in rows] == ["torch.matmul", "triton"] and rows[0]["seconds"] > 0
+    assert rows[1]["note"].startswith("unavailable: Triton is not installed")
+    rows = attention.run("cpu", quick=True)
+    flash = [r for r in rows if r["variant"] == "triton flash"]
+    assert len(flash) == len(attention.QUICK[3]) and all("not installed" in r["note"] for r in flash)
+    assert all(r["grad_error"] is None and r["rel_error"] is None for r in flash)
+    rows = fusion.run("cpu", quick=True)
+    assert rows[-1]["variant"] == "triton fused" and "not installed" in rows[-1]["note"]

@@ -334,21 +334,23 @@ def _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_
 
 @app.command()
 def bench(
-    suites: Annotated[list[str] | None, typer.Argument(help="gemm, memory, alignment, recompute (default: all); or `compare [RUN_ID…]`")] = None,
+    suites: Annotated[list[str] | None, typer.Argument(help="gemm, memory, alignment, fusion, tiling, attention, recompute, collectives (default: all); or `compare [RUN_ID…]`")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes (seconds on a CPU)")] = False,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
     gpu: Annotated[str | None, typer.Option(help="Catalog accelerator to compare with (percent of peak; needed for --profile)")] = None,
     profile: Annotated[str | None, typer.Option(help="Write a calibrated hardware profile (TOML) for `plan --gpu-profile`")] = None,
     model: Annotated[str | None, typer.Option(help="Also measure this catalog model's GEMM shapes (QKV, attention out, MLP, logits)")] = None,
     tokens: Annotated[int, typer.Option(help="Tokens per GEMM for --model (micro-batch x sequence)")] = 4096,
-    plot: Annotated[str | None, typer.Option(help="Draw the GEMM curve, a measured roofline and the recompute trade (.png/.svg)")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw the GEMM curve, a measured roofline, attention time and memory, and the recompute trade (.png/.svg)")] = None,
+    report: Annotated[str | None, typer.Option(help="Write a Markdown report: headline figures with targets, then every suite")] = None,
     db: Annotated[str | None, typer.Option(help="Results store (SQLite; default $XDG_DATA_HOME/trainplan/bench.sqlite)")] = None,
     save: Annotated[bool, typer.Option("--save/--no-save", help="Store the run in the results store")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON")] = False,
 ) -> None:
-    """Measure the accelerator (or CPU): GEMM TFLOP/s, memory bandwidth and alignment, each
-    kernel checked against float64 first; store the run; optionally write a profile the planner
-    uses instead of defaults. `trainplan bench compare [RUN_ID…]` lines up stored runs."""
+    """Measure the accelerator (or CPU): GEMM TFLOP/s, memory bandwidth, alignment, fusion,
+    tiling, attention, recompute and collectives, each kernel checked against float64 first;
+    store the run; optionally write a profile the planner uses instead of defaults.
+    `trainplan bench compare [RUN_ID…]` lines up stored runs."""
     from .bench import store
     from .bench.run import run_bench, write_profile
 
@@ -375,6 +377,10 @@ def bench(
             from .plots import pyplot_for
 
             pyplot_for(plot, "plot")
+        if report:
+            from .bench.report import check_path
+
+            check_path(report)
         if profile and not gpu:
             raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
         results = _with_status(lambda progress: run_bench(suites, device, quick, gpu, progress=progress, model=model,
@@ -384,6 +390,10 @@ def bench(
             from .bench.plots import draw_bench_plot
 
             draw_bench_plot(results, plot)
+        if report:
+            from .bench.report import write_report
+
+            write_report(results, report)
         run_id = store.save(results, db) if save else None
     except PlanError as err:
         _fail(err)
@@ -397,6 +407,8 @@ def bench(
         typer.echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()))
     if plot:
         typer.echo(f"figure written to {plot}")
+    if report:
+        typer.echo(f"report written to {report}")
     if run_id is not None:
         typer.echo(f"stored as run {run_id} in {db or store.default_path()}", err=True)
 

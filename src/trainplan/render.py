@@ -249,6 +249,9 @@ def render_bench(results: dict) -> None:
         for col in ("kernel", "MiB moved", "ms", "GB/s", "% of spec"):
             table.add_column(col, justify="left" if col == "kernel" else "right")
         for r in results["memory"]:
+            if r["gbs"] is None:
+                table.add_row(r["kernel"], "", "", r.get("note") or "", "")
+                continue
             table.add_row(r["kernel"], f"{r['bytes'] / 2**20:.0f}", f"{r['seconds'] * 1e3:.3f}", f"{r['gbs']:.1f}",
                           pct(r.get("pct_of_spec")))
         console.print(table)
@@ -259,6 +262,35 @@ def render_bench(results: dict) -> None:
         for r in results["alignment"]:
             table.add_row(r["case"], f"{r['unaligned_s'] * 1e3:.3f}", f"{r['aligned_s'] * 1e3:.3f}",
                           f"{r['speedup']:.2f}x")
+        console.print(table)
+    if results.get("fusion"):
+        rows = results["fusion"]
+        table = Table(title=f"Fusion: residual + dropout(gelu(x + bias)), {rows[0]['elements']:,} {rows[0]['dtype']} "
+                            "elements (outputs checked against float64; bytes as modelled)")
+        for col in ("variant", "MiB moved", "ms", "GB/s", "speedup", "note"):
+            table.add_column(col, justify="left" if col in ("variant", "note") else "right")
+        for r in rows:
+            table.add_row(r["variant"], f"{r['bytes'] / 2**20:.1f}", _ms(r["seconds"]), _num(r["gbs"], ".1f"),
+                          _num(r["speedup"], ".2f", "x"), r["note"] or "")
+        console.print(table)
+    if results.get("tiling"):
+        table = Table(title=f"Tiling: matmul {results['tiling'][0]['dtype']} (checked against float64)")
+        for col in ("n", "kernel", "BMxBNxBK", "ms", "TFLOP/s", "vs torch", "note"):
+            table.add_column(col, justify="right" if col in ("n", "ms", "TFLOP/s", "vs torch") else "left")
+        for r in results["tiling"]:
+            table.add_row(str(r["n"]), r["kernel"], r["blocks"], _ms(r["seconds"]), _num(r["tflops"], ".3g"),
+                          _num(r["vs_torch"], ".2f", "x"), r["note"] or "")
+        console.print(table)
+    if results.get("attention"):
+        r0 = results["attention"][0]
+        table = Table(title=f"Attention, causal ({r0['heads']} heads, head dim {r0['head_dim']}, {r0['dtype']}, "
+                            "batch x seq constant; checked against float64)")
+        for col in ("seq", "batch", "variant", "ms", "TFLOP/s", "vs SDPA", "peak MiB", "note"):
+            table.add_column(col, justify="left" if col in ("variant", "note") else "right")
+        for r in results["attention"]:
+            table.add_row(str(r["seq"]), str(r["batch"]), r["variant"], _ms(r["seconds"]), _num(r["tflops"], ".3g"),
+                          _num(r["vs_sdpa"], ".2f", "x"),
+                          "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.0f}", r["note"] or "")
         console.print(table)
     if results.get("recompute"):
         rows = results["recompute"]
@@ -271,6 +303,32 @@ def render_bench(results: dict) -> None:
                           "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}",
                           f"{r['step_s'] * 1e3:.1f}", f"{r['time_ratio']:.2f}x")
         console.print(table)
+
+
+    if results.get("collectives"):
+        rows = results["collectives"]
+        table = Table(title=f"Collectives across {rows[0]['world']} ranks (nccl-tests bus bandwidth; results checked)")
+        for col in ("op", "size", "ms", "algbw GB/s", "busbw GB/s", "note"):
+            table.add_column(col, justify="left" if col in ("op", "note") else "right")
+        for r in rows:
+            table.add_row(r["op"], "" if r["size"] is None else _bytes(r["size"]), _ms(r["seconds"]),
+                          _num(r["algbw_gbs"], ".2f"), _num(r["busbw_gbs"], ".2f"), r["note"] or "")
+        console.print(table)
+
+
+def _ms(seconds) -> str:
+    return "" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def _num(value, fmt: str, suffix: str = "") -> str:
+    return "" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def _bytes(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:g} {unit}"
+    return f"{size} B"
 
 
 def render_bench_compare(table: dict) -> None:

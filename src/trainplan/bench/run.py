@@ -7,11 +7,29 @@ import platform
 from pathlib import Path
 
 from ..errors import PlanError
-from . import alignment, gemm, memory, recompute
+from . import (
+    alignment,
+    attention,
+    collectives,
+    fusion,
+    gemm,
+    memory,
+    recompute,
+    tiling,
+    triton_support,
+)
 
-SUITES = {"gemm": "matmul TFLOP/s by dtype and size", "memory": "copy and triad bandwidth",
+SUITES = {"gemm": "matmul TFLOP/s by dtype and size",
+          "memory": "copy and triad bandwidth, coalesced vs strided reads, pageable vs pinned host copies",
           "alignment": "padded vs unpadded GEMM dimensions",
-          "recompute": "activation checkpointing: memory saved vs time spent"}
+          "fusion": "bias+GELU+dropout+residual: eager vs torch.compile vs a fused Triton kernel",
+          "tiling": "matmul without on-chip reuse vs tiled Triton blocks vs torch.matmul",
+          "attention": "materialised softmax(QK^T)V vs Triton FlashAttention vs SDPA, over sequence length",
+          "recompute": "activation checkpointing: memory saved vs time spent",
+          "collectives": "all-reduce / all-gather / reduce-scatter bus bandwidth (NCCL, or gloo on a CPU)"}
+# suites whose run(device, quick, progress) needs nothing else
+_PLAIN = {"alignment": alignment, "fusion": fusion, "tiling": tiling, "attention": attention,
+          "recompute": recompute, "collectives": collectives}
 
 
 def resolve_device(device: str) -> str:
@@ -71,6 +89,8 @@ def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu:
 
         spec_model = catalog.model(model)
     device = resolve_device(device)
+    if device == "cpu":
+        triton_support.prepare_interpreter()
     spec = _gpu_spec(gpu) if gpu else None
     out: dict = {"machine": machine(device), "gpu": spec.name if spec else None, "quick": quick}
     for suite in suites or list(SUITES):
@@ -81,15 +101,14 @@ def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu:
                 peak = spec.peak("bf16") if spec else None
                 for row in out["gemm_model"]:
                     row["pct_of_peak"] = 100 * row["tflops"] * 1e12 / peak if peak else None
-        elif suite == "recompute":
-            out["recompute"] = recompute.run(device, quick, progress)
-        elif suite == "alignment":
-            out["alignment"] = alignment.run(device, quick, progress)
+        elif suite in _PLAIN:
+            out[suite] = _PLAIN[suite].run(device, quick, progress)
         elif suite == "memory":
             out["memory"] = memory.run(device, quick, progress)
             if spec:
                 for row in out["memory"]:
-                    row["pct_of_spec"] = 100 * row["gbs"] / (spec.hbm_tbs * 1e3)
+                    on_device = row["gbs"] is not None and not row["kernel"].startswith("host")
+                    row["pct_of_spec"] = 100 * row["gbs"] / (spec.hbm_tbs * 1e3) if on_device else None
     return out
 
 
@@ -101,8 +120,11 @@ def _gpu_spec(name: str):
 
 def profile_from(results: dict) -> dict:
     """Efficiencies for the time model: the best bf16 GEMM (fp32 when bf16 was not run) as a
-    fraction of the dense peak of that dtype, and the copy bandwidth as a fraction of the
-    datasheet HBM bandwidth."""
+    fraction of the dense peak of that dtype; the copy bandwidth as a fraction of the
+    datasheet HBM bandwidth; SDPA forward + backward at the longest sequence measured as a
+    fraction of the peak of its dtype (the time model's FlashAttention efficiency); and, from
+    NCCL runs on two or more GPUs, the largest all-reduce's bus bandwidth as a fraction of
+    the one-way scale-up (NVLink) bandwidth per GPU."""
     if not results.get("gpu"):
         raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
     spec = _gpu_spec(results["gpu"])
@@ -118,8 +140,16 @@ def profile_from(results: dict) -> dict:
     copy = [r for r in results.get("memory") or [] if r["kernel"] == "copy"]
     if copy:
         eff["hbm"] = copy[0]["gbs"] * 1e9 / (spec.hbm_tbs * 1e12)
+    training = [r for r in results.get("attention") or [] if r["variant"] == "sdpa fwd+bwd" and r["tflops"]]
+    if training and spec.peak(training[-1]["dtype"]):
+        longest = max(training, key=lambda r: r["seq"])
+        eff["flash"] = longest["tflops"] * 1e12 / spec.peak(longest["dtype"])
+    reduces = [r for r in results.get("collectives") or [] if r["op"] == "all_reduce" and r["busbw_gbs"]]
+    if reduces and results["machine"]["device"] == "cuda" and spec.scale_up_gbs:
+        largest = max(reduces, key=lambda r: r["size"])
+        eff["nvlink"] = largest["busbw_gbs"] / (spec.scale_up_gbs / 2)
     if not eff:
-        raise PlanError("suite", "a profile needs the gemm or memory suite")
+        raise PlanError("suite", "a profile needs the gemm, memory, attention or (GPU) collectives suite")
     return eff
 
 

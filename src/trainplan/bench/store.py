@@ -43,7 +43,8 @@ def _connect(path: str | Path | None, create: bool) -> sqlite3.Connection:
 
 
 def save(results: dict, path: str | Path | None = None,
-         suites=("gemm", "gemm_model", "memory", "alignment", "recompute")) -> int:
+         suites=("gemm", "gemm_model", "memory", "alignment", "fusion", "tiling", "attention", "recompute",
+                 "collectives")) -> int:
     """Store one run; returns its id."""
     conn = _connect(path, create=True)
     m = results["machine"]
@@ -86,8 +87,8 @@ def load(ids: list[int] | None = None, path: str | Path | None = None, last: int
 
 
 def compare(runs: list[dict]) -> dict:
-    """One row per measurement (GEMM dtype and shape, memory kernel, alignment case), one
-    column per run: TFLOP/s, GB/s or speedup."""
+    """One row per measurement (GEMM dtype and shape, memory kernel, alignment case, ...),
+    one column per run: TFLOP/s, GB/s, ms or speedup; what a run did not time is left blank."""
     table: dict[str, list] = {}
     for i, run in enumerate(runs):
         cells = {}
@@ -99,9 +100,21 @@ def compare(runs: list[dict]) -> dict:
             cells[f"memory {r['kernel']} GB/s"] = r["gbs"]
         for r in run.get("alignment", []):
             cells[f"alignment {r['case']} speedup"] = r["speedup"]
+        for r in run.get("fusion", []):
+            cells[f"fusion {r['variant']} {r['dtype']} ms"] = r["seconds"] and r["seconds"] * 1e3
+        for r in run.get("tiling", []):
+            cells[f"tiling {r['n']}^3 {r['kernel']} {r['blocks']} TFLOP/s".replace("  ", " ")] = r["tflops"]
+        for r in run.get("attention", []):
+            cells[f"attention seq {r['seq']} {r['variant']} TFLOP/s"] = r["tflops"]
+            if r.get("peak_bytes") is not None:
+                cells[f"attention seq {r['seq']} {r['variant']} peak MiB"] = r["peak_bytes"] / 2**20
         for r in run.get("recompute", []):
             cells[f"recompute {r['recompute']} step s"] = r["step_s"]
             cells[f"recompute {r['recompute']} activations MiB"] = r["activation_bytes"] / 2**20
+        for r in run.get("collectives", []):
+            if r["size"]:
+                cells[f"{r['op']} {r['size']} B x{r['world']} busbw GB/s"] = r["busbw_gbs"]
+        cells = {k: v for k, v in cells.items() if v is not None}
         for key, value in cells.items():
             table.setdefault(key, [None] * len(runs))[i] = value
     return {"runs": [{"id": r["id"], "name": r["machine"]["name"], "device": r["machine"]["device"],

@@ -25,7 +25,7 @@ from ..plan import Layout
 from ..specs.model import ModelSpec
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -212,7 +212,7 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
     world = layout.gpus
     payload = {"spec": spec.model_dump(), "plan": plan.model_dump()}
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_worker, args=(world, _free_port(), payload, out), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), payload, out), nprocs=world, join=True)
         results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
     predicted = predict(layout, device)
     working_set = None
