@@ -48,9 +48,10 @@ def _rate(plan, lay, gpus, model, fitting_only: bool) -> tuple[float, float, int
 def main() -> None:
     print("plans/s (all timed): memory and step time of every layout")
     print("plans/s (search):    memory of every layout, step time of those that fit (what `search` ranks)")
+    print("end to end:          layouts / wall time of the whole `search` call (enumeration, evaluation, ranking)")
     print(f"rates: median (best) of {REPEATS} passes, one process, OMP_NUM_THREADS=1")
     print(f"{'case':<32s} {'layouts':>8s} {'fit':>7s} {'enum s':>7s} {'plans/s (all timed)':>22s} "
-          f"{'plans/s (search)':>22s} {'search wall s':>14s}")
+          f"{'plans/s (search)':>22s} {'search wall s':>14s} {'end to end':>11s}")
     for name, kw in CASES.items():
         plan = make_plan(**kw)
         model = load_model(plan)
@@ -66,7 +67,7 @@ def main() -> None:
         out = search(plan, set(), top=5)
         wall = time.perf_counter() - t2
         print(f"{name:<32s} {n:>8,d} {fits:>7,d} {enum_s:>7.3f} {all_med:>11,.0f} ({all_best:>8,.0f}) "
-              f"{search_med:>11,.0f} ({search_best:>8,.0f}) {wall:>14.2f}")
+              f"{search_med:>11,.0f} ({search_best:>8,.0f}) {wall:>14.3f} {n / wall:>11,.0f}")
         best = out["best"][0]["parallel"]
         print(f"   best: TP {best['tp']} PP {best['pp']} DP {best['dp']} CP {best['cp']} ZeRO {best['zero']} "
               f"mbs {best['mbs']} {best['recompute']} {best['schedule']} v{best['vpp']}")

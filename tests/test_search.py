@@ -191,3 +191,65 @@ def test_memory_slopes_in_micro_batches_in_flight_are_exact():
     got = 3 * one["total_per_in_flight"] + 2 * one["total_per_logits"]
     assert np.all(expected > 0)
     assert got == pytest.approx(expected, rel=1e-12)
+
+
+def _scalar_reference(plan, space, gpus: int) -> dict:
+    """Every combination of the space, one at a time, kept when it passes each rule."""
+    from trainplan.estimate import activations as act
+    from trainplan.estimate.pipeline import SCHEDULE_CODE
+    from trainplan.plan import default_stage_split, load_model
+
+    model = load_model(plan)
+    seq = plan.seq_len or min(model.max_position, 4096)
+    rows = []
+    for tp, pp, cp, ep, mbs, rc, zero, sched, vpp in itertools.product(
+            space.tp, space.pp, space.cp, space.ep, space.mbs, space.recompute, space.zero, space.schedule,
+            space.vpp):
+        if gpus % (tp * pp * cp) or pp > model.layers or model.heads % tp:
+            continue
+        dp = gpus // (tp * pp * cp)
+        kv = model.n_kv_heads
+        if not model.is_mla and kv % tp and tp % kv:
+            continue
+        if any(f % tp for f in [model.ffn] + ([model.expert_ffn] if model.expert_ffn else [])):
+            continue
+        if (cp > 1 and seq % (2 * cp)) or (plan.attention == "eager" and cp > 1):
+            continue
+        if (model.is_moe and (model.experts % ep or (dp * cp) % ep)) or (not model.is_moe and ep != 1):
+            continue
+        if plan.offload_params and zero != 3:
+            continue
+        if plan.gbs is None:
+            m = 1 if pp == 1 else 4 * pp
+        elif plan.gbs % (dp * mbs):
+            continue
+        else:
+            m = plan.gbs // (dp * mbs)
+        if sched == "interleaved":
+            if pp < 2 or vpp < 2 or m % pp or any(n % vpp for n in default_stage_split(model.layers, pp)):
+                continue
+        elif vpp != 1:
+            continue
+        rows.append(dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, mbs=mbs, recompute=act.RECOMPUTE_CODE[rc],
+                         schedule=SCHEDULE_CODE[sched], vpp=vpp, m=m, gbs=plan.gbs or dp * mbs * m))
+    return {k: np.array([r[k] for r in rows]) for k in rows[0]}
+
+
+@pytest.mark.parametrize("kw", [
+    dict(model="llama-3-70b", gpus=64, gbs=256),
+    dict(model="mixtral-8x7b", gpus=32, gbs=64, seq_len=4096),
+    dict(model="gpt2-xl", gpus=8, attention="eager", seq_len=1024),
+    dict(model="llama-3-8b", gpus=16, gbs=32, offload_params=True, zero=3),
+])
+def test_staged_enumeration_equals_trying_every_combination(kw):
+    """Building the layouts dimension by dimension (arrays, rules applied early) keeps exactly
+    the layouts, in exactly the order, of trying every combination one by one."""
+    from trainplan.plan import load_model
+
+    plan = make_plan(**kw)
+    model = load_model(plan)
+    space = default_space(plan, {"zero"} if "zero" in kw else set(), kw["gpus"], model.layers, 8, model.is_moe)
+    got, want = enumerate_layouts(plan, space, kw["gpus"]), _scalar_reference(plan, space, kw["gpus"])
+    assert set(got) == set(want) and len(want["tp"]) > 0
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)

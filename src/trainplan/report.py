@@ -52,27 +52,19 @@ def evaluate(plan: Plan, with_time: bool = True, spec=None) -> PlanResult:
 def stage_rows(result: PlanResult) -> list[dict]:
     m = result.memory
     pp = result.layout.pp
-
-    def _f(x, i):
-        return float(np.broadcast_to(np.asarray(x, dtype=float), (pp,))[i])
-
+    # every term as one list of pp Python floats (a scalar term is the same on every stage)
+    per_stage = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (pp,)).tolist()  # noqa: E731
+    comps = {k: per_stage(m[k]) for k in STAGE_COMPONENTS}
+    parts = {k: per_stage(v) for k, v in m["activation_parts"].items()}
+    cols = {name: per_stage(m[key]) for name, key in (
+        ("params_bytes", "params"), ("grads_bytes", "grads"), ("optimizer_bytes", "optimizer"),
+        ("activations_bytes", "activations"), ("other_bytes", "other"), ("total_bytes", "total"),
+        ("param_count", "param_count"), ("cpu_offload_bytes", "cpu_offload"))}
     rows = []
     for i, n in enumerate(result.layout.stage_layers):
-        comps = {k: _f(m[k], i) for k in STAGE_COMPONENTS}
-        comps["activation_parts"] = {k: _f(v, i) for k, v in m["activation_parts"].items()}
-        rows.append({
-            "stage": i,
-            "layers": n,
-            "params_bytes": _f(m["params"], i),
-            "grads_bytes": _f(m["grads"], i),
-            "optimizer_bytes": _f(m["optimizer"], i),
-            "activations_bytes": _f(m["activations"], i),
-            "other_bytes": _f(m["other"], i),
-            "total_bytes": _f(m["total"], i),
-            "param_count": _f(m["param_count"], i),
-            "cpu_offload_bytes": _f(m["cpu_offload"], i),
-            "components": comps,
-        })
+        rows.append({"stage": i, "layers": n, **{name: col[i] for name, col in cols.items()},
+                     "components": {**{k: v[i] for k, v in comps.items()},
+                                    "activation_parts": {k: v[i] for k, v in parts.items()}}})
     return rows
 
 

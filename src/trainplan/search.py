@@ -76,19 +76,37 @@ def default_space(plan: Plan, fixed: set[str], gpus: int, layers: int, max_tp: i
     )
 
 
+def _expand(cols: dict[str, np.ndarray], values: dict[str, list]) -> dict[str, np.ndarray]:
+    """Every row of `cols` with every row of `values` (columns of equal length), the new
+    columns innermost: the row order of the full Cartesian product, kept by later filters."""
+    n = len(next(iter(cols.values()))) if cols else 1
+    k = len(next(iter(values.values())))
+    out = {name: np.repeat(col, k) for name, col in cols.items()}
+    out.update({name: np.tile(np.asarray(col, dtype=np.int64), n) for name, col in values.items()})
+    return out
+
+
+def _keep(cols: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: col[ok] for name, col in cols.items()}
+
+
 def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[str, np.ndarray]:
-    """Every combination of the space that satisfies the plan rules, as arrays."""
+    """Every combination of the space that satisfies the plan rules, as arrays, in the row
+    order of the full product (tp, pp, cp, ep, mbs, recompute, zero, schedule, vpp). Built
+    dimension by dimension, each rule applied as soon as its dimensions exist, so rejected
+    prefixes are never multiplied out."""
     model = spec or load_model(plan)
     seq = plan.seq_len or min(model.max_position, 4096)
     # innermost the dimensions that change the least work: schedule and interleaving leave
     # memory (but for micro-batches in flight) and stage times alike, ZeRO leaves stage times
     # alike, so equal work lies in adjacent runs (see `_evaluate`)
-    axes = [space.tp, space.pp, space.cp, space.ep, space.mbs, [act.RECOMPUTE_CODE[r] for r in space.recompute],
-            space.zero, [SCHEDULE_CODE[s] for s in space.schedule], space.vpp]
-    if any(len(a) == 0 for a in axes):
+    if any(len(a) == 0 for a in (space.tp, space.pp, space.cp, space.ep, space.mbs, space.recompute, space.zero,
+                                 space.schedule, space.vpp)):
         return {}
-    grids = np.meshgrid(*[np.asarray(a, dtype=np.int64) for a in axes], indexing="ij")
-    tp, pp, cp, ep, mbs, rc, zero, sched, vpp = (g.ravel() for g in grids)
+    cols: dict[str, np.ndarray] = {}
+    for name in ("tp", "pp", "cp", "ep"):
+        cols = _expand(cols, {name: getattr(space, name)})
+    tp, pp, cp, ep = cols["tp"], cols["pp"], cols["cp"], cols["ep"]
     mp = tp * pp * cp
     ok = (gpus % mp) == 0
     dp = np.where(ok, gpus // np.maximum(mp, 1), 0)
@@ -100,14 +118,6 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
     for f in [model.ffn] + ([model.expert_ffn] if model.expert_ffn else []):
         ok &= (f % tp) == 0
     ok &= pp <= model.layers
-    inter = sched == SCHEDULE_CODE["interleaved"]
-    ok &= np.where(inter, (pp >= 2) & (vpp >= 2), vpp == 1)
-    # interleaving needs every stage's layers divisible by v (default split)
-    for p in np.unique(pp):
-        split = default_stage_split(model.layers, int(p))
-        for v in np.unique(vpp):
-            if v > 1 and any(n % v for n in split):
-                ok &= ~((pp == p) & (vpp == v) & inter)
     ok &= np.where(cp > 1, (seq % (2 * cp)) == 0, True)
     if plan.attention == "eager":
         ok &= cp == 1
@@ -115,20 +125,42 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
         ok &= ((model.experts % ep) == 0) & (((dp * cp) % np.maximum(ep, 1)) == 0)
     else:
         ok &= ep == 1
-    if plan.offload_params:
-        ok &= zero == 3
-    gbs = plan.gbs
-    if gbs is None:
-        m = np.where(pp == 1, 1, 4 * pp)
-        gbs_arr = dp * mbs * m
+    cols = _keep({**cols, "dp": dp}, ok)
+
+    cols = _expand(cols, {"mbs": space.mbs})
+    dp, mbs, pp = cols["dp"], cols["mbs"], cols["pp"]
+    if plan.gbs is None:
+        cols["m"] = np.where(pp == 1, 1, 4 * pp)
+        cols["gbs"] = dp * mbs * cols["m"]
     else:
-        ok &= (gbs % np.maximum(dp * mbs, 1)) == 0
-        gbs_arr = np.full_like(dp, gbs)
-        m = gbs // np.maximum(dp * mbs, 1)
-    ok &= np.where(inter, (m % np.maximum(pp, 1)) == 0, True)
-    out = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, mbs=mbs, recompute=rc, schedule=sched, vpp=vpp,
-               m=m, gbs=gbs_arr)
-    return {k: v[ok] for k, v in out.items()}
+        ok = (plan.gbs % np.maximum(dp * mbs, 1)) == 0
+        cols = _keep(cols, ok)
+        cols["m"] = plan.gbs // np.maximum(cols["dp"] * cols["mbs"], 1)
+        cols["gbs"] = np.full_like(cols["dp"], plan.gbs)
+
+    cols = _expand(cols, {"recompute": [act.RECOMPUTE_CODE[r] for r in space.recompute]})
+    cols = _expand(cols, {"zero": space.zero})
+    if plan.offload_params:
+        cols = _keep(cols, cols["zero"] == 3)
+
+    # (schedule, vpp) pairs: interleaving needs v >= 2, every other schedule v = 1
+    inter_code = SCHEDULE_CODE["interleaved"]
+    pairs = [(SCHEDULE_CODE[s], v) for s in space.schedule for v in space.vpp
+             if (SCHEDULE_CODE[s] == inter_code) == (v >= 2)]
+    if not pairs:
+        return {}
+    cols = _expand(cols, {"schedule": [p[0] for p in pairs], "vpp": [p[1] for p in pairs]})
+    pp, vpp, inter = cols["pp"], cols["vpp"], cols["schedule"] == inter_code
+    ok = ~inter | ((pp >= 2) & ((cols["m"] % np.maximum(pp, 1)) == 0))
+    # interleaving needs every stage's layers divisible by v (default split)
+    for p in {int(x) for x in space.pp}:
+        split = default_stage_split(model.layers, p) if p <= model.layers else []
+        for v in {v for _, v in pairs if v > 1}:
+            if any(n % v for n in split):
+                ok &= ~((pp == p) & (vpp == v) & inter)
+    cols = _keep(cols, ok)
+    return {k: cols[k] for k in ("tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "m",
+                                 "gbs")}
 
 
 def _stage_tables(model, pps: np.ndarray):
