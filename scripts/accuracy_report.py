@@ -17,6 +17,7 @@ TITLES = {
     "megatron_core_h100": "Megatron-Core r0.8.0 weak scaling (H100, model TFLOP/s per GPU)",
     "megatron_single_node": "Megatron-LM v1/v2 GPT-2 cases (V100 / A100, iteration time)",
     "mosaicml_h100": "MosaicML llm-foundry (H100, FSDP, tokens/s per GPU)",
+    "llama3_405b": "Llama 3 405B (H100, 4D parallelism, model TFLOP/s per GPU)",
 }
 
 
@@ -59,6 +60,45 @@ def search_vs_published() -> list[str]:
     return out
 
 
+def search_vs_llama3() -> list[str]:
+    """The layout search on the Llama 3 405B runs (same GPUs, batch and sequence; every
+    dimension free) against the published layout as `calibration` models it."""
+    import tomllib
+
+    from trainplan.calibration import evaluate_layout
+    from trainplan.plan import make_plan, resolve
+    from trainplan.search import search
+
+    table = tomllib.loads((ROOT / "benchmarks" / "data" / "published_runs.toml").read_text())["llama3_405b"]
+    out = ["\n## The layout search on the published Llama 3 runs\n\n",
+           "For each Llama 3 405B row, `trainplan search` (every dimension free, bf16, FlashAttention) against\n",
+           "the published layout as modelled above, both predicted by the same model.\n\n",
+           "| run | published layout | fits (model) | its TFLOP/s | search's best | its TFLOP/s | gain |\n",
+           "|---|---|---|---:|---|---:|---:|\n"]
+    for g, tp, cp, pp, dp, seq, _ in table["rows"]:
+        base = dict(model="llama-3.1-405b", gpu=table["gpu"], gpus=g, gbs=16 * 2**20 // seq, seq_len=seq,
+                    framework="megatron", attention="flash", precision="bf16", overlap_tp=True, overlap_dp=True)
+        pub = evaluate_layout(resolve(make_plan(tp=tp, cp=cp, pp=pp, mbs=1, zero=2, sp=True, recompute="none",
+                                                schedule="interleaved", vpp=2, stage_layers=[8] * 15 + [6], **base)))
+        best = search(make_plan(**base), fixed=set(), top=1)["best"][0]
+        b = best["parallel"]
+        sched = b["schedule"] + (f" v{b['vpp']}" if b["vpp"] > 1 else "")
+        label = f"TP {b['tp']} PP {b['pp']} DP {b['dp']} CP {b['cp']} ZeRO {b['zero']}, mbs {b['mbs']}, {b['recompute']}, {sched}"
+        mine, theirs = best["time"]["tflops_per_gpu"], pub["time"]["tflops_per_gpu"]
+        out.append(f"| {g:,} GPUs, s {seq:,} | TP {tp} CP {cp} PP {pp} DP {dp}, interleaved v2 | "
+                   f"{'yes' if pub['fits'] else 'no'} | {theirs:,.0f} | {label} | {mine:,.0f} | {mine / theirs - 1:+.0%} |\n")
+    out += ["\nThe search prefers the zero-bubble schedule (ZB-H1: weight gradients fill the pipeline's idle\n",
+            "slots), which the Llama 3 run did not use, and trades tensor parallelism for context and pipeline\n",
+            "parallelism, removing the per-layer TP collectives; both are the model's view at a bandwidth-only\n",
+            "price for the cross-node context-parallel exchange, so the ranking is a shortlist to measure.\n",
+            "At 128K tokens per sequence a micro-batch is long enough for ZeRO-3's per-layer gathers to hide\n",
+            "behind its compute, so the search drops the pipeline (and its bubble) altogether.\n",
+            "On the 8K-GPU row the model finds the published interleaved layout over 80 GB (the in-flight\n",
+            "activations of interleaving without recomputation); the paper reports that it ran after\n",
+            "freeing pipeline tensors as soon as they were used, which the memory model does not credit.\n"]
+    return out
+
+
 def main() -> None:
     data = rows(ROOT / "benchmarks" / "data" / "published_runs.toml")
     lines = ["# Accuracy: predicted vs published training throughput\n\n",
@@ -88,9 +128,11 @@ def main() -> None:
             "There the model is too fast for small models (h ≤ 4096: it misses what makes narrow\n",
             "layers inefficient on Hopper) and too slow for TP 8 without pipelining, and the\n",
             "long-sequence MosaicML rows are attention-bound at a FlashAttention efficiency their\n",
-            "Triton kernel does not reach. Calibrated H100 profiles from `trainplan bench` are the\n",
-            "next step.\n\n"]
+            "Triton kernel does not reach. The held-out Llama 3 405B rows are within 9% at 8K context\n",
+            "(interleaved pipeline, no recompute) and 30% too fast at 128K with context parallelism 16.\n",
+            "Calibrated H100 profiles from `trainplan bench` are the next step.\n\n"]
     lines += search_vs_published()
+    lines += search_vs_llama3()
     (ROOT / "docs" / "accuracy.md").write_text("".join(lines[:1] + lines[1:5] + head + lines[5:]))
     print(f"wrote docs/accuracy.md: {len(allerr)} rows, MAE {np.mean(np.abs(allerr)) * 100:.1f}%")
 

@@ -149,14 +149,15 @@ def test_interleaving_and_more_micro_batches_shrink_the_bubble():
 
 
 def test_published_runs_table_is_complete():
-    """Every published row (40, from four sources) is turned into a plan and predicted."""
+    """Every published row (43, from five sources) is turned into a plan and predicted."""
     from pathlib import Path
 
     from trainplan.calibration import rows
 
     data = rows(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.toml")
-    assert len(data) == 40
-    assert {r["source"] for r in data} == {"narayanan2021", "megatron_core_h100", "megatron_single_node", "mosaicml_h100"}
+    assert len(data) == 43
+    assert {r["source"] for r in data} == {"narayanan2021", "megatron_core_h100", "megatron_single_node", "mosaicml_h100",
+                                           "llama3_405b"}
     assert all(np.isfinite(r["predicted"]) and r["predicted"] > 0 for r in data)
 
 

@@ -8,7 +8,12 @@ not give are chosen by one rule for all rows, never fitted per row:
   the plan does not fit in memory, then full;
 * 2019-2021 Megatron runs: fp16, materialised attention (pre-FlashAttention), gradient
   all-reduce after the backward; 2024 Megatron-Core: bf16, FlashAttention, the published
-  overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention.
+  overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention;
+* Llama 3 405B: as published, no recompute, the interleaved schedule and ZeRO-2 (FSDP
+  sharding optimizer states and gradients); v = 2 (not published: the smallest), on the
+  split [8 x 15, 6] (interleaving here needs each stage's layers divisible by v; the paper's
+  balanced split has the same largest stage, 8 layers); bf16, FlashAttention, SP with TP,
+  the Megatron-Core overlap flags.
 
 Each source is compared on the figure it measured (throughput per GPU, or iteration time).
 """
@@ -100,4 +105,15 @@ def _compare(table: str, cfg: dict, row: list) -> dict:
         label = f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"
         return dict(source=table, label=label, metric="tokens/s per GPU", published=tok,
                     predicted=t["tokens_per_s"] / g)
+    if table == "llama3_405b":
+        g, tp, cp, pp, dp, seq, pub = row
+        gbs = 16 * 2**20 // seq  # 16M tokens per batch
+        layout = resolve(make_plan(model="llama-3.1-405b", gpu=cfg["gpu"], gpus=g, tp=tp, cp=cp, pp=pp, gbs=gbs, mbs=1,
+                                   seq_len=seq, zero=2, sp=True, recompute="none", schedule="interleaved", vpp=2,
+                                   stage_layers=[8] * 15 + [6], framework="megatron", attention="flash",
+                                   precision="bf16", overlap_tp=True, overlap_dp=True))
+        assert layout.dp == dp
+        pred = evaluate_layout(layout)["time"]["tflops_per_gpu"]
+        label = f"Llama 3 405B, TP {tp} CP {cp} PP {pp} DP {dp}, {g:,} GPUs, s {seq:,}"
+        return dict(source=table, label=label, metric="TFLOP/s per GPU (model)", published=pub, predicted=pred)
     raise ValueError(table)
