@@ -179,6 +179,7 @@ def test_time_model_bulk_equals_scalar():
         kw = dict(model="llama-3-70b", gpus=tp * pp * dp, tp=tp, pp=pp, zero=int(rng.integers(0, 4)),
                   mbs=int(rng.choice([1, 2])), recompute=str(rng.choice(["none", "selective", "full"])),
                   attention=str(rng.choice(["flash", "eager"])), overlap_tp=bool(rng.integers(0, 2)),
+                  sp=tp > 1 and bool(rng.integers(0, 2)),
                   gbs=tp * 0 + dp * 2 * 8 * (1 if pp == 1 else pp))
         layouts.append(resolve(make_plan(**kw)))
     scalar = np.array([step_time(lay)["step_s"] for lay in layouts])
@@ -204,7 +205,8 @@ def test_time_model_bulk_equals_scalar():
         trainable=col(lambda x: float(np.max(estimate_memory(x)["trainable_params"]))),
         gbs=col(lambda x: x.gbs), gpus=col(lambda x: x.gpus),
         model_flops=np.array([float(f["model"]) for f in fl])[:, None],
-        hw_flops=np.array([float(f["hardware"]) for f in fl])[:, None])
+        hw_flops=np.array([float(f["hardware"]) for f in fl])[:, None], sp=col(lambda x: x.sp))
+    assert any(lay.sp for lay in layouts) and not all(lay.sp for lay in layouts if lay.tp > 1)
     assert np.asarray(bulk["step_s"])[:, 0] == pytest.approx(scalar, rel=1e-12)
 
 

@@ -275,6 +275,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
     conv = conventions()
     mult = int(conv["frameworks"][plan.framework]["vocab_multiple"])
     tp = col("tp")
+    sequence_parallel = _sequence_parallel(plan)
     vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
     run = conv["runtime"]
     # Memory depends on the schedule only through the micro-batches in flight, linearly
@@ -290,7 +291,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         model_numbers(model), r, dense_layers=g(dense), moe_layers=g(moe),
         first=g(stage_idx == 0).astype(float), last=g(stage_idx == pp - 1).astype(float),
         in_flight_mb=1.0, logits_in_flight=1.0,
-        tp=g(tp), sp=(g(tp) > 1) if plan.sp or "sp" not in plan.model_fields_set else False,
+        tp=g(tp), sp=(g(tp) > 1) & sequence_parallel,
         cp=g(col("cp")), ep=g(col("ep")), dp=g(col("dp")), zero=g(col("zero")), mbs=g(col("mbs")), seq=seq,
         vocab_padded=g(vocab_padded), attention=act.ATTENTION_CODE[plan.attention], recompute=g(col("recompute")),
         recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
@@ -324,7 +325,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=h(dense), stage_moe=h(moe),
             first=h(stage_idx == 0).astype(float), last=h(stage_idx == pp - 1).astype(float),
             total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
-            vocab_padded=h(vocab_padded))
+            vocab_padded=h(vocab_padded), sp=(h(tp) > 1) & sequence_parallel)
         spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
         stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
                   "p2p": spread(stages["p2p"]),
@@ -349,7 +350,12 @@ def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -
         "ep": int(layouts["ep"][i]), "zero": int(layouts["zero"][i]), "mbs": int(layouts["mbs"][i]),
         "gbs": int(layouts["gbs"][i]), "recompute": act.RECOMPUTE[int(layouts["recompute"][i])],
         "schedule": sched, "vpp": int(layouts["vpp"][i]) if sched == "interleaved" else None,
-        "sp": tp > 1 if plan.sp or "sp" not in plan.model_fields_set else False, "stage_layers": None})
+        "sp": tp > 1 and _sequence_parallel(plan), "stage_layers": None})
+
+
+def _sequence_parallel(plan: Plan) -> bool:
+    """Searched layouts use sequence parallelism with TP unless the plan turns it off."""
+    return bool(plan.sp or "sp" not in plan.model_fields_set)
 
 
 # Layouts per batch: equal work is deduplicated within a batch, so larger batches evaluate fewer

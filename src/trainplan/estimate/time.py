@@ -167,14 +167,14 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
 def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
-                   trainable, gbs, gpus, model_flops, hw_flops) -> dict:
+                   trainable, gbs, gpus, model_flops, hw_flops, sp=False) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
     stages = stage_times(model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=recompute,
                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
-                         total_moe=total_moe, vocab_padded=vocab_padded)
+                         total_moe=total_moe, vocab_padded=vocab_padded, sp=sp)
     return step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                             schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                             gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
@@ -183,7 +183,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
 
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
                 overlap_tp, gpn, stage_dense, stage_moe, first, last, total_dense, total_moe,
-                vocab_padded) -> dict:
+                vocab_padded, sp=False) -> dict:
     """One micro-batch's forward + backward seconds on each stage, by part ("parts", stage
     axis last), the same summed over all stages ("totals") and the point-to-point transfer
     between stages ("p2p"). Nothing here depends on the pipeline schedule."""
@@ -205,9 +205,12 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # FlashAttention: the causal half of 2·s·(qk + v) per token and head, at its efficiency
     attn_flash = 0.5 * tokens * seq * heads_local * 2 * (qk + vd) / (hw.peak * hw.flash_eff)
     attn = np.where(eager, attn_eager, attn_flash)
-    elem_elems = (10 * h + model.mlp_matrices * model.ffn / tp
-                  + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0)
-                  + 6 * h * (f(dropout) > 0))
+    # norms, residual adds and dropout see the full hidden width of every token, or 1/t of the
+    # tokens under sequence parallelism (Korthikanti et al. 2022 §4.2.2); the MLP activation
+    # and RoPE work on the TP-sharded width
+    hidden_shard = np.where(f(sp) > 0, tp, 1.0)
+    elem_elems = ((10 * h + 6 * h * (f(dropout) > 0)) / hidden_shard + model.mlp_matrices * model.ffn / tp
+                  + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0))
     elementwise = tokens * elem_elems * elem / hw.hbm
     attn_bwd = np.where(eager, 2.0, 2.5)
     recomputed = lambda fwd: np.where(rc == 2, fwd, np.where(rc == 1, attn, 0.0))  # noqa: E731
@@ -350,7 +353,8 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         first=(stages == 0).astype(float), last=(stages == layout.pp - 1).astype(float),
         total_dense=sum(layout.stage_dense_layers), total_moe=sum(layout.stage_moe_layers),
         vocab_padded=layout.vocab_padded, trainable=float(np.max(mem["trainable_params"])),
-        gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]))
+        gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
+        sp=layout.sp)
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
