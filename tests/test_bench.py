@@ -354,3 +354,16 @@ def test_without_triton_the_suites_say_so_and_still_measure_the_rest(monkeypatch
     assert all(r["grad_error"] is None and r["rel_error"] is None for r in flash)
     rows = fusion.run("cpu", quick=True)
     assert rows[-1]["variant"] == "triton fused" and "not installed" in rows[-1]["note"]
+
+
+def test_triton_loaded_interpreted_is_not_offered_for_a_gpu():
+    """Triton decides interpreted or compiled once per process: after the CPU run, a CUDA run in
+    the same process is refused with the reason, not run interpreted and timed as a GPU's."""
+    pytest.importorskip("triton")
+    from trainplan.bench import triton_support
+
+    assert triton_support.kernels("cpu").INTERPRETED
+    with pytest.raises(triton_support.Unavailable, match="interpreted earlier in this process"):
+        triton_support.kernels("cuda")
+    kernels, reason = triton_support.kernels_or_reason("cuda")
+    assert kernels is None and reason.startswith("unavailable: Triton was loaded interpreted")

@@ -17,7 +17,9 @@ from . import triton_support
 P = 0.1
 SHAPE = (16384, 8192)  # tokens x hidden: 128 Mi elements, 256 MiB per bf16 tensor
 QUICK_SHAPE = (256, 1024)
-TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}  # per element, relative to the output's scale
+# per element, relative to the chain's scale: four roundings of eager's intermediates (unit
+# roundoff fp32 6e-8, fp16 5e-4, bf16 4e-3) with margin; a missing 1/(1 - p) is 10% off
+TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 3e-2}
 
 
 def eager_chain(x, bias, residual, p: float = P, out=None):
