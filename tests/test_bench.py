@@ -69,8 +69,13 @@ def test_profile_round_trips_into_plan_and_search(results, tmp_path):
 
     path = tmp_path / "cpu-as-a100.toml"
     eff = write_profile(results, str(path))
-    assert load_profile(str(path)) == pytest.approx(eff, rel=1e-5)
-    best_gemm = max(r["tflops"] for r in results["gemm"] if r["dtype"] == "bf16")
+    loaded = load_profile(str(path))
+    curve = loaded.pop("gemm_curve")
+    assert loaded == pytest.approx({k: v for k, v in eff.items() if k != "gemm_curve"}, rel=1e-5)
+    bf16 = sorted((r for r in results["gemm"] if r["dtype"] == "bf16"), key=lambda r: r["n"])
+    assert curve["n"] == [r["n"] for r in bf16]
+    assert curve["fraction"] == pytest.approx([r["tflops"] / 312 for r in bf16], rel=1e-5)
+    best_gemm = max(r["tflops"] for r in bf16)
     assert eff["gemm"] == pytest.approx(best_gemm / 312, rel=1e-5)  # A100 bf16 dense peak 312 TFLOP/s
     kw = dict(model="llama-3-8b", gpu="A100-80GB-SXM", gpus=8, gbs=64, seq_len=2048, tp=1, pp=1, zero=1, mbs=2)
     base = evaluate(make_plan(**kw)).time["step_s"]
@@ -367,3 +372,52 @@ def test_triton_loaded_interpreted_is_not_offered_for_a_gpu():
         triton_support.kernels("cuda")
     kernels, reason = triton_support.kernels_or_reason("cuda")
     assert kernels is None and reason.startswith("unavailable: Triton was loaded interpreted")
+
+
+def test_a_measured_gemm_curve_sets_the_efficiency_of_each_size(tmp_path):
+    """With a profile's square-GEMM sweep, the time model's efficiency at a measured size is the
+    measured fraction times the training share (what quantization explains is not counted
+    twice), log-interpolated between sizes; small GEMMs slow a narrow model more than a wide one."""
+    from trainplan.estimate.time import gemm_efficiency, gemm_residual_curve
+    from trainplan.plan import conventions
+
+    ratio = conventions()["efficiency"]["gemm_training_fraction_of_mamf"]
+    sweep = {"n": [1024, 2048, 4096, 8192, 16384], "fraction": [0.15, 0.45, 0.70, 0.79, 0.80]}
+    curve = gemm_residual_curve(sweep, sms=132)
+    best = max(sweep["fraction"]) * ratio
+    checked = 0
+    for n, frac in zip(sweep["n"], sweep["fraction"], strict=True):
+        if frac / 0.80 < gemm_efficiency(n, n, n, 1.0, 132):  # below what quantization alone explains
+            assert gemm_efficiency(n, n, n, best, 132, curve=curve) == pytest.approx(frac * ratio, rel=1e-12)
+            checked += 1
+    assert checked == 3  # 1024, 2048, 4096; at 8192 quantization alone explains the shortfall
+    mid = gemm_efficiency(1448, 1448, 1448, best, 132, curve=curve)  # between 1024 and 2048
+    assert gemm_efficiency(1024, 1024, 1024, best, 132, curve=curve) < mid < gemm_efficiency(2048, 2048, 2048, best,
+                                                                                              132, curve=curve)
+    path = tmp_path / "h100.toml"
+    path.write_text("[efficiency]\ngemm = 0.80\n[gemm_curve]\n"
+                    f"n = {sweep['n']}\nfraction = {sweep['fraction']}\n")
+    flat = tmp_path / "flat.toml"
+    flat.write_text("[efficiency]\ngemm = 0.80\n")
+
+    def slowdown(model, tokens):
+        kw = dict(model=model, gpu="H100-SXM", gpus=8, tp=1, pp=1, zero=3, mbs=1, seq_len=tokens, gbs=8)
+        return (evaluate(make_plan(**kw, gpu_profile=str(path))).time["step_s"]
+                / evaluate(make_plan(**kw, gpu_profile=str(flat))).time["step_s"])
+
+    narrow, wide = slowdown("gpt2", 1024), slowdown("llama-3-70b", 4096)
+    assert narrow > wide >= 1.0 and narrow > 1.2
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[efficiency]\ngemm = 0.8\n[gemm_curve]\nn = [4096, 1024]\nfraction = [0.7, 0.2]\n")
+    with pytest.raises(PlanError, match="increasing"):
+        load_profile(str(bad))
+    # the search's bulk evaluation uses the curve exactly as a single plan does
+    from trainplan.search import search
+
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=16, gbs=64, seq_len=2048, gpu_profile=str(path))
+    best_found = search(make_plan(**kw), set(), top=1)["best"][0]
+    p = best_found["parallel"]
+    again = evaluate(make_plan(**kw, tp=p["tp"], pp=p["pp"], cp=p["cp"], zero=p["zero"], mbs=p["mbs"], sp=p["sp"],
+                               recompute=p["recompute"], schedule=p["schedule"],
+                               **({"vpp": p["vpp"]} if p["schedule"] == "interleaved" else {})))
+    assert again.time["step_s"] == pytest.approx(best_found["time"]["step_s"], rel=1e-12)

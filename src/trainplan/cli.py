@@ -404,7 +404,9 @@ def bench(
 
     render_bench(results)
     if eff:
-        typer.echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()))
+        typer.echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()
+                                                                   if k != "gemm_curve")
+                   + (f", GEMM curve over {len(eff['gemm_curve']['n'])} sizes" if "gemm_curve" in eff else ""))
     if plot:
         typer.echo(f"figure written to {plot}")
     if report:

@@ -120,7 +120,7 @@ def _gpu_spec(name: str):
 
 def profile_from(results: dict) -> dict:
     """Efficiencies for the time model: the best bf16 GEMM (fp32 when bf16 was not run) as a
-    fraction of the dense peak of that dtype; the copy bandwidth as a fraction of the
+    fraction of the dense peak of that dtype, and the whole square sweep as "gemm_curve"; the copy bandwidth as a fraction of the
     datasheet HBM bandwidth; SDPA forward + backward at the longest sequence measured as a
     fraction of the peak of its dtype (the time model's FlashAttention efficiency); and, from
     NCCL runs on two or more GPUs, the largest all-reduce's bus bandwidth as a fraction of
@@ -128,14 +128,17 @@ def profile_from(results: dict) -> dict:
     if not results.get("gpu"):
         raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
     spec = _gpu_spec(results["gpu"])
-    eff: dict[str, float] = {}
+    eff: dict = {}
     rows = results.get("gemm") or []
     for dtype in ("bf16", "fp32"):
-        points = [r for r in rows if r["dtype"] == dtype]
+        points = sorted((r for r in rows if r["dtype"] == dtype), key=lambda r: r["n"])
         peak = spec.peak(dtype)
         if points and peak:
             best = max(points, key=lambda r: r["tflops"])
             eff["gemm"] = best["tflops"] * 1e12 / peak
+            if len(points) >= 2:
+                eff["gemm_curve"] = {"dtype": dtype, "n": [r["n"] for r in points],
+                                     "fraction": [r["tflops"] * 1e12 / peak for r in points]}
             break
     copy = [r for r in results.get("memory") or [] if r["kernel"] == "copy"]
     if copy:
@@ -165,9 +168,15 @@ def write_profile(results: dict, path: str) -> dict:
         f'source = "trainplan bench{" --quick" if results.get("quick") else ""}"',
         "",
         "[efficiency]",
-        *(f"{k} = {v:.6g}" for k, v in eff.items()),
+        *(f"{k} = {v:.6g}" for k, v in eff.items() if k != "gemm_curve"),
         "",
     ]
+    curve = eff.get("gemm_curve")
+    if curve:
+        lines += ["# square GEMMs n x n x n: the measured fraction of the dense peak at each size (the time",
+                  "# model takes from it what tile and wave quantization do not explain)",
+                  "[gemm_curve]", f'dtype = "{curve["dtype"]}"', f"n = {curve['n']}",
+                  "fraction = [" + ", ".join(f"{x:.6g}" for x in curve["fraction"]) + "]", ""]
     target = Path(path)
     if not target.parent.exists():
         raise PlanError("profile", f"directory {target.parent} does not exist")

@@ -59,25 +59,47 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
     }
     if profile:
         out.update({k: v for k, v in profile.items() if k in out})
+        if "gemm" in profile:
+            # a profile's GEMM figure is the best measured matmul (like the catalog's MAMF):
+            # training GEMMs reach the same share of it
+            out["gemm"] = profile["gemm"] * eff["gemm_training_fraction_of_mamf"]
+    out["gemm_curve"] = (gemm_residual_curve(profile["gemm_curve"], layout.gpu.sms or 108)
+                         if profile and "gemm_curve" in profile else None)
     return out
 
 
-def gemm_efficiency(m, n, k, peak_eff, sms, elem_bytes=2):
+def gemm_residual_curve(curve: dict, sms: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(log2 n, residual) from a measured square-GEMM sweep {"n": [...], "fraction": [...]}:
+    at each size, the measured fraction of peak that tile and wave quantization (as
+    `gemm_efficiency` models them) do not explain, relative to the best size, capped at 1.
+    What remains is what makes small GEMMs slow besides quantization (launch and pipeline
+    fill, short K loops), which the datasheet model cannot know."""
+    n = np.asarray(curve["n"], dtype=float)
+    frac = np.asarray(curve["fraction"], dtype=float)
+    quantization = gemm_efficiency(n, n, n, 1.0, sms)
+    residual = np.minimum(frac / (np.max(frac) * quantization), 1.0)
+    return tuple(np.log2(n).tolist()), tuple(residual.tolist())
+
+
+def gemm_efficiency(m, n, k, peak_eff, sms, elem_bytes=2, curve=None):
     """Achieved fraction of peak for an (m x k) @ (k x n) GEMM: tile and wave quantization
     (MLE-P 'tile and wave quantization') times an alignment penalty for an innermost
-    dimension that is not a multiple of 16 bytes (thonking.ai: > 2x slower)."""
+    dimension that is not a multiple of 16 bytes (thonking.ai: > 2x slower), times, with a
+    calibrated profile's `curve` (`gemm_residual_curve`), the measured residual at the
+    square size of equal work, (m·n·k)^(1/3), interpolated in log size."""
     m, n, k = (np.maximum(np.asarray(x, dtype=float), 1) for x in (m, n, k))
+    residual = 1.0 if curve is None else np.interp(np.log2(m * n * k) / 3, curve[0], curve[1])
     tiles_m, tiles_n = np.ceil(m / TILE), np.ceil(n / TILE)
     tile_q = (m * n) / (tiles_m * tiles_n * TILE * TILE)
     tiles = tiles_m * tiles_n
     wave_q = tiles / (np.ceil(tiles / sms) * sms)
     aligned = np.where((np.mod(k * elem_bytes, 16) == 0) & (np.mod(n * elem_bytes, 16) == 0), 1.0, 0.5)
-    return peak_eff * tile_q * wave_q * aligned
+    return peak_eff * tile_q * wave_q * aligned * residual
 
 
-def _gemm_time(m, n, k, count, peak, eff, sms, elem_bytes):
+def _gemm_time(m, n, k, count, peak, eff, sms, elem_bytes, curve=None):
     flops = 2.0 * m * n * k * count
-    return flops / (peak * gemm_efficiency(m, n, k, eff, sms, elem_bytes))
+    return flops / (peak * gemm_efficiency(m, n, k, eff, sms, elem_bytes, curve))
 
 
 @lru_cache(maxsize=1024)
@@ -108,17 +130,17 @@ def layer_gemms(model, moe: bool) -> LayerGemms:
                       col(lambda x: float(x.expert)), col(lambda x: x.count))
 
 
-def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes):
+def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None):
     """Forward GEMM seconds of one layer for `tokens` tokens on one rank; every argument may
     be an array (layouts), the layer's linears are the last axis. Layouts share few GEMM
     shapes, so each distinct (tokens, tp, ep) is timed once."""
     if g.fan_in.size == 0:
         return np.zeros(np.broadcast(tokens, tp).shape)
     return per_distinct(_layer_gemm_time, {"tokens": tokens, "tp": tp, "ep": ep}, g=g, kv_heads=kv_heads,
-                        top_k=top_k, peak=peak, eff=eff, sms=sms, elem_bytes=elem_bytes)
+                        top_k=top_k, peak=peak, eff=eff, sms=sms, elem_bytes=elem_bytes, curve=curve)
 
 
-def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes):
+def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None):
     ex = lambda x: np.asarray(x, dtype=float)[..., None]  # noqa: E731
     tokens, tp, ep = ex(tokens), ex(tp), ex(ep)
     k = np.where(g.split == SPLIT["row"], g.fan_in / tp, g.fan_in)
@@ -127,7 +149,7 @@ def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, 
     # routed experts: ep ranks host E/ep experts each and receive top_k·tokens tokens in all
     m = np.where(g.expert > 0, top_k * tokens * ep / g.count, tokens)
     count = np.where(g.expert > 0, g.count / ep, 1.0)
-    return np.sum(_gemm_time(m, n, k, count, peak, eff, sms, elem_bytes), axis=-1)
+    return np.sum(_gemm_time(m, n, k, count, peak, eff, sms, elem_bytes, curve), axis=-1)
 
 
 @dataclass(frozen=True)
@@ -144,6 +166,7 @@ class Hardware:
     latency: float
     gemm_eff: float
     flash_eff: float
+    gemm_curve: tuple | None = None  # measured residual by GEMM size (a calibrated profile's)
 
 
 def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
@@ -160,7 +183,7 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         peak=peak, gemm_peak=gpu.peak("fp8") if plan.precision == "fp8" else peak,
         peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
         sms=gpu.sms or 108, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
-        latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"])
+        latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"], gemm_curve=e["gemm_curve"])
 
 
 # ---- the step: one formula, numbers or arrays (DESIGN §2) ---------------------------------
@@ -196,11 +219,13 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     tokens = mbs * seq / cp
     kvh = model.heads if model.is_mla else model.n_kv_heads
     gemm = {kind: layer_gemm_time(layer_gemms(model, kind == "moe"), tokens, tp, ep, kvh, model.top_k,
-                                  hw.gemm_peak, hw.gemm_eff, hw.sms, elem) for kind in ("dense", "moe")}
+                                  hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve)
+            for kind in ("dense", "moe")}
     heads_local = model.heads / tp
     qk = model.q_dim / model.heads
     vd = model.attn_out_dim / model.heads
-    attn_eager = 2 * _gemm_time(seq, seq, qk, mbs * heads_local / cp, hw.peak, hw.gemm_eff, hw.sms, elem) \
+    attn_eager = 2 * _gemm_time(seq, seq, qk, mbs * heads_local / cp, hw.peak, hw.gemm_eff, hw.sms, elem,
+                                hw.gemm_curve) \
         + (mbs * heads_local * seq * seq / cp) * elem * 4 / hw.hbm  # softmax in and out, mask
     # FlashAttention: the causal half of 2·s·(qk + v) per token and head, at its efficiency
     attn_flash = 0.5 * tokens * seq * heads_local * 2 * (qk + vd) / (hw.peak * hw.flash_eff)
@@ -239,7 +264,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     p2p = np.where(pp > 1, comm.collective_time(comm.SEND_RECV, tokens * h * elem / tp, 2,
                                                 comm.group_busbw(2, tp * cp * dp, gpn, hw.nvlink, hw.nic),
                                                 hw.latency), 0.0)
-    head_fwd = _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, hw.gemm_eff, hw.sms, elem) \
+    head_fwd = _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve) \
         + tokens * vocab_padded / tp * 4 * 3 / hw.hbm
     embed_fwd = tokens * h * elem * 2 / hw.hbm
 
