@@ -227,3 +227,22 @@ def test_gemm_time_per_distinct_shape_equals_direct():
         fast = layer_gemm_time(g, tokens, tp, ep, *args)
         assert fast.shape == (5000, 1)
         assert np.array_equal(fast, _layer_gemm_time(g, tokens, tp, ep, *args))
+
+
+def test_published_rows_take_a_calibrated_profile_for_their_accelerator_only(tmp_path):
+    """`rows(profiles=)`: a profile for H100-SXM changes the H100 rows' predictions (here a
+    GEMM fraction half the catalog's MAMF, so each H100 row slows down) and no other row."""
+    from pathlib import Path
+
+    from trainplan.calibration import rows
+
+    profile = tmp_path / "h100.toml"
+    profile.write_text("[efficiency]\ngemm = 0.4015\n")  # half of H100's MAMF fraction 0.803
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.toml"
+    default, calibrated = rows(path), rows(path, {"H100-SXM": str(profile)})
+    h100 = {"megatron_core_h100", "mosaicml_h100", "llama3_405b"}
+    for d, c in zip(default, calibrated, strict=True):
+        if d["source"] in h100:
+            assert c["predicted"] < 0.85 * d["predicted"]
+        else:
+            assert c["predicted"] == d["predicted"]

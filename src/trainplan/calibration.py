@@ -28,6 +28,7 @@ import numpy as np
 from .estimate.memory import estimate_memory
 from .estimate.time import step_time
 from .plan import make_plan, resolve
+from .profile import load_profile
 from .specs.model import ModelSpec
 
 
@@ -39,33 +40,38 @@ def _gpt(name, hidden, heads, layers, vocab, seq, mlp="gelu") -> ModelSpec:
 
 def evaluate_layout(layout):
     mem = estimate_memory(layout)
-    return {"fits": bool(np.max(mem["total"]) <= layout.gpu.capacity_bytes), "time": step_time(layout, None, mem)}
+    profile = load_profile(layout.plan.gpu_profile) if layout.plan.gpu_profile else None
+    return {"fits": bool(np.max(mem["total"]) <= layout.gpu.capacity_bytes), "time": step_time(layout, profile, mem)}
 
 
-def _with_recompute_rule(spec, **kw):
+def _with_recompute_rule(spec, profiles=None, **kw):
     """recompute none, else selective, else full: the first that fits."""
     for rc in ("none", "selective", "full"):
-        layout = resolve(make_plan(recompute=rc, **kw), spec)
+        layout = resolve(_plan(profiles or {}, recompute=rc, **kw), spec)
         out = evaluate_layout(layout)
         if out["fits"] or rc == "full":
             return layout, out, rc
     raise AssertionError
 
 
-def rows(path: str | Path) -> list[dict]:
+def _plan(profiles: dict[str, str], **kw):
+    """A plan for a published row, with the calibrated profile of its accelerator if one is given."""
+    gpu = kw.get("gpu")
+    return make_plan(**kw, **({"gpu_profile": profiles[gpu]} if gpu in profiles else {}))
+
+
+def rows(path: str | Path, profiles: dict[str, str] | None = None) -> list[dict]:
+    """Every published row against its prediction; `profiles` maps an accelerator name to a
+    calibrated profile (`trainplan bench --profile`) used instead of its catalog defaults."""
     data = tomllib.loads(Path(path).read_text())
-    out = []
-    for table, cfg in data.items():
-        for row in cfg["rows"]:
-            out.append(_compare(table, cfg, row))
-    return out
+    return [_compare(table, cfg, row, profiles or {}) for table, cfg in data.items() for row in cfg["rows"]]
 
 
-def _compare(table: str, cfg: dict, row: list) -> dict:
+def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str]) -> dict:
     if table == "narayanan2021":
         pb, a, h, L, tp, pp, g, gbs, pub = row
         spec = _gpt(f"GPT {pb}B", h, a, L, 51200, 2048)
-        layout = resolve(make_plan(gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=2048,
+        layout = resolve(_plan(profiles, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=2048,
                                    recompute="full", framework="megatron", attention="eager",
                                    precision="fp16", overlap_dp=False), spec)
         t = evaluate_layout(layout)["time"]
@@ -78,7 +84,7 @@ def _compare(table: str, cfg: dict, row: list) -> dict:
         pb, a, h, L, tp, pp, g, gbs, pub = row
         spec = _gpt(f"GPT {pb}B", h, a, L, 131072, 4096)
         layout, out, rc = _with_recompute_rule(
-            spec, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=4096, zero=1, sp=tp > 1,
+            spec, profiles, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=4096, zero=1, sp=tp > 1,
             framework="megatron", attention="flash", precision="bf16", overlap_tp=True, overlap_dp=True)
         pred = out["time"]["tflops_per_gpu"]
         label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, recompute {rc}"
@@ -87,7 +93,7 @@ def _compare(table: str, cfg: dict, row: list) -> dict:
         h, a, L, mp, g, system, gbs, ms, tf = row
         spec = _gpt(f"GPT h{h}", h, a, L, 50257, 1024)
         gpu = "V100" if system == "V100" else "A100-40GB-SXM"
-        layout = resolve(make_plan(gpu=gpu, gpus=g, tp=mp, gbs=gbs, mbs=gbs // (g // mp), seq_len=1024,
+        layout = resolve(_plan(profiles, gpu=gpu, gpus=g, tp=mp, gbs=gbs, mbs=gbs // (g // mp), seq_len=1024,
                                    recompute="full", framework="megatron", attention="eager", precision="fp16",
                                    overlap_dp=False, gpus_per_node=16 if system == "V100" else 8), spec)
         t = evaluate_layout(layout)["time"]
@@ -98,7 +104,7 @@ def _compare(table: str, cfg: dict, row: list) -> dict:
         spec = ModelSpec(name=f"MPT-{name}", source="llm-foundry", layers=L, hidden=d, heads=a, ffn=4 * d,
                          mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="none",
                          max_position=seq, fused_qkv=True)
-        layout = resolve(make_plan(gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16",
+        layout = resolve(_plan(profiles, gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16",
                                    mbs=mb, gbs=gbs, seq_len=seq, attention="flash",
                                    recompute="full" if ckpt else "none"), spec)
         t = evaluate_layout(layout)["time"]
@@ -108,7 +114,7 @@ def _compare(table: str, cfg: dict, row: list) -> dict:
     if table == "llama3_405b":
         g, tp, cp, pp, dp, seq, pub = row
         gbs = 16 * 2**20 // seq  # 16M tokens per batch
-        layout = resolve(make_plan(model="llama-3.1-405b", gpu=cfg["gpu"], gpus=g, tp=tp, cp=cp, pp=pp, gbs=gbs, mbs=1,
+        layout = resolve(_plan(profiles, model="llama-3.1-405b", gpu=cfg["gpu"], gpus=g, tp=tp, cp=cp, pp=pp, gbs=gbs, mbs=1,
                                    seq_len=seq, zero=2, sp=True, recompute="none", schedule="interleaved", vpp=2,
                                    stage_layers=[8] * 15 + [6], framework="megatron", attention="flash",
                                    precision="bf16", overlap_tp=True, overlap_dp=True))
