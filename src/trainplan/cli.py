@@ -108,6 +108,13 @@ def _plan_options(
     gpu_mtbf_hours: Annotated[float | None, typer.Option(help="Mean time between failures per GPU, hours (default 50,800)")] = None,
     checkpoint_gbs: Annotated[float | None, typer.Option(help="Checkpoint write bandwidth per node, GB/s (default 10)")] = None,
     gpu_profile: Annotated[str | None, typer.Option(help="Calibrated hardware profile (TOML) to use instead of the defaults")] = None,
+    sharp: Annotated[bool, typer.Option("--sharp", help="In-network all-reduce: NVLS inside a node, SHARP across nodes")] = False,
+    data_workers: Annotated[int | None, typer.Option(help="Data-loader workers per data-parallel rank (default 8)")] = None,
+    tokenize_rate: Annotated[float | None, typer.Option(help="Tokens/s per worker when tokenizing on the fly (default: pre-tokenized data)")] = None,
+    storage_gbs: Annotated[float | None, typer.Option(help="Effective storage read GB/s per data-parallel rank (default: not a limit)")] = None,
+    data_bytes_per_token: Annotated[float | None, typer.Option(help="Bytes read per token (default 4 for raw text, 2 or 4 for token ids)")] = None,
+    h2d_gbs: Annotated[float | None, typer.Option(help="Host-to-device GB/s per GPU (default 25, PCIe Gen4 x16)")] = None,
+    prefetch: Annotated[bool, typer.Option("--prefetch/--no-prefetch", help="Load the next batches while the step runs")] = True,
     overhead_gib: Annotated[float | None, typer.Option(help="Runtime memory outside the allocator (GiB)")] = None,
     fragmentation: Annotated[float | None, typer.Option(help="Allocator fragmentation, fraction of allocated")] = None,
 ) -> None:

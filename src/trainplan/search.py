@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import PlanError
 from .estimate import activations as act
+from .estimate.data import data_step_seconds
 from .estimate.flops import step_flops
 from .estimate.memory import model_numbers, stage_memory
 from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
@@ -325,7 +326,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=h(dense), stage_moe=h(moe),
             first=h(stage_idx == 0).astype(float), last=h(stage_idx == pp - 1).astype(float),
             total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
-            vocab_padded=h(vocab_padded), sp=(h(tp) > 1) & sequence_parallel)
+            vocab_padded=h(vocab_padded), sp=(h(tp) > 1) & sequence_parallel, sharp=plan.sharp)
         spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
         stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
                   "p2p": spread(stages["p2p"]),
@@ -334,7 +335,9 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             stages, hw, r, pp=sel(pp), dp=sel(col("dp")), cp=sel(col("cp")), tp=sel(tp), zero=sel(col("zero")),
             m=sel(m), vpp=sel(vpp), schedule=sel(sched), overlap_dp=plan.overlap_dp,
             offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=trainable,
-            gbs=sel(col("gbs")), seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"])
+            gbs=sel(col("gbs")), seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
+            sharp=plan.sharp, data_s=data_step_seconds(plan, model, sel(col("gbs")) * seq / sel(col("dp"))),
+            prefetch=plan.prefetch)
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,

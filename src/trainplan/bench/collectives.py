@@ -94,6 +94,7 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: tuple, repeats
                         times.append(time.perf_counter() - t0)
                 results.append({"op": op, "size": elements * 4, "seconds": statistics.median(times), "rel_error": err})
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.barrier()  # no rank tears down the group while another still has work in flight
     finally:
         dist.destroy_process_group()
 

@@ -34,6 +34,7 @@ import numpy as np
 from ..plan import Layout, conventions
 from . import activations as act
 from . import comm
+from .data import data_step_seconds, step_with_data
 from .distinct import per_distinct
 from .flops import step_flops
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
@@ -190,23 +191,24 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
 def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
-                   trainable, gbs, gpus, model_flops, hw_flops, sp=False) -> dict:
+                   trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, data_s=0.0,
+                   prefetch=True) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
     stages = stage_times(model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=recompute,
                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
-                         total_moe=total_moe, vocab_padded=vocab_padded, sp=sp)
+                         total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp)
     return step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                             schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                             gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
-                            hw_flops=hw_flops)
+                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch)
 
 
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
                 overlap_tp, gpn, stage_dense, stage_moe, first, last, total_dense, total_moe,
-                vocab_padded, sp=False) -> dict:
+                vocab_padded, sp=False, sharp=False) -> dict:
     """One micro-batch's forward + backward seconds on each stage, by part ("parts", stage
     axis last), the same summed over all stages ("totals") and the point-to-point transfer
     between stages ("p2p"). Nothing here depends on the pipeline schedule."""
@@ -246,7 +248,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
 
     # -- communication per layer and micro-batch
     tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp,
-                                 comm.group_busbw(tp, 1, gpn, hw.nvlink, hw.nic), hw.latency)
+                                 comm.group_busbw(tp, 1, gpn, hw.nvlink, hw.nic), hw.latency, sharp)
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
@@ -307,16 +309,18 @@ def slowest_stage(parts: dict) -> dict:
 
 
 def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
-                     offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops) -> dict:
+                     offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops, sharp=False,
+                     data_s=0.0, prefetch=True) -> dict:
     """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
-    data-parallel communication and the optimizer update."""
+    data-parallel communication and the optimizer update; then the input pipeline's `data_s`
+    per step, overlapped with all that when prefetching (estimate/data.py)."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
     overlap_dp = f(overlap_dp) > 0
     stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
     pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE)
-    busy = {k: m * v for k, v in per_micro_batch.items()}
-    bubble = np.maximum(pipe - sum(busy.values()), 0.0)
+    parts_busy = {k: m * v for k, v in per_micro_batch.items()}
+    bubble = np.maximum(pipe - sum(parts_busy.values()), 0.0)
 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
     dp_group = dp * cp
@@ -335,13 +339,14 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     z1 = np.where(overlap_dp, np.maximum(0.0, scatter - stage_compute * 2 / 3)
                   + np.maximum(0.0, gather - stage_compute / 3), scatter + gather)
     # plain data parallelism: one all-reduce, bucket by bucket during the last backward
-    ar = comm.collective_time(comm.ALL_REDUCE, grad_bytes, dp_group, dp_bw, hw.latency)
+    ar = comm.collective_time(comm.ALL_REDUCE, grad_bytes, dp_group, dp_bw, hw.latency, sharp)
     z0 = np.where(overlap_dp, np.maximum(0.0, ar - stage_compute * 2 / 3), ar)
     dp_exposed = np.where(zero >= 3, z3, np.where(zero >= 1, z1, z0))
     shard = np.where(zero >= 1, dp_group, 1.0)
     opt_bytes = trainable / shard * (r.grad_bytes + 2 * (r.master_bytes + r.optimizer_bytes) + r.weight_bytes)
     optimizer = np.where(f(offload_optimizer) > 0, 0.0, opt_bytes / hw.hbm)
-    step = pipe + dp_exposed + optimizer
+    busy = pipe + dp_exposed + optimizer
+    step = step_with_data(busy, data_s, prefetch)
     return {
         "step_s": step,
         "tokens_per_s": gbs * seq / step,
@@ -350,7 +355,8 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "mfu": model_flops / (hw.peak_dense * step * gpus),
         "hfu": hw_flops / (hw.peak_dense * step * gpus),
         "bubble_fraction": bubble / step,
-        "breakdown_s": {**busy, "bubble": bubble, "dp_comm": dp_exposed, "optimizer": optimizer},
+        "breakdown_s": {**parts_busy, "bubble": bubble, "dp_comm": dp_exposed, "optimizer": optimizer,
+                        "data": step - busy},
         "stage_s": stages.get("stage_s"),
         "micro_batch_s": per_micro_batch,
     }
@@ -379,7 +385,8 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         total_dense=sum(layout.stage_dense_layers), total_moe=sum(layout.stage_moe_layers),
         vocab_padded=layout.vocab_padded, trainable=float(np.max(mem["trainable_params"])),
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
-        sp=layout.sp)
+        sp=layout.sp, sharp=plan.sharp, data_s=data_step_seconds(plan, model, layout.gbs * layout.seq_len / layout.dp),
+        prefetch=plan.prefetch)
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])

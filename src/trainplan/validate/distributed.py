@@ -132,6 +132,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         result = {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": opt_bytes,
                   "activations_bytes": saved, "flops": flops, "regions": regions}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()  # no rank tears down gloo while another still has work in flight
     finally:
         dist.destroy_process_group()
 

@@ -163,7 +163,7 @@
       [t("tflops"), fmt(tm.tflops_per_gpu, 0)], [t("mfu"), pct(tm.mfu)], [t("bubble"), pct(tm.bubble_fraction)],
       [t("max_mbs"), mem.max_mbs]].map(([k, v]) => `<span>${k}: <b>${v}</b></span>`).join("");
     const colours = { compute: "#4c9be8", tp_comm: "#e74c3c", pp_comm: "#f39c12", dp_comm: "#8e44ad",
-      ep_comm: "#16a085", cp_comm: "#d35400", bubble: "#bdc3c7", optimizer: "#7f8c8d" };
+      ep_comm: "#16a085", cp_comm: "#d35400", bubble: "#bdc3c7", optimizer: "#7f8c8d", data: "#2c3e50" };
     const total = Object.values(tm.breakdown_s).reduce((a, b) => a + b, 0) || 1;
     $("breakdown").innerHTML = Object.entries(tm.breakdown_s).filter(([, v]) => v > 0).map(([k, v]) =>
       `<div style="width:${100 * v / total}%;background:${colours[k] || "#999"}" title="${t(k === "optimizer" ? "optimizer_time" : k)} ${pct(v / total)}"></div>`).join("");
