@@ -15,6 +15,7 @@ from .gemm import torch_dtype
 HEADS, HEAD_DIM, TOKENS = 16, 128, 16384  # batch = TOKENS / seq
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK = (2, 64, 256, (64, 128, 256))  # heads, head_dim, tokens, seqs
+CPU = (4, 64, 2048, (128, 256, 512, 1024))  # a host's memory and an interpreted kernel
 TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 3e-2}  # relative Frobenius error of the checked rows
 GRAD_TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 6e-2}  # dQ, dK, dV of one head
 BACKWARD_FLOPS = 2.5  # backward / forward: 5 matmuls against 2 (FlashAttention-2 §3.1.2)
@@ -77,7 +78,7 @@ def _check(out, q, k, v, dtype: str, label: str) -> float:
 
 
 def run(device: str, quick: bool, progress=None) -> list[dict]:
-    heads, head_dim, tokens, seqs = QUICK if quick else (HEADS, HEAD_DIM, TOKENS, SEQS)
+    heads, head_dim, tokens, seqs = QUICK if quick else (HEADS, HEAD_DIM, TOKENS, SEQS) if device == "cuda" else CPU
     dtype = "bf16" if device == "cuda" else "fp32"  # Triton's interpreter has no bf16
     kernels, reason = triton_support.kernels_or_reason(device)
     rows = []

@@ -17,6 +17,7 @@ from . import triton_support
 P = 0.1
 SHAPE = (16384, 8192)  # tokens x hidden: 128 Mi elements, 256 MiB per bf16 tensor
 QUICK_SHAPE = (256, 1024)
+CPU_SHAPE = (4096, 4096)
 # per element, relative to the chain's scale: four roundings of eager's intermediates (unit
 # roundoff fp32 6e-8, fp16 5e-4, bf16 4e-3) with margin; a missing 1/(1 - p) is 10% off
 TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 3e-2}
@@ -67,7 +68,7 @@ def run(device: str, quick: bool, progress=None) -> list[dict]:
     from .timing import median_seconds
 
     dtype = "bf16" if device == "cuda" else "fp32"  # Triton's interpreter has no bf16
-    rows_, cols = QUICK_SHAPE if quick else SHAPE
+    rows_, cols = QUICK_SHAPE if quick else SHAPE if device == "cuda" else CPU_SHAPE
     gen = torch.Generator(device="cpu").manual_seed(3)
     x, residual = (torch.randn(rows_, cols, generator=gen).to(device, torch_dtype(dtype)) for _ in range(2))
     bias = torch.randn(cols, generator=gen).to(device, torch_dtype(dtype))
@@ -77,7 +78,9 @@ def run(device: str, quick: bool, progress=None) -> list[dict]:
     variants = [("eager", lambda: eager_chain(x, bias, residual, out=out), None)]
     kernels, reason = triton_support.kernels_or_reason(device)
     seeds = iter(range(1, 1 << 30))  # a fresh dropout mask per call, as eager and compiled draw
-    fused = (lambda: kernels.bias_gelu_dropout_residual(x, bias, residual, P, next(seeds), out=out)) if kernels else None
+    block = 1024 if device == "cuda" else 1 << 16  # interpreted: each program instance costs Python time
+    fused = ((lambda: kernels.bias_gelu_dropout_residual(x, bias, residual, P, next(seeds), out=out, block=block))
+             if kernels else None)
     triton_variant = ("triton fused", fused, reason)
     # torch.compile second: it may import Triton, which must first know whether to interpret
     try:

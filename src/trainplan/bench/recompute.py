@@ -9,6 +9,7 @@ from __future__ import annotations
 # (hidden, vocab, batch, seq): depth is hidden/128 (the family rule `search --max-model` uses)
 SIZE = (2048, 32768, 4, 2048)
 QUICK_SIZE = (512, 4096, 2, 256)
+CPU_SIZE = (768, 16384, 2, 512)
 VARIANTS = ("none", "selective", "full")
 
 
@@ -27,7 +28,7 @@ def run(device: str, quick: bool, progress=None) -> list[dict]:
     from ..validate.models import DecoderLM
     from .timing import median_seconds
 
-    hidden, vocab, batch, seq = QUICK_SIZE if quick else SIZE
+    hidden, vocab, batch, seq = QUICK_SIZE if quick else SIZE if device == "cuda" else CPU_SIZE
     spec = family_model(hidden, vocab=vocab)
     gen = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
