@@ -421,3 +421,21 @@ def test_a_measured_gemm_curve_sets_the_efficiency_of_each_size(tmp_path):
                                recompute=p["recompute"], schedule=p["schedule"],
                                **({"vpp": p["vpp"]} if p["schedule"] == "interleaved" else {})))
     assert again.time["step_s"] == pytest.approx(best_found["time"]["step_s"], rel=1e-12)
+
+
+def test_the_timed_path_of_our_kernels_runs_as_on_a_gpu(monkeypatch):
+    """On a GPU our kernels are timed and compared with the vendor's; here the interpreter is
+    timed instead (numbers meaningless, code path the same): ratios and the report's targets."""
+    pytest.importorskip("triton")
+    from trainplan.bench import attention, fusion, report, tiling, triton_support
+
+    monkeypatch.setattr(triton_support, "timed", lambda device: True)
+    tiled = tiling.run("cpu", quick=True)
+    assert all(r["seconds"] > 0 and r["vs_torch"] == pytest.approx(tiled[0]["seconds"] / r["seconds"]) for r in tiled)
+    attn_rows = attention.run("cpu", quick=True)
+    attn = [r for r in attn_rows if r["variant"] == "triton flash"]
+    assert all(r["seconds"] > 0 and r["tflops"] > 0 and r["vs_sdpa"] > 0 and r["note"] is None for r in attn)
+    fused = fusion.run("cpu", quick=True)[-1]
+    assert fused["variant"] == "triton fused" and fused["seconds"] > 0 and fused["speedup"] > 0
+    names = {name for name, _, _ in report.headline({"tiling": tiled, "attention": attn_rows})}
+    assert {"tiled Triton matmul / torch.matmul", "Triton FlashAttention forward / SDPA"} <= names
