@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainplan.cli import app
+from trainplan.errors import PlanError
 from trainplan.export import export
 from trainplan.plan import make_plan, resolve
 
@@ -95,3 +96,25 @@ def test_export_cli_writes_file(tmp_path):
     assert json.loads(out.read_text())["zero_optimization"]["stage"] == 2
     bad = CliRunner().invoke(app, ["export", "--to", "nemo"])
     assert bad.exit_code == 2 and "error: to:" in bad.output
+
+
+def test_llama3_split_interleaves_in_torchtitan_but_not_megatron():
+    """Llama 3 405B's 126 layers on 16 stages (7, 8, ..., 8, 7) with two virtual stages per rank:
+    torchtitan cuts 128 weighted layers into 32 virtual stages of 4, the first and last one
+    lighter; Megatron-LM's --num-layers-per-virtual-pipeline-stage needs equal ones, so a
+    Megatron plan refuses the split and a Megatron export of another plan says why."""
+    kw = dict(model="llama-3.1-405b", gpus=16384, tp=8, pp=16, schedule="interleaved", vpp=2, gbs=2048, seq_len=8192)
+    lay = resolve(make_plan(**kw))
+    assert lay.stage_layers == [7] + [8] * 14 + [7]
+    par = tomllib.loads(export(lay, "torchtitan"))["parallelism"]
+    assert (par["pipeline_parallel_layers_per_stage"], par["pipeline_parallel_first_stage_less_layers"],
+            par["pipeline_parallel_last_stage_less_layers"]) == (4, 1, 1)
+    with pytest.raises(PlanError, match="divisible by 2") as err:
+        export(lay, "megatron")
+    assert err.value.field == "vpp" and "torchtitan" in str(err.value)
+    with pytest.raises(PlanError, match="divisible by 2"):
+        resolve(make_plan(**kw, framework="megatron"))
+    even = resolve(make_plan(model="llama-3-70b", gpus=64, tp=8, pp=4, schedule="interleaved", vpp=2, gbs=256))
+    assert tomllib.loads(export(even, "torchtitan"))["parallelism"]["pipeline_parallel_layers_per_stage"] == 10
+    with pytest.raises(PlanError, match="first and last one layer lighter"):
+        resolve(make_plan(model="llama-3-70b", gpus=64, tp=8, pp=4, schedule="interleaved", vpp=3, gbs=256))

@@ -197,7 +197,7 @@ def _scalar_reference(plan, space, gpus: int) -> dict:
     """Every combination of the space, one at a time, kept when it passes each rule."""
     from trainplan.estimate import activations as act
     from trainplan.estimate.pipeline import SCHEDULE_CODE
-    from trainplan.plan import default_stage_split, load_model
+    from trainplan.plan import default_stage_split, interleaving_problem, load_model
 
     model = load_model(plan)
     seq = plan.seq_len or min(model.max_position, 4096)
@@ -226,7 +226,8 @@ def _scalar_reference(plan, space, gpus: int) -> dict:
         else:
             m = plan.gbs // (dp * mbs)
         if sched == "interleaved":
-            if pp < 2 or vpp < 2 or m % pp or any(n % vpp for n in default_stage_split(model.layers, pp)):
+            split = default_stage_split(model.layers, pp)
+            if pp < 2 or vpp < 2 or m % pp or interleaving_problem(split, vpp, plan.framework):
                 continue
         elif vpp != 1:
             continue

@@ -9,11 +9,10 @@ not give are chosen by one rule for all rows, never fitted per row:
 * 2019-2021 Megatron runs: fp16, materialised attention (pre-FlashAttention), gradient
   all-reduce after the backward; 2024 Megatron-Core: bf16, FlashAttention, the published
   overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention;
-* Llama 3 405B: as published, no recompute, the interleaved schedule and ZeRO-2 (FSDP
-  sharding optimizer states and gradients); v = 2 (not published: the smallest), on the
-  split [8 x 15, 6] (interleaving here needs each stage's layers divisible by v; the paper's
-  balanced split has the same largest stage, 8 layers); bf16, FlashAttention, SP with TP,
-  the Megatron-Core overlap flags.
+* Llama 3 405B: as published, no recompute, the interleaved schedule on the paper's split
+  (one layer fewer on the first and last stages: 7, 8, ..., 8, 7) and ZeRO-2 (FSDP sharding
+  optimizer states and gradients: the ZeRO paper's byte accounting); v = 2 (not published:
+  the smallest); bf16, FlashAttention, SP with TP, TP and DP communication overlapped.
 
 Each source is compared on the figure it measured (throughput per GPU, or iteration time).
 """
@@ -116,8 +115,8 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str]) -> dict
         gbs = 16 * 2**20 // seq  # 16M tokens per batch
         layout = resolve(_plan(profiles, model="llama-3.1-405b", gpu=cfg["gpu"], gpus=g, tp=tp, cp=cp, pp=pp, gbs=gbs, mbs=1,
                                    seq_len=seq, zero=2, sp=True, recompute="none", schedule="interleaved", vpp=2,
-                                   stage_layers=[8] * 15 + [6], framework="megatron", attention="flash",
-                                   precision="bf16", overlap_tp=True, overlap_dp=True))
+                                   framework="deepspeed", attention="flash", precision="bf16", overlap_tp=True,
+                                   overlap_dp=True))
         assert layout.dp == dp
         pred = evaluate_layout(layout)["time"]["tflops_per_gpu"]
         label = f"Llama 3 405B, TP {tp} CP {cp} PP {pp} DP {dp}, {g:,} GPUs, s {seq:,}"

@@ -200,6 +200,26 @@ class Layout:
         return self.micro_batches
 
 
+def interleaving_problem(split: list[int], v: int, framework: str) -> str | None:
+    """Why `split` (layers per stage) cannot run v virtual stages per rank, or None. Megatron-LM
+    (--num-layers-per-virtual-pipeline-stage) needs equal virtual stages; torchtitan
+    (pipeline_parallel_layers_per_stage) also allows the first and last virtual stage one layer
+    lighter, for the embedding and the head (Llama 3 405B: 126 layers as 7, 8, ..., 8, 7 on 16 x 2)."""
+    if all(n % v == 0 for n in split):
+        return None
+    pp, layers = len(split), sum(split)
+    if framework != "megatron" and (layers + 2) % (pp * v) == 0 and (layers + 2) // (pp * v) >= 2:
+        per = (layers + 2) // (pp * v)  # every virtual stage keeps at least one layer
+        chunks = [per] * (pp * v)
+        chunks[0] -= 1
+        chunks[-1] -= 1
+        if [sum(chunks[r::pp]) for r in range(pp)] == split:
+            return None
+    lighter = "" if framework == "megatron" else ", or equal but for a first and last one layer lighter"
+    return (f"{v} virtual stages per rank need each stage's layers {split} divisible by {v}{lighter} "
+            f"({framework} conventions)")
+
+
 def default_stage_split(layers: int, pp: int) -> list[int]:
     """Even split; when it does not divide, the first and last stages (which also hold the
     embedding and the output head) give up layers first, as Llama 3 405B does
@@ -280,8 +300,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                             f"({model.layers}); got sum {sum(split)}")
     else:
         split = default_stage_split(model.layers, pp)
-    if vpp > 1 and any(n % vpp for n in split):
-        raise PlanError("vpp", f"each stage's layer count {split} must divide into {vpp} virtual stages")
+    if vpp > 1:
+        problem = interleaving_problem(split, vpp, plan.framework)
+        if problem:
+            raise PlanError("vpp", problem)
     bounds = [sum(split[:i]) for i in range(pp + 1)]
     moe_flags = [model.is_moe_layer(i) for i in range(model.layers)]
     stage_moe = [sum(moe_flags[bounds[i]:bounds[i + 1]]) for i in range(pp)]

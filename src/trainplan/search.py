@@ -31,7 +31,7 @@ from .estimate.memory import model_numbers, stage_memory
 from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
 from .estimate.recipe import recipe
 from .estimate.time import hardware, stage_times, step_from_stages
-from .plan import Plan, conventions, default_stage_split, load_model, resolve
+from .plan import Plan, conventions, default_stage_split, interleaving_problem, load_model, resolve
 from .units import GiB
 
 REPRESENTATIVE = 4
@@ -153,11 +153,14 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
     cols = _expand(cols, {"schedule": [p[0] for p in pairs], "vpp": [p[1] for p in pairs]})
     pp, vpp, inter = cols["pp"], cols["vpp"], cols["schedule"] == inter_code
     ok = ~inter | ((pp >= 2) & ((cols["m"] % np.maximum(pp, 1)) == 0))
-    # interleaving needs every stage's layers divisible by v (default split)
+    # interleaving needs a split into equal virtual stages (or, outside Megatron, ones lighter by
+    # a layer at both ends) of the default split
     for p in {int(x) for x in space.pp}:
-        split = default_stage_split(model.layers, p) if p <= model.layers else []
+        if p > model.layers:
+            continue
+        split = default_stage_split(model.layers, p)
         for v in {v for _, v in pairs if v > 1}:
-            if any(n % v for n in split):
+            if interleaving_problem(split, v, plan.framework):
                 ok &= ~((pp == p) & (vpp == v) & inter)
     cols = _keep(cols, ok)
     return {k: cols[k] for k in ("tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "m",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 
+from ..errors import PlanError
+
 
 def megatron_args(layout) -> str:
     p, m = layout.plan, layout.model
@@ -35,6 +37,10 @@ def megatron_args(layout) -> str:
     if layout.sp:
         flags.append("--sequence-parallel")
     if p.schedule == "interleaved":
+        if any(n % layout.vpp for n in layout.stage_layers):
+            raise PlanError("vpp", f"Megatron-LM's --num-layers-per-virtual-pipeline-stage needs every stage's layers "
+                            f"{layout.stage_layers} divisible by {layout.vpp}; choose --stage-layers or --vpp to "
+                            "match, or export to torchtitan (virtual stages may differ by a layer there)")
         a.append(("--num-layers-per-virtual-pipeline-stage", layout.stage_layers[0] // layout.vpp))
     if p.recompute != "none":
         a.append(("--recompute-granularity", p.recompute))
