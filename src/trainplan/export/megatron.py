@@ -39,8 +39,9 @@ def megatron_args(layout) -> str:
     if p.schedule == "interleaved":
         if any(n % layout.vpp for n in layout.stage_layers):
             raise PlanError("vpp", f"Megatron-LM's --num-layers-per-virtual-pipeline-stage needs every stage's layers "
-                            f"{layout.stage_layers} divisible by {layout.vpp}; choose --stage-layers or --vpp to "
-                            "match, or export to torchtitan (virtual stages may differ by a layer there)")
+                            f"{layout.stage_layers} divisible by {layout.vpp}; plan (or search) with --framework "
+                            "megatron to keep to such splits, or export to torchtitan (virtual stages may differ "
+                            "by a layer there)")
         a.append(("--num-layers-per-virtual-pipeline-stage", layout.stage_layers[0] // layout.vpp))
     if p.recompute != "none":
         a.append(("--recompute-granularity", p.recompute))
