@@ -44,6 +44,9 @@ def test_a_slow_loader_sets_the_step_and_shows_in_the_breakdown():
     assert data > fast["step_s"]
     assert prefetched["step_s"] == pytest.approx(data, rel=1e-12)
     assert prefetched["breakdown_s"]["data"] == pytest.approx(prefetched["step_s"] - fast["step_s"], rel=1e-9)
+    stages = prefetched["input_pipeline_s"]
+    assert stages["tokenize"] == pytest.approx(data, rel=1e-12) and stages["storage"] == 0.0
+    assert stages["per_step_s"] == pytest.approx(data, rel=1e-12) and stages["prefetch"] is True
     serial = evaluate(make_plan(**slow_kw, prefetch=False)).time
     h2d = tokens_per_rank * 8 / 25e9
     assert serial["step_s"] == pytest.approx(fast["step_s"] + data + h2d, rel=1e-12)

@@ -158,6 +158,12 @@ def render_time(c: Console, data: dict) -> None:
     total = sum(b.values()) or 1.0
     c.print("  where the step goes: " + ", ".join(f"{k.replace('_', ' ')} {v / total:.0%}"
                                                   for k, v in b.items() if v > 0.005 * total))
+    inp = t.get("input_pipeline_s")
+    if inp and b.get("data", 0) > 0:
+        stages = ", ".join(f"{k.replace('_', ' ')} {inp[k] * 1e3:.3g} ms"
+                           for k in ("storage", "tokenize", "host_to_device") if inp[k] > 0)
+        c.print(f"  input pipeline per step and data-parallel rank: {stages} "
+                f"({'prefetched: the slowest stage sets the pace' if inp['prefetch'] else 'serial: the stages add up'})")
     cost = f"${tr['cost_usd']:,.0f}" if tr["cost_usd"] is not None else "price unknown (--price)"
     c.print(f"[bold]training[/] {tr['tokens'] / 1e9:,.0f}B tokens · {tr['steps']:,.0f} steps · "
             f"{tr['days']:,.1f} days · {tr['gpu_hours']:,.0f} GPU-hours · {cost} · "

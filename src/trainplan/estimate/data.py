@@ -59,3 +59,10 @@ def data_options(plan, model) -> dict:
 def data_step_seconds(plan, model, tokens_per_rank):
     """Input time per step for `tokens_per_rank` tokens on each data-parallel rank."""
     return data_seconds(data_stage_seconds(tokens_per_rank, **data_options(plan, model)), plan.prefetch)
+
+
+def data_report(plan, model, tokens_per_rank: float) -> dict:
+    """Each input stage's seconds per step on one data-parallel rank, for the plan report."""
+    stages = data_stage_seconds(tokens_per_rank, **data_options(plan, model))
+    return {**{k: float(v) for k, v in stages.items()}, "prefetch": plan.prefetch,
+            "per_step_s": float(data_seconds(stages, plan.prefetch))}

@@ -34,7 +34,7 @@ import numpy as np
 from ..plan import Layout, conventions
 from . import activations as act
 from . import comm
-from .data import data_step_seconds, step_with_data
+from .data import data_report, data_step_seconds, step_with_data
 from .distinct import per_distinct
 from .flops import step_flops
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
@@ -401,4 +401,5 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         "hardware_flops_per_step": float(fl["hardware"]),
         "per_microbatch_stage_s": [num(x) for x in out["stage_s"]],
         "micro_batch_s": {k: num(v) for k, v in out["micro_batch_s"].items()},
+        "input_pipeline_s": data_report(plan, model, layout.gbs * layout.seq_len / layout.dp),
     }
