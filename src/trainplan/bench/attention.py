@@ -2,10 +2,11 @@
 and probabilities to memory, our Triton FlashAttention forward (online softmax, seed 004's
 algorithm: the scores live only in on-chip blocks), and PyTorch's
 `scaled_dot_product_attention` (forward, and forward + backward: the kernel a training step
-runs, whose efficiency a profile gives the time model). Time and, on a GPU, the peak memory above the inputs, over
-sequence lengths at a constant number of tokens, so the materialised variant's memory grows
-with S and the blocked ones' stays flat per token. Outputs are checked against float64 on
-sampled query rows of the first and last heads."""
+runs, whose efficiency a profile gives the time model). Time and, on a GPU, the peak memory
+above the inputs, over sequence lengths at a constant number of tokens, so the materialised
+variant's memory grows with S (S² per sequence) and the blocked ones' stays flat (S per
+sequence). Outputs are checked against float64 on sampled query rows of the first and last
+heads."""
 
 from __future__ import annotations
 
