@@ -42,6 +42,7 @@ def test_api_plan_matches_cli_json():
     ({"gpu_profile": "/etc/hosts"}, "gpu_profile", "file paths are not accepted"),
     ({"hf_config": {"model_type": "bert"}}, "hf_config.model_type", "unsupported model_type"),
     ({"model": "llama-3-8b", "bogus": 1}, "bogus", "Extra inputs are not permitted"),
+    ({"model": "llama-3-8b", "storage_gbs": 0}, "storage_gbs", "greater than 0"),
 ])
 def test_api_invalid_input_is_422_with_field_and_rule(body, field, words):
     res = client.post("/api/plan", json=body)
@@ -49,6 +50,19 @@ def test_api_invalid_input_is_422_with_field_and_rule(body, field, words):
     data = res.json()
     assert data["field"] == field and words in data["rule"]
     assert data["detail"][0]["loc"] == ["body", field]
+
+
+def test_api_input_pipeline_and_sharp_reach_the_step():
+    """The explorer's data and network fields: a slow tokenizer shows as waiting for data, and
+    in-network all-reduce shortens the TP collectives."""
+    base = {"model": "llama-3-70b", "gpus": 64, "tp": 8, "pp": 4, "gbs": 256, "sp": True}
+    plain = client.post("/api/plan", json=base).json()["time"]
+    slow = client.post("/api/plan", json={**base, "tokenize_rate": 2000, "data_workers": 2}).json()["time"]
+    assert plain["breakdown_s"]["data"] == 0 and slow["breakdown_s"]["data"] > 0
+    # 256 sequences of 4,096 tokens (the default length) over DP 2, tokenized by 2 workers at 2,000 tokens/s
+    assert slow["input_pipeline_s"]["tokenize"] == pytest.approx(256 * 4096 / 2 / (2 * 2000), rel=1e-12)
+    sharp = client.post("/api/plan", json={**base, "sharp": True}).json()["time"]
+    assert sharp["breakdown_s"]["tp_comm"] < plain["breakdown_s"]["tp_comm"]
 
 
 def test_api_hf_config_object(data_dir):

@@ -39,7 +39,7 @@
     for (const [k, v] of Object.entries(state)) {
       if (k === "hf_config") continue;
       if (["model", "gpu", "recompute", "schedule", "precision", "optimizer"].includes(k)) body[k] = v;
-      else if (k === "sp") body[k] = true;
+      else if (k === "sp" || k === "sharp") body[k] = true;
       else body[k] = Number(v);
     }
     if (state.hf_config) {
