@@ -125,7 +125,7 @@ def _measure_seq(seq, batch, heads, head_dim, dtype, device, kernels, reason, pr
         try:
             out.fill_(float("nan"))
             result, row["peak_bytes"] = _peak_above_inputs(fn, device)
-        except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError only from 2.5
+        except torch.cuda.OutOfMemoryError:  # the name older PyTorch releases have too
             torch.cuda.empty_cache()
             row["note"] = "out of memory"
             continue
