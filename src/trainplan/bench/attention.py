@@ -11,6 +11,7 @@ heads."""
 from __future__ import annotations
 
 from . import triton_support
+from .check import relative_error
 from .gemm import torch_dtype
 
 HEADS, HEAD_DIM, TOKENS = 16, 128, 16384  # batch = TOKENS / seq
@@ -46,13 +47,11 @@ def flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool = True) 
 
 def _check_grads(q, k, v, dout, dtype: str) -> float:
     """dQ, dK, dV of the first head against float64 autograd of the materialised formula."""
-    import torch
 
     leaves = [t[0, 0].detach().double().requires_grad_() for t in (q, k, v)]
     ref = materialized(*(t[None, None] for t in leaves))
     ref.backward(dout[0, 0].double()[None, None])
-    err = max(float(torch.linalg.norm(t.grad[0, 0].double() - leaf.grad) / torch.linalg.norm(leaf.grad))
-              for t, leaf in zip((q, k, v), leaves, strict=True))
+    err = max(relative_error(t.grad[0, 0], leaf.grad) for t, leaf in zip((q, k, v), leaves, strict=True))
     if not err <= GRAD_TOLERANCE[dtype]:
         raise RuntimeError(f"sdpa backward is wrong: relative gradient error {err:.2e} > {GRAD_TOLERANCE[dtype]:.0e}")
     return err
@@ -71,7 +70,7 @@ def _check(out, q, k, v, dtype: str, label: str) -> float:
         scores.masked_fill_(idx[:, None] < torch.arange(s)[None, :], float("-inf"))
         ref = torch.softmax(scores, dim=-1) @ v64
         got = out[0, head].double().cpu()[idx]
-        errs.append(float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref)))
+        errs.append(relative_error(got, ref))
     err = max(errs)
     if not err <= TOLERANCE[dtype]:  # NaN (the poison survived) fails too
         raise RuntimeError(f"{label} attention is wrong: relative error {err:.2e} > {TOLERANCE[dtype]:.0e}")

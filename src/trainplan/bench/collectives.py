@@ -52,6 +52,8 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: tuple, repeats
     import torch
     import torch.distributed as dist
 
+    from .check import relative_error
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device == "cuda":
         torch.cuda.set_device(rank)
@@ -82,7 +84,7 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: tuple, repeats
                 call()
                 sync()
                 ref = _expected(op, rank, world, elements, seed)
-                err = float(torch.linalg.norm(dst.double().cpu() - ref) / torch.linalg.norm(ref))
+                err = relative_error(dst, ref)
                 times = []
                 for i in range(repeats + 2):
                     dist.barrier()

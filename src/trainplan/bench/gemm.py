@@ -28,6 +28,7 @@ def gemm_point(n: int, dtype: str, device: str, seed: int = 0, m: int | None = N
     then timed."""
     import torch
 
+    from .check import relative_error
     from .timing import median_seconds
 
     m, k = m or n, k or n
@@ -40,7 +41,7 @@ def gemm_point(n: int, dtype: str, device: str, seed: int = 0, m: int | None = N
     try:
         torch.matmul(a, b, out=out)
         ref = a.double() @ b.double()  # float64 on the same device (a GPU's fp64 units are fast)
-        err = float(torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref))
+        err = relative_error(out, ref)
         if not err <= TOLERANCE[dtype]:  # also catches NaN: the poison survived
             raise RuntimeError(f"{dtype} GEMM {m}x{k}x{n} is wrong: relative error {err:.2e} > "
                                f"{TOLERANCE[dtype]:.0e}")

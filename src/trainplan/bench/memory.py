@@ -15,6 +15,7 @@ STRIDE = 16
 def run(device: str, quick: bool, progress=None) -> list[dict]:
     import torch
 
+    from .check import relative_error
     from .timing import median_seconds
 
     n = QUICK_ELEMENTS if quick else ELEMENTS
@@ -36,7 +37,7 @@ def run(device: str, quick: bool, progress=None) -> list[dict]:
     a.fill_(float("nan"))
     torch.add(b, c, alpha=scale, out=a)
     ref = b.double() + scale * c.double()
-    err = float(torch.linalg.norm(a.double() - ref) / torch.linalg.norm(ref))
+    err = relative_error(a, ref)
     if not err <= 1e-6:
         raise RuntimeError(f"triad is wrong: relative error {err:.2e} > 1e-06")
     seconds = median_seconds(lambda: torch.add(b, c, alpha=scale, out=a), device)

@@ -26,6 +26,7 @@ def run(device: str, quick: bool, progress=None) -> list[dict]:
     from ..search import family_model
     from ..validate.measure import SavedTensors
     from ..validate.models import DecoderLM
+    from .check import relative_error
     from .timing import median_seconds
 
     hidden, vocab, batch, seq = QUICK_SIZE if quick else SIZE if device == "cuda" else CPU_SIZE
@@ -49,7 +50,7 @@ def run(device: str, quick: bool, progress=None) -> list[dict]:
             reference = (loss, grads)
         else:
             loss_err = abs(float(loss) - float(reference[0])) / abs(float(reference[0]))
-            grad_err = float(torch.linalg.norm(grads - reference[1]) / torch.linalg.norm(reference[1]))
+            grad_err = relative_error(grads, reference[1])
             if not (loss_err <= 1e-6 and grad_err <= 1e-5):
                 raise RuntimeError(f"recompute {variant} changed the math: loss error {loss_err:.1e}, "
                                    f"gradient error {grad_err:.1e}")

@@ -8,6 +8,7 @@ interpreter, checked but not timed."""
 from __future__ import annotations
 
 from . import triton_support
+from .check import relative_error
 from .gemm import TOLERANCE, torch_dtype
 
 SIZES = (1024, 4096)
@@ -17,12 +18,6 @@ BLOCKS = ((32, 32, 32, 8, 4, 2), (64, 64, 32, 8, 4, 3), (128, 128, 32, 8, 4, 4),
           (128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3))
 QUICK_BLOCKS = ((16, 16, 16, 2, 4, 2), (32, 32, 32, 2, 4, 2), (64, 64, 32, 2, 4, 2))
 CPU_SIZES = (96, 256)  # interpreted: checked only, so small
-
-
-def _rel_error(out, ref) -> float:
-    import torch
-
-    return float(torch.linalg.norm(out.double() - ref) / torch.linalg.norm(ref))
 
 
 def run(device: str, quick: bool, progress=None) -> list[dict]:
@@ -63,7 +58,7 @@ def _measure_size(n, dtype, device, kernels, reason, blocks, progress) -> list[d
             progress(f"tiling {n}^3 {kernel} {label}")
         out.fill_(float("nan"))  # poisoned
         fn()
-        err = _rel_error(out, ref)
+        err = relative_error(out, ref)
         if not err <= TOLERANCE[dtype]:
             raise RuntimeError(f"{kernel} {label} matmul {n}^3 is wrong: relative error {err:.2e} > "
                                f"{TOLERANCE[dtype]:.0e}")
