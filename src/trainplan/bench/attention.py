@@ -10,6 +10,7 @@ heads."""
 
 from __future__ import annotations
 
+from ..estimate.flops import ATTN_BWD_FUSED
 from . import triton_support
 from .check import relative_error
 from .gemm import torch_dtype
@@ -20,7 +21,6 @@ QUICK = (2, 64, 256, (64, 128, 256))  # heads, head_dim, tokens, seqs
 CPU = (4, 64, 2048, (128, 256, 512, 1024))  # a host's memory and an interpreted kernel
 TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 3e-2}  # relative Frobenius error of the checked rows
 GRAD_TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 6e-2}  # dQ, dK, dV of one head
-BACKWARD_FLOPS = 2.5  # backward / forward: 5 matmuls against 2 (FlashAttention-2 §3.1.2)
 CHECK_ROWS = 128  # query rows checked at each end of the sequence
 
 
@@ -133,7 +133,7 @@ def _measure_seq(seq, batch, heads, head_dim, dtype, device, kernels, reason, pr
         work = flops(batch, heads, seq, head_dim)
         if name == "sdpa fwd+bwd":
             row["grad_error"] = _check_grads(qg, kg, vg, dout, dtype)
-            work *= 1 + BACKWARD_FLOPS
+            work *= 1 + ATTN_BWD_FUSED  # the time model's backward / forward ratio
         if timeable:
             row["seconds"] = median_seconds(fn, device, warmup=2, repeats=10)
             row["tflops"] = work / row["seconds"] / 1e12

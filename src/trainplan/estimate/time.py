@@ -36,7 +36,7 @@ from . import activations as act
 from . import comm
 from .data import data_report, data_step_seconds, step_with_data
 from .distinct import per_distinct
-from .flops import step_flops
+from .flops import ATTN_BWD_EAGER, ATTN_BWD_FUSED, step_flops
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .recipe import recipe
 
@@ -239,7 +239,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     elem_elems = ((10 * h + 6 * h * (f(dropout) > 0)) / hidden_shard + model.mlp_matrices * model.ffn / tp
                   + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0))
     elementwise = tokens * elem_elems * elem / hw.hbm
-    attn_bwd = np.where(eager, 2.0, 2.5)
+    attn_bwd = np.where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
     recomputed = lambda fwd: np.where(rc == 2, fwd, np.where(rc == 1, attn, 0.0))  # noqa: E731
     compute = {}
     for kind in gemm:
