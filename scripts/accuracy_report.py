@@ -30,7 +30,7 @@ def search_vs_published() -> list[str]:
     published layout, both predicted by the same model."""
     import tomllib
 
-    from trainplan.calibration import _gpt, evaluate_layout
+    from trainplan.calibration import LAYOUT_OPTIONS, evaluate_layout, narayanan_setup
     from trainplan.plan import make_plan, resolve
     from trainplan.search import search
 
@@ -41,12 +41,12 @@ def search_vs_published() -> list[str]:
            "published layout without recompute where that fits.\n\n",
            "| model | published layout | its tokens/s | without recompute | search's best | its tokens/s | gain |\n",
            "|---|---|---:|---:|---|---:|---:|\n"]
-    for pb, a, h, L, tp, pp, g, gbs, _ in table["rows"]:
-        spec = _gpt(f"GPT {pb}B", h, a, L, 51200, 2048)
-        base = dict(gpu=table["gpu"], gpus=g, gbs=gbs, mbs=1, seq_len=2048, framework="megatron",
-                    attention="eager", precision="fp16", overlap_dp=False)
-        pub = evaluate_layout(resolve(make_plan(tp=tp, pp=pp, recompute="full", **base), spec))["time"]["tokens_per_s"]
-        nr = evaluate_layout(resolve(make_plan(tp=tp, pp=pp, recompute="none", **base), spec))
+    for row in table["rows"]:
+        pb, tp, pp = row[0], row[4], row[5]
+        spec, published = narayanan_setup(table, row)
+        base = {k: v for k, v in published.items() if k not in LAYOUT_OPTIONS or k == "mbs"}  # micro-batch 1 kept
+        pub = evaluate_layout(resolve(make_plan(**published), spec))["time"]["tokens_per_s"]
+        nr = evaluate_layout(resolve(make_plan(**{**published, "recompute": "none"}), spec))
         no_rc = f"{nr['time']['tokens_per_s']:,.0f}" if nr["fits"] else "does not fit"
         best = search(make_plan(**base), fixed={"mbs"}, top=1, spec=spec)["best"][0]
         b = best["parallel"]
@@ -69,7 +69,7 @@ def search_vs_llama3() -> list[str]:
     dimension free) against the published layout as `calibration` models it."""
     import tomllib
 
-    from trainplan.calibration import evaluate_layout
+    from trainplan.calibration import LAYOUT_OPTIONS, evaluate_layout, llama3_setup
     from trainplan.plan import make_plan, resolve
     from trainplan.search import search
 
@@ -80,16 +80,17 @@ def search_vs_llama3() -> list[str]:
            "| run | published layout | fits (model) | its TFLOP/s | search's best | its TFLOP/s | gain | what differs |\n",
            "|---|---|---|---:|---|---:|---:|---|\n"]
     found_rows, fits_rows = [], []
-    for g, tp, cp, pp, dp, seq, _ in table["rows"]:
-        base = dict(model="llama-3.1-405b", gpu=table["gpu"], gpus=g, gbs=16 * 2**20 // seq, seq_len=seq,
-                    framework="deepspeed", attention="flash", precision="bf16", overlap_tp=True, overlap_dp=True)
-        pub = evaluate_layout(resolve(make_plan(tp=tp, cp=cp, pp=pp, mbs=1, zero=2, sp=True, recompute="none",
-                                                schedule="interleaved", vpp=2, **base)))
+    for row in table["rows"]:
+        g, tp, cp, pp, dp, seq, _ = row
+        published_kw = llama3_setup(table, row)
+        base = {k: v for k, v in published_kw.items() if k not in LAYOUT_OPTIONS}
+        pub = evaluate_layout(resolve(make_plan(**published_kw)))
         best = search(make_plan(**base), fixed=set(), top=1)["best"][0]
         b = best["parallel"]
         sched = ("no pipeline" if b["pp"] == 1 else b["schedule"]) + (f" v{b['vpp']}" if b["vpp"] > 1 else "")
         label = f"TP {b['tp']} PP {b['pp']} DP {b['dp']} CP {b['cp']} ZeRO {b['zero']}, mbs {b['mbs']}, {b['recompute']}, {sched}"
-        published = {"tp": tp, "pp": pp, "cp": cp, "zero": 2, "mbs": 1, "recompute": "none", "schedule": "interleaved v2"}
+        published = {k: published_kw[k] for k in ("tp", "pp", "cp", "zero", "mbs", "recompute")}
+        published["schedule"] = f"{published_kw['schedule']} v{published_kw['vpp']}"
         found = {**b, "schedule": sched}
         found_rows.append(found)
         fits_rows.append(pub["fits"])
@@ -97,7 +98,7 @@ def search_vs_llama3() -> list[str]:
         differs = "; ".join(f"{names.get(k, k)} {published[k]} → {found[k]}"
                             for k in published if published[k] != found[k]) or "nothing"
         mine, theirs = best["time"]["tflops_per_gpu"], pub["time"]["tflops_per_gpu"]
-        out.append(f"| {g:,} GPUs, s {seq:,} | TP {tp} CP {cp} PP {pp} DP {dp}, interleaved v2 | "
+        out.append(f"| {g:,} GPUs, s {seq:,} | TP {tp} CP {cp} PP {pp} DP {dp}, {published['schedule']} | "
                    f"{'yes' if pub['fits'] else 'no'} | {theirs:,.0f} | {label} | {mine:,.0f} | {mine / theirs - 1:+.0%} | "
                    f"{differs} |\n")
     schedules = sorted({r["schedule"] for r in found_rows})

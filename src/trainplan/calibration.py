@@ -66,13 +66,32 @@ def rows(path: str | Path, profiles: dict[str, str] | None = None) -> list[dict]
     return [_compare(table, cfg, row, profiles or {}) for table, cfg in data.items() for row in cfg["rows"]]
 
 
+# plan options that make up a layout; the rest of a published row's options set the problem
+LAYOUT_OPTIONS = ("tp", "pp", "cp", "ep", "zero", "sp", "mbs", "recompute", "schedule", "vpp", "stage_layers")
+
+
+def narayanan_setup(cfg: dict, row: list) -> tuple[ModelSpec, dict]:
+    """A Narayanan et al. Table 1 row: the model and the plan options of its published layout."""
+    pb, a, h, L, tp, pp, g, gbs, _ = row
+    return _gpt(f"GPT {pb}B", h, a, L, 51200, 2048), dict(
+        gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=2048, recompute="full", framework="megatron",
+        attention="eager", precision="fp16", overlap_dp=False)
+
+
+def llama3_setup(cfg: dict, row: list) -> dict:
+    """A Llama 3 405B row: the plan options of its published layout (the rule in the docstring)."""
+    g, tp, cp, pp, _, seq, _ = row
+    return dict(model="llama-3.1-405b", gpu=cfg["gpu"], gpus=g, tp=tp, cp=cp, pp=pp,
+                gbs=cfg["tokens_per_batch"] // seq, mbs=1, seq_len=seq, zero=2, sp=True, recompute="none",
+                schedule="interleaved", vpp=2, framework="deepspeed", attention="flash", precision="bf16",
+                overlap_tp=True, overlap_dp=True)
+
+
 def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str]) -> dict:
     if table == "narayanan2021":
         pb, a, h, L, tp, pp, g, gbs, pub = row
-        spec = _gpt(f"GPT {pb}B", h, a, L, 51200, 2048)
-        layout = resolve(_plan(profiles, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=2048,
-                                   recompute="full", framework="megatron", attention="eager",
-                                   precision="fp16", overlap_dp=False), spec)
+        spec, kw = narayanan_setup(cfg, row)
+        layout = resolve(_plan(profiles, **kw), spec)
         t = evaluate_layout(layout)["time"]
         s, V = 2048, 51200
         flops = 96 * gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
@@ -112,11 +131,7 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str]) -> dict
                     predicted=t["tokens_per_s"] / g)
     if table == "llama3_405b":
         g, tp, cp, pp, dp, seq, pub = row
-        gbs = 16 * 2**20 // seq  # 16M tokens per batch
-        layout = resolve(_plan(profiles, model="llama-3.1-405b", gpu=cfg["gpu"], gpus=g, tp=tp, cp=cp, pp=pp, gbs=gbs, mbs=1,
-                                   seq_len=seq, zero=2, sp=True, recompute="none", schedule="interleaved", vpp=2,
-                                   framework="deepspeed", attention="flash", precision="bf16", overlap_tp=True,
-                                   overlap_dp=True))
+        layout = resolve(_plan(profiles, **llama3_setup(cfg, row)))
         assert layout.dp == dp
         pred = evaluate_layout(layout)["time"]["tflops_per_gpu"]
         label = f"Llama 3 405B, TP {tp} CP {cp} PP {pp} DP {dp}, {g:,} GPUs, s {seq:,}"
