@@ -246,3 +246,18 @@ def test_published_rows_take_a_calibrated_profile_for_their_accelerator_only(tmp
             assert c["predicted"] < 0.85 * d["predicted"]
         else:
             assert c["predicted"] == d["predicted"]
+
+
+def test_sequence_parallelism_shards_the_element_wise_work():
+    """Korthikanti et al. 2022 §4.2.2: with SP the norms and residual adds (10h element passes
+    per token and layer here) run on s/t tokens; nothing else in the step changes. Llama-3-8B,
+    TP 8, 8 micro-batches of 4,096 tokens: the compute time falls by exactly
+    m · L · 3 (forward + backward) · tokens · 10h · (1 - 1/t) · 2 B / HBM bandwidth."""
+    from trainplan.estimate.time import hardware
+
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, tp=8, gbs=8, mbs=1, seq_len=4096)
+    off, on = (evaluate(make_plan(**kw, sp=sp)).time for sp in (False, True))
+    hbm = hardware(resolve(make_plan(**kw))).hbm
+    saved = 8 * 32 * 3 * 4096 * 10 * 4096 * (1 - 1 / 8) * 2 / hbm
+    assert off["breakdown_s"]["compute"] - on["breakdown_s"]["compute"] == pytest.approx(saved, rel=1e-9)
+    assert off["breakdown_s"]["tp_comm"] == on["breakdown_s"]["tp_comm"]
