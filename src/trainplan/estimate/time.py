@@ -64,8 +64,6 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
             # a profile's GEMM figure is the best measured matmul (like the catalog's MAMF):
             # training GEMMs reach the same share of it
             out["gemm"] = profile["gemm"] * eff["gemm_training_fraction_of_mamf"]
-    out["gemm_curve"] = (gemm_residual_curve(profile["gemm_curve"], layout.gpu.sms or 108)
-                         if profile and "gemm_curve" in profile else None)
     return out
 
 
@@ -180,11 +178,13 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
     nic = (gpu.nic_gbps / 8 * 1e9 * e["nic"]) if gpu.nic_gbps else nvlink
     if not gpu.scale_up_gbs:
         nvlink = nic
+    sms = gpu.sms or 108  # A100's count for accelerators the catalog gives none
     return Hardware(
         peak=peak, gemm_peak=gpu.peak("fp8") if plan.precision == "fp8" else peak,
         peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
-        sms=gpu.sms or 108, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
-        latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"], gemm_curve=e["gemm_curve"])
+        sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
+        latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
+        gemm_curve=gemm_residual_curve(profile["gemm_curve"], sms) if profile and "gemm_curve" in profile else None)
 
 
 # ---- the step: one formula, numbers or arrays (DESIGN §2) ---------------------------------
