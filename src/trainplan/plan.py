@@ -207,17 +207,28 @@ def interleaving_problem(split: list[int], v: int, framework: str) -> str | None
     lighter, for the embedding and the head (Llama 3 405B: 126 layers as 7, 8, ..., 8, 7 on 16 x 2)."""
     if all(n % v == 0 for n in split):
         return None
-    pp, layers = len(split), sum(split)
-    if framework != "megatron" and (layers + 2) % (pp * v) == 0 and (layers + 2) // (pp * v) >= 2:
-        per = (layers + 2) // (pp * v)  # every virtual stage keeps at least one layer
-        chunks = [per] * (pp * v)
-        chunks[0] -= 1
-        chunks[-1] -= 1
-        if [sum(chunks[r::pp]) for r in range(pp)] == split:
-            return None
+    if framework != "megatron" and torchtitan_virtual_stages(split, v):
+        return None
     lighter = "" if framework == "megatron" else ", or equal but for a first and last one layer lighter"
     return (f"{v} virtual stages per rank need each stage's layers {split} divisible by {v}{lighter} "
             f"({framework} conventions)")
+
+
+def torchtitan_virtual_stages(split: list[int], v: int) -> tuple[int, int] | None:
+    """(layers per virtual stage, layers fewer on the first and on the last) for which
+    torchtitan's cut of layers + 2 x fewer "weighted" layers into len(split) x v virtual
+    stages (rank r holding r, r + pp, ...) gives `split`; None when no such cut does."""
+    pp, layers = len(split), sum(split)
+    for fewer in (0, 1):
+        total = layers + 2 * fewer
+        if total % (pp * v) or total // (pp * v) - fewer < 1:  # every virtual stage keeps a layer
+            continue
+        chunks = [total // (pp * v)] * (pp * v)
+        chunks[0] -= fewer
+        chunks[-1] -= fewer
+        if [sum(chunks[r::pp]) for r in range(pp)] == split:
+            return total // (pp * v), fewer
+    return None
 
 
 def default_stage_split(layers: int, pp: int) -> list[int]:

@@ -3,31 +3,23 @@
 from __future__ import annotations
 
 from ..errors import PlanError
+from ..plan import torchtitan_virtual_stages
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb": "ZBVZeroBubble"}
 
 
 def virtual_stage_options(layout) -> dict:
-    """torchtitan's options for an interleaved plan. torchtitan cuts the layers, plus
-    `*_less_layers` "weights" for the embedding and the head, into virtual stages of
-    `pipeline_parallel_layers_per_stage` (rank r holds virtual stages r, r + pp, ...). Two
-    splits are expressed exactly here: equal virtual stages, and equal ones with the first and
-    last one layer lighter (Llama 3 405B: 126 layers on 16 x 2 -> 7, 8, ..., 8, 7)."""
-    pp, v, split = layout.pp, layout.vpp, list(layout.stage_layers)
-    layers, chunks = sum(split), pp * v
-    for less in (0, 1):
-        if (layers + 2 * less) % chunks:
-            continue
-        lps = (layers + 2 * less) // chunks
-        virtual = [lps] * chunks
-        virtual[0] -= less
-        virtual[-1] -= less
-        if [sum(virtual[r::pp]) for r in range(pp)] == split:
-            return {"pipeline_parallel_layers_per_stage": lps, "pipeline_parallel_first_stage_less_layers": less,
-                    "pipeline_parallel_last_stage_less_layers": less}
-    raise PlanError("vpp", f"the torchtitan export expresses virtual stages that are equal, or equal with the first "
-                    f"and last one layer lighter; {layers} layers as {split} on {pp} x {v} virtual stages is "
-                    "neither (choose another --vpp or --stage-layers)")
+    """torchtitan's options for an interleaved plan: equal virtual stages, or equal ones with
+    the first and last one layer lighter (Llama 3 405B: 126 layers as 7, 8, ..., 8, 7 on 16 x 2)."""
+    cut = torchtitan_virtual_stages(list(layout.stage_layers), layout.vpp)
+    if cut is None:
+        raise PlanError("vpp", f"the torchtitan export expresses virtual stages that are equal, or equal with the "
+                        f"first and last one layer lighter; {sum(layout.stage_layers)} layers as "
+                        f"{list(layout.stage_layers)} on {layout.pp} x {layout.vpp} virtual stages is neither "
+                        "(choose another --vpp or --stage-layers)")
+    per, fewer = cut
+    return {"pipeline_parallel_layers_per_stage": per, "pipeline_parallel_first_stage_less_layers": fewer,
+            "pipeline_parallel_last_stage_less_layers": fewer}
 
 
 def _toml(v) -> str:
