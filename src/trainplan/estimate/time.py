@@ -34,7 +34,7 @@ import numpy as np
 from ..plan import Layout, conventions
 from . import activations as act
 from . import comm
-from .data import data_report, data_step_seconds, step_with_data
+from .data import data_report, step_with_data
 from .distinct import per_distinct
 from .flops import ATTN_BWD_EAGER, ATTN_BWD_FUSED, step_flops
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
@@ -373,6 +373,7 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                     attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab)
     stages = np.arange(layout.pp)
+    data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
     out = step_time_core(
         model, hardware(layout, profile), recipe(plan), tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
         ep=layout.ep, zero=layout.zero, mbs=layout.mbs, seq=layout.seq_len, m=layout.micro_batches,
@@ -385,8 +386,7 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         total_dense=sum(layout.stage_dense_layers), total_moe=sum(layout.stage_moe_layers),
         vocab_padded=layout.vocab_padded, trainable=float(np.max(mem["trainable_params"])),
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
-        sp=layout.sp, sharp=plan.sharp, data_s=data_step_seconds(plan, model, layout.gbs * layout.seq_len / layout.dp),
-        prefetch=plan.prefetch)
+        sp=layout.sp, sharp=plan.sharp, data_s=data["per_step_s"], prefetch=plan.prefetch)
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
@@ -401,5 +401,5 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         "hardware_flops_per_step": float(fl["hardware"]),
         "per_microbatch_stage_s": [num(x) for x in out["stage_s"]],
         "micro_batch_s": {k: num(v) for k, v in out["micro_batch_s"].items()},
-        "input_pipeline_s": data_report(plan, model, layout.gbs * layout.seq_len / layout.dp),
+        "input_pipeline_s": data,
     }
