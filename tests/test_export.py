@@ -114,6 +114,13 @@ def test_llama3_split_interleaves_in_torchtitan_but_not_megatron():
     assert err.value.field == "vpp" and "torchtitan" in str(err.value)
     with pytest.raises(PlanError, match="divisible by 2"):
         resolve(make_plan(**kw, framework="megatron"))
+    # the paper's own cut: one layer per virtual stage (v = 8), so the first virtual stage holds
+    # only the embedding and the last only the head (Llama 3 paper §3.3.2; torchtitan counts each
+    # as one layer)
+    one_layer = resolve(make_plan(**{**kw, "vpp": 8}))
+    par = tomllib.loads(export(one_layer, "torchtitan"))["parallelism"]
+    assert (par["pipeline_parallel_layers_per_stage"], par["pipeline_parallel_first_stage_less_layers"],
+            par["pipeline_parallel_last_stage_less_layers"]) == (1, 1, 1)
     even = resolve(make_plan(model="llama-3-70b", gpus=64, tp=8, pp=4, schedule="interleaved", vpp=2, gbs=256))
     assert tomllib.loads(export(even, "torchtitan"))["parallelism"]["pipeline_parallel_layers_per_stage"] == 10
     with pytest.raises(PlanError, match="first and last one layer lighter"):

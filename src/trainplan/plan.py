@@ -204,7 +204,8 @@ def interleaving_problem(split: list[int], v: int, framework: str) -> str | None
     """Why `split` (layers per stage) cannot run v virtual stages per rank, or None. Megatron-LM
     (--num-layers-per-virtual-pipeline-stage) needs equal virtual stages; torchtitan
     (pipeline_parallel_layers_per_stage) also allows the first and last virtual stage one layer
-    lighter, for the embedding and the head (Llama 3 405B: 126 layers as 7, 8, ..., 8, 7 on 16 x 2)."""
+    lighter, for the embedding and the head (Llama 3 405B: 126 layers as 7, 8, ..., 8, 7 on 16 x 2,
+    or 16 x 8 with the end virtual stages holding only the embedding and the head)."""
     if all(n % v == 0 for n in split):
         return None
     if framework != "megatron" and torchtitan_virtual_stages(split, v):
@@ -217,11 +218,13 @@ def interleaving_problem(split: list[int], v: int, framework: str) -> str | None
 def torchtitan_virtual_stages(split: list[int], v: int) -> tuple[int, int] | None:
     """(layers per virtual stage, layers fewer on the first and on the last) for which
     torchtitan's cut of layers + 2 x fewer "weighted" layers into len(split) x v virtual
-    stages (rank r holding r, r + pp, ...) gives `split`; None when no such cut does."""
+    stages (rank r holding r, r + pp, ...) gives `split`; None when no such cut does. Every
+    virtual stage keeps a layer but the first and last, which may hold only the embedding and
+    only the head: Llama 3 405B's one-layer chunks (paper §3.3.2, 126 layers on 16 x 8)."""
     pp, layers = len(split), sum(split)
     for fewer in (0, 1):
         total = layers + 2 * fewer
-        if total % (pp * v) or total // (pp * v) - fewer < 1:  # every virtual stage keeps a layer
+        if total % (pp * v) or total // (pp * v) < 1:
             continue
         chunks = [total // (pp * v)] * (pp * v)
         chunks[0] -= fewer

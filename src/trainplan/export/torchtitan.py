@@ -10,7 +10,8 @@ SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
 
 def virtual_stage_options(layout) -> dict:
     """torchtitan's options for an interleaved plan: equal virtual stages, or equal ones with
-    the first and last one layer lighter (Llama 3 405B: 126 layers as 7, 8, ..., 8, 7 on 16 x 2)."""
+    the first and last one layer lighter (Llama 3 405B: 126 layers as 7, 8, ..., 8, 7 on 16 x 2, or on
+    16 x 8 one layer per virtual stage, the first holding only the embedding and the last only the head)."""
     cut = torchtitan_virtual_stages(list(layout.stage_layers), layout.vpp)
     if cut is None:
         raise PlanError("vpp", f"the torchtitan export expresses virtual stages that are equal, or equal with the "
