@@ -378,10 +378,9 @@ def test_a_measured_gemm_curve_sets_the_efficiency_of_each_size(tmp_path):
     """With a profile's square-GEMM sweep, the time model's efficiency at a measured size is the
     measured fraction times the training share (what quantization explains is not counted
     twice), log-interpolated between sizes; small GEMMs slow a narrow model more than a wide one."""
-    from trainplan.estimate.time import gemm_efficiency, gemm_residual_curve
-    from trainplan.plan import conventions
+    from trainplan.estimate.time import gemm_efficiency, gemm_residual_curve, gemm_training_fraction
 
-    ratio = conventions()["efficiency"]["gemm_training_fraction_of_mamf"]
+    ratio = gemm_training_fraction("H100-SXM")
     sweep = {"n": [1024, 2048, 4096, 8192, 16384], "fraction": [0.15, 0.45, 0.70, 0.79, 0.80]}
     curve = gemm_residual_curve(sweep, sms=132)
     best = max(sweep["fraction"]) * ratio

@@ -50,8 +50,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
     eff = conventions()["efficiency"]
     name = layout.gpu.name
     out = {
-        "gemm": eff["gemm"][name] * eff["gemm_training_fraction_of_mamf"] if name in eff["gemm"]
-        else eff["gemm_default"],
+        "gemm": eff["gemm"][name] * gemm_training_fraction(name) if name in eff["gemm"] else eff["gemm_default"],
         "flash": eff["flash_attention"].get(name, eff["flash_attention_default"]),
         "hbm": eff["hbm"],
         "nvlink": eff["nvlink_ring"],
@@ -63,8 +62,15 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         if "gemm" in profile:
             # a profile's GEMM figure is the best measured matmul (like the catalog's MAMF):
             # training GEMMs reach the same share of it
-            out["gemm"] = profile["gemm"] * eff["gemm_training_fraction_of_mamf"]
+            out["gemm"] = profile["gemm"] * gemm_training_fraction(name)
     return out
+
+
+def gemm_training_fraction(gpu_name: str) -> float:
+    """The share of its best measured matmul rate (MAMF) an accelerator's GEMMs sustain in
+    training (conventions.toml [efficiency]: fitted on published runs, docs/accuracy.md)."""
+    eff = conventions()["efficiency"]
+    return eff["gemm_training_fraction"].get(gpu_name, eff["gemm_training_fraction_of_mamf"])
 
 
 def gemm_residual_curve(curve: dict, sms: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
