@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from trainplan.calibration import rows
+from trainplan.estimate.time import gemm_training_fraction
+from trainplan.plan import conventions
 
 ROOT = Path(__file__).resolve().parents[1]
 TITLES = {
@@ -145,9 +147,10 @@ def main() -> None:
              "table cites its source). Every row uses its published layout; details a source omits follow\n",
              "the rules in `src/trainplan/calibration.py`, the same for all rows. The efficiencies are the\n",
              "catalog defaults per GPU (`conventions.toml [efficiency]`): measured best-shape matmul\n",
-             "fractions (MAMF) times a training ratio, fitted once per architecture: 0.83 on the Narayanan\n",
-             "et al. rows (A100), 0.77 for Hopper on the Megatron-Core H100 rows; every other table is\n",
-             "held out.\n\n"]
+             "fractions (MAMF) times a training ratio, fitted once per architecture: "
+             f"{conventions()['efficiency']['gemm_training_fraction_of_mamf']} on the Narayanan\n",
+             f"et al. rows (A100), {gemm_training_fraction('H100-SXM')} for Hopper on the Megatron-Core H100 rows; "
+             "every other table is\nheld out.\n\n"]
     lines = list(intro_text)
     summary = []
     allerr = []
