@@ -71,7 +71,10 @@ def test_profile_round_trips_into_plan_and_search(results, tmp_path):
     eff = write_profile(results, str(path))
     loaded = load_profile(str(path))
     curve = loaded.pop("gemm_curve")
-    assert loaded == pytest.approx({k: v for k, v in eff.items() if k != "gemm_curve"}, rel=1e-5)
+    assert loaded.pop("flash_curve") == {"seq": eff["flash_curve"]["seq"],
+                                         "fraction": pytest.approx(eff["flash_curve"]["fraction"], rel=1e-5)}
+    assert loaded == pytest.approx({k: v for k, v in eff.items() if k not in ("gemm_curve", "flash_curve")},
+                                   rel=1e-5)
     bf16 = sorted((r for r in results["gemm"] if r["dtype"] == "bf16"), key=lambda r: r["n"])
     assert curve["n"] == [r["n"] for r in bf16]
     assert curve["fraction"] == pytest.approx([r["tflops"] / 312 for r in bf16], rel=1e-5)
@@ -299,6 +302,10 @@ def test_profile_takes_flash_attention_from_sdpa_training_and_not_nvlink_from_gl
     assert eff["flash"] == pytest.approx(longest["tflops"] / 19.5, rel=1e-9)  # A100 fp32 peak 19.5 TFLOP/s
     assert "nvlink" not in eff  # processes on one CPU are not a link
     assert load_profile(str(tmp_path / "p.toml"))["flash"] == pytest.approx(eff["flash"], rel=1e-5)
+    # and at every sequence length measured, for the time model's curve
+    training = [r for r in results["attention"] if r["variant"] == "sdpa fwd+bwd"]
+    assert eff["flash_curve"]["seq"] == [r["seq"] for r in training]
+    assert eff["flash_curve"]["fraction"] == pytest.approx([r["tflops"] / 19.5 for r in training], rel=1e-9)
 
 
 def test_every_suite_renders_and_is_stored(results, tmp_path):

@@ -261,3 +261,34 @@ def test_sequence_parallelism_shards_the_element_wise_work():
     saved = 8 * 32 * 3 * 4096 * 10 * 4096 * (1 - 1 / 8) * 2 / hbm
     assert off["breakdown_s"]["compute"] - on["breakdown_s"]["compute"] == pytest.approx(saved, rel=1e-9)
     assert off["breakdown_s"]["tp_comm"] == on["breakdown_s"]["tp_comm"]
+
+
+def test_flash_attention_efficiency_follows_sequence_length(tmp_path):
+    """H100 FlashAttention-2, causal, head dim 128 (Shah et al. 2024 Figs. 5-6, catalog curve):
+    28.4% of peak at 4k, 14.7% at 512, 30.6% from 16k on; log-interpolated between lengths; a
+    context-parallel call spans s/cp. Accelerators without a curve keep one figure (A100 58%);
+    a profile's measured figure or curve replaces the catalog's."""
+    from trainplan.estimate.time import flash_efficiency, hardware
+
+    h100 = hardware(resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)))
+    assert flash_efficiency(h100, np.array([512, 4096, 16384, 65536])) == pytest.approx([0.147, 0.284, 0.306, 0.306])
+    assert flash_efficiency(h100, 2048 * 2 ** 0.5) == pytest.approx((0.256 + 0.284) / 2)
+    a100 = hardware(resolve(make_plan(model="llama-3-8b", gpu="A100-80GB-SXM", gpus=8)))
+    assert flash_efficiency(a100, 512) == flash_efficiency(a100, 16384) == pytest.approx(0.58)
+
+    # 32K tokens over cp 8 run 4K-token calls: the step equals one with the 4K figure throughout
+    at_4k = tmp_path / "at4k.toml"
+    at_4k.write_text("[efficiency]\nflash = 0.284\n")
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, gbs=8, tp=1, pp=1, zero=3, seq_len=32768, cp=8)
+    assert evaluate(make_plan(**kw)).time["step_s"] == \
+        pytest.approx(evaluate(make_plan(**kw, gpu_profile=str(at_4k))).time["step_s"], rel=1e-12)
+    scalar = tmp_path / "scalar.toml"
+    scalar.write_text("[efficiency]\nflash = 0.5\n")
+    measured = tmp_path / "curve.toml"
+    measured.write_text("[efficiency]\nflash = 0.5\n[flash_curve]\nseq = [1024, 8192]\nfraction = [0.2, 0.4]\n")
+    from trainplan.profile import load_profile
+
+    plan = resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8))
+    assert flash_efficiency(hardware(plan, load_profile(str(scalar))), 512) == 0.5
+    assert flash_efficiency(hardware(plan, load_profile(str(measured))), np.array([512, 2896, 16384])) == \
+        pytest.approx([0.2, 0.3, 0.4], abs=1e-4)

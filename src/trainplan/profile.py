@@ -26,17 +26,21 @@ def load_profile(path: str) -> dict:
     if not out:
         raise PlanError("gpu_profile", f"{path} has no [efficiency] values ({', '.join(KEYS)})")
     if "gemm_curve" in data:
-        out["gemm_curve"] = _gemm_curve(data["gemm_curve"])
+        out["gemm_curve"] = {"dtype": str(data["gemm_curve"].get("dtype", "bf16")) if isinstance(
+            data["gemm_curve"], dict) else "bf16", **_curve(data["gemm_curve"], "gemm_curve", "n")}
+    if "flash_curve" in data:
+        out["flash_curve"] = _curve(data["flash_curve"], "flash_curve", "seq")
     return out
 
 
-def _gemm_curve(table) -> dict:
-    """[gemm_curve]: square sizes n (increasing) and the measured fraction of peak at each."""
-    n, frac = (table.get(k) if isinstance(table, dict) else None for k in ("n", "fraction"))
-    if not (isinstance(n, list) and isinstance(frac, list) and len(n) == len(frac) >= 2):
-        raise PlanError("gpu_profile", "gemm_curve needs lists n and fraction of equal length (at least 2)")
-    if not all(isinstance(x, int) and x > 0 for x in n) or any(a >= b for a, b in zip(n[:-1], n[1:], strict=True)):
-        raise PlanError("gpu_profile", f"gemm_curve.n must be increasing positive integers; got {n}")
-    if not all(isinstance(x, int | float) and 0 < x <= 1.5 for x in frac):
-        raise PlanError("gpu_profile", f"gemm_curve.fraction values must be numbers in (0, 1.5]; got {frac}")
-    return {"dtype": str(table.get("dtype", "bf16")), "n": n, "fraction": [float(x) for x in frac]}
+def _curve(table, name: str, x: str) -> dict:
+    """A measured curve: increasing positive integers `x` (GEMM sizes n, sequence lengths seq)
+    and the measured fraction of peak at each."""
+    xs, frac = (table.get(k) if isinstance(table, dict) else None for k in (x, "fraction"))
+    if not (isinstance(xs, list) and isinstance(frac, list) and len(xs) == len(frac) >= 2):
+        raise PlanError("gpu_profile", f"{name} needs lists {x} and fraction of equal length (at least 2)")
+    if not all(isinstance(v, int) and v > 0 for v in xs) or any(a >= b for a, b in zip(xs[:-1], xs[1:], strict=True)):
+        raise PlanError("gpu_profile", f"{name}.{x} must be increasing positive integers; got {xs}")
+    if not all(isinstance(v, int | float) and 0 < v <= 1.5 for v in frac):
+        raise PlanError("gpu_profile", f"{name}.fraction values must be numbers in (0, 1.5]; got {frac}")
+    return {x: xs, "fraction": [float(v) for v in frac]}

@@ -118,11 +118,15 @@ def _gpu_spec(name: str):
     return catalog.gpu(name)  # names the field and lists the known accelerators when unknown
 
 
+CURVES = ("gemm_curve", "flash_curve")  # profile entries that are tables, not single fractions
+
+
 def profile_from(results: dict) -> dict:
     """Efficiencies for the time model: the best bf16 GEMM (fp32 when bf16 was not run) as a
     fraction of the dense peak of that dtype, and the whole square sweep as "gemm_curve"; the copy bandwidth as a fraction of the
     datasheet HBM bandwidth; SDPA forward + backward at the longest sequence measured as a
-    fraction of the peak of its dtype (the time model's FlashAttention efficiency); and, from
+    fraction of the peak of its dtype (the time model's FlashAttention efficiency) and at
+    every sequence measured as "flash_curve"; and, from
     NCCL runs on two or more GPUs, the largest all-reduce's bus bandwidth as a fraction of
     the one-way scale-up (NVLink) bandwidth per GPU."""
     if not results.get("gpu"):
@@ -145,8 +149,11 @@ def profile_from(results: dict) -> dict:
         eff["hbm"] = copy[0]["gbs"] * 1e9 / (spec.hbm_tbs * 1e12)
     training = [r for r in results.get("attention") or [] if r["variant"] == "sdpa fwd+bwd" and r["tflops"]]
     if training and spec.peak(training[-1]["dtype"]):
-        longest = max(training, key=lambda r: r["seq"])
-        eff["flash"] = longest["tflops"] * 1e12 / spec.peak(longest["dtype"])
+        points = sorted({r["seq"]: r for r in training}.values(), key=lambda r: r["seq"])
+        eff["flash"] = points[-1]["tflops"] * 1e12 / spec.peak(points[-1]["dtype"])
+        if len(points) >= 2:
+            eff["flash_curve"] = {"seq": [r["seq"] for r in points],
+                                  "fraction": [r["tflops"] * 1e12 / spec.peak(r["dtype"]) for r in points]}
     reduces = [r for r in results.get("collectives") or [] if r["op"] == "all_reduce" and r["busbw_gbs"]]
     if reduces and results["machine"]["device"] == "cuda" and spec.scale_up_gbs:
         largest = max(reduces, key=lambda r: r["size"])
@@ -168,7 +175,7 @@ def write_profile(results: dict, path: str) -> dict:
         f'source = "trainplan bench{" --quick" if results.get("quick") else ""}"',
         "",
         "[efficiency]",
-        *(f"{k} = {v:.6g}" for k, v in eff.items() if k != "gemm_curve"),
+        *(f"{k} = {v:.6g}" for k, v in eff.items() if k not in CURVES),
         "",
     ]
     curve = eff.get("gemm_curve")
@@ -176,6 +183,12 @@ def write_profile(results: dict, path: str) -> dict:
         lines += ["# square GEMMs n x n x n: the measured fraction of the dense peak at each size (the time",
                   "# model takes from it what tile and wave quantization do not explain)",
                   "[gemm_curve]", f'dtype = "{curve["dtype"]}"', f"n = {curve['n']}",
+                  "fraction = [" + ", ".join(f"{x:.6g}" for x in curve["fraction"]) + "]", ""]
+    curve = eff.get("flash_curve")
+    if curve:
+        lines += ["# SDPA (FlashAttention) forward + backward, causal: the measured fraction of the peak at",
+                  "# each sequence length (the time model interpolates in log length)",
+                  "[flash_curve]", f"seq = {curve['seq']}",
                   "fraction = [" + ", ".join(f"{x:.6g}" for x in curve["fraction"]) + "]", ""]
     target = Path(path)
     if not target.parent.exists():

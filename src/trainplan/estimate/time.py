@@ -52,6 +52,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
     out = {
         "gemm": eff["gemm"][name] * gemm_training_fraction(name) if name in eff["gemm"] else eff["gemm_default"],
         "flash": eff["flash_attention"].get(name, eff["flash_attention_default"]),
+        "flash_curve": eff["flash_attention_curve"].get(name),
         "hbm": eff["hbm"],
         "nvlink": eff["nvlink_ring"],
         "nic": eff["nic"],
@@ -63,6 +64,8 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
             # a profile's GEMM figure is the best measured matmul (like the catalog's MAMF):
             # training GEMMs reach the same share of it
             out["gemm"] = profile["gemm"] * gemm_training_fraction(name)
+        if "flash" in profile and "flash_curve" not in profile:
+            out["flash_curve"] = None  # a measured figure replaces the catalog's published curve
     return out
 
 
@@ -84,6 +87,22 @@ def gemm_residual_curve(curve: dict, sms: int) -> tuple[tuple[float, ...], tuple
     quantization = gemm_efficiency(n, n, n, 1.0, sms)
     residual = np.minimum(frac / (np.max(frac) * quantization), 1.0)
     return tuple(np.log2(n).tolist()), tuple(residual.tolist())
+
+
+def flash_curve(curve: dict | None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """(log2 sequence length, fraction of peak) from {"seq": [...], "fraction": [...]}."""
+    if not curve:
+        return None
+    return tuple(np.log2(np.asarray(curve["seq"], dtype=float)).tolist()), tuple(map(float, curve["fraction"]))
+
+
+def flash_efficiency(hw: Hardware, seq):
+    """FlashAttention's achieved fraction of peak for kernel calls over `seq` tokens: the
+    measured curve log-interpolated (flat beyond its ends), else the single figure. Short
+    sequences give each thread block fewer key blocks to amortise its start over."""
+    if hw.flash_curve is None:
+        return hw.flash_eff
+    return np.interp(np.log2(np.maximum(np.asarray(seq, dtype=float), 1.0)), *hw.flash_curve)
 
 
 def gemm_efficiency(m, n, k, peak_eff, sms, elem_bytes=2, curve=None):
@@ -172,6 +191,7 @@ class Hardware:
     gemm_eff: float
     flash_eff: float
     gemm_curve: tuple | None = None  # measured residual by GEMM size (a calibrated profile's)
+    flash_curve: tuple | None = None  # FlashAttention fraction by log2 sequence length
 
 
 def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
@@ -190,7 +210,8 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
         sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
         latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
-        gemm_curve=gemm_residual_curve(profile["gemm_curve"], sms) if profile and "gemm_curve" in profile else None)
+        gemm_curve=gemm_residual_curve(profile["gemm_curve"], sms) if profile and "gemm_curve" in profile else None,
+        flash_curve=flash_curve(e["flash_curve"]))
 
 
 # ---- the step: one formula, numbers or arrays (DESIGN §2) ---------------------------------
@@ -236,7 +257,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                                 hw.gemm_curve) \
         + (mbs * heads_local * seq * seq / cp) * elem * 4 / hw.hbm  # softmax in and out, mask
     # FlashAttention: the causal half of 2·s·(qk + v) per token and head, at its efficiency
-    attn_flash = 0.5 * tokens * seq * heads_local * 2 * (qk + vd) / (hw.peak * hw.flash_eff)
+    # for the s/cp tokens one kernel call spans (a context-parallel ring computes s/cp blocks)
+    attn_flash = 0.5 * tokens * seq * heads_local * 2 * (qk + vd) / (hw.peak * flash_efficiency(hw, seq / cp))
     attn = np.where(eager, attn_eager, attn_flash)
     # norms, residual adds and dropout see the full hidden width of every token, or 1/t of the
     # tokens under sequence parallelism (Korthikanti et al. 2022 §4.2.2); the MLP activation
