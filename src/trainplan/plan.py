@@ -319,7 +319,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         if problem:
             raise PlanError("vpp", problem)
     bounds = [sum(split[:i]) for i in range(pp + 1)]
-    moe_flags = [model.is_moe_layer(i) for i in range(model.layers)]
+    moe_flags = model.moe_layer_flags
     stage_moe = [sum(moe_flags[bounds[i]:bounds[i + 1]]) for i in range(pp)]
     stage_dense = [n - m for n, m in zip(split, stage_moe, strict=True)]
 

@@ -174,7 +174,7 @@ def _stage_tables(model, pps: np.ndarray):
     dense = np.zeros((len(pps), REPRESENTATIVE))
     moe = np.zeros((len(pps), REPRESENTATIVE))
     width = np.zeros(len(pps), dtype=np.int64)
-    flags = np.array([model.is_moe_layer(i) for i in range(model.layers)])
+    flags = np.array(model.moe_layer_flags)
     for row, p in enumerate(pps):
         split = default_stage_split(model.layers, int(p))
         bounds = np.concatenate([[0], np.cumsum(split)])

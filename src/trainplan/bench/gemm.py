@@ -71,7 +71,7 @@ def model_shapes(model, tokens: int) -> list[tuple[str, int, int, int]]:
     """(name, m, k, n) of the forward GEMMs of one layer of `model` on `tokens` tokens (no
     tensor parallelism; a routed expert gets its average share top_k·tokens/experts) and of
     the output head: QKV, attention out, MLP up/gate/down, logits."""
-    index = next((i for i in range(model.layers) if not model.is_moe_layer(i)), 0)
+    index = model.first_layer(False) or 0
     shapes = []
     for lin in model.layer_linears(index):
         m = max(1, tokens * model.top_k // lin.count) if lin.expert else tokens

@@ -49,8 +49,7 @@ def layer_flops(model: ModelSpec) -> LayerFlops:
             total += 2.0 * n * lin.fan_in * lin.fan_out
         return total
 
-    dense_i = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
-    moe_i = next((i for i in range(model.layers) if model.is_moe_layer(i)), None)
+    dense_i, moe_i = model.first_layer(False), model.first_layer(True)
     qk = model.q_dim  # heads x qk head dim
     v = model.attn_out_dim  # heads x v head dim
     return LayerFlops(

@@ -82,8 +82,7 @@ class ModelNumbers:
 
 @lru_cache(maxsize=256)
 def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0) -> ModelNumbers:
-    dense_i = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
-    moe_i = next((i for i in range(model.layers) if model.is_moe_layer(i)), None)
+    dense_i, moe_i = model.first_layer(False), model.first_layer(True)
     kvh = model.heads if model.is_mla else model.n_kv_heads
 
     def group(i):

@@ -91,9 +91,12 @@ def gemm_residual_curve(curve: dict, sms: int) -> tuple[tuple[float, ...], tuple
 
 def flash_curve(curve: dict | None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """(log2 sequence length, fraction of peak) from {"seq": [...], "fraction": [...]}."""
-    if not curve:
-        return None
-    return tuple(np.log2(np.asarray(curve["seq"], dtype=float)).tolist()), tuple(map(float, curve["fraction"]))
+    return _log_length_curve(tuple(curve["seq"]), tuple(curve["fraction"])) if curve else None
+
+
+@lru_cache(maxsize=64)
+def _log_length_curve(seq: tuple, fraction: tuple) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return tuple(np.log2(np.asarray(seq, dtype=float)).tolist()), tuple(map(float, fraction))
 
 
 def flash_efficiency(hw: Hardware, seq):
@@ -147,7 +150,7 @@ class LayerGemms:
 
 @lru_cache(maxsize=256)
 def layer_gemms(model, moe: bool) -> LayerGemms:
-    index = next((i for i in range(model.layers) if model.is_moe_layer(i) == moe), None)
+    index = model.first_layer(moe)
     lins = _linears(model, index) if index is not None else ()
     col = lambda f: np.array([f(lin) for lin in lins], dtype=float)  # noqa: E731
     return LayerGemms(col(lambda x: x.fan_in), col(lambda x: x.fan_out), col(lambda x: SPLIT[x.tp]),

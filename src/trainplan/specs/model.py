@@ -157,8 +157,17 @@ class ModelSpec(BaseModel):
         return self.heads * self.v_head_dim if self.is_mla else self.q_dim
 
     @cached_property
+    def moe_layer_flags(self) -> tuple[bool, ...]:
+        """is_moe_layer for every layer, in order."""
+        return tuple(self.is_moe_layer(i) for i in range(self.layers))
+
+    @cached_property
     def n_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.layers))
+        return sum(self.moe_layer_flags)
+
+    def first_layer(self, moe: bool) -> int | None:
+        """Index of the first MoE (moe=True) or dense layer; None when the model has none."""
+        return next((i for i, flag in enumerate(self.moe_layer_flags) if flag == moe), None)
 
     def is_moe_layer(self, index: int) -> bool:
         """DeepSeek rule (modeling_deepseek.py): dense below first_dense_layers, then MoE
