@@ -63,6 +63,8 @@ def test_api_input_pipeline_and_sharp_reach_the_step():
     assert slow["input_pipeline_s"]["tokenize"] == pytest.approx(256 * 4096 / 2 / (2 * 2000), rel=1e-12)
     sharp = client.post("/api/plan", json={**base, "sharp": True}).json()["time"]
     assert sharp["breakdown_s"]["tp_comm"] < plain["breakdown_s"]["tp_comm"]
+    overlapped = client.post("/api/plan", json={**base, "overlap_tp": True}).json()["time"]
+    assert overlapped["breakdown_s"]["tp_comm"] < plain["breakdown_s"]["tp_comm"]
 
 
 def test_api_hf_config_object(data_dir):
@@ -186,6 +188,28 @@ def test_page_chinese_shared_url_and_screenshots(server, browser):
     page.goto(page.url)
     _ready(page)
     assert page.inner_text("h1") == "并行策略探索器"
+    page.close()
+
+
+def test_page_tp_bound_hint_suggests_overlap_and_the_box_applies_it(server, browser):
+    """TP 8 on H100 without overlap: TP collectives take a large share of the step and the hint
+    says how to hide them; ticking the box sends overlap_tp, shrinks TP comm to the API's figure
+    and goes into the shared URL."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(server + "/?model=llama-3-70b&gpu=H100-SXM&gpus=64&tp=8&pp=4&gbs=64&sp=true")
+    _ready(page)
+    assert "--tp-comm-overlap" in page.inner_text("#hints")
+    base = {"model": "llama-3-70b", "gpu": "H100-SXM", "gpus": 64, "tp": 8, "pp": 4, "gbs": 64, "sp": True}
+    with page.expect_response("**/api/plan"):
+        page.check("input[name=overlap_tp]")
+    _ready(page)
+    want = _api({**base, "overlap_tp": True})["time"]
+    assert want["breakdown_s"]["tp_comm"] < _api(base)["time"]["breakdown_s"]["tp_comm"]
+    page.wait_for_function("!document.querySelector('#hints').innerText.includes('--tp-comm-overlap')")
+    assert "overlap_tp=true" in page.url
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    assert "TP 通信与 GEMM 重叠" in page.inner_text("form")
     page.close()
 
 

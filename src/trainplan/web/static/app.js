@@ -39,7 +39,7 @@
     for (const [k, v] of Object.entries(state)) {
       if (k === "hf_config") continue;
       if (["model", "gpu", "recompute", "schedule", "precision", "optimizer"].includes(k)) body[k] = v;
-      else if (k === "sp" || k === "sharp") body[k] = true;
+      else if (k === "sp" || k === "sharp" || k === "overlap_tp") body[k] = true;
       else body[k] = Number(v);
     }
     if (state.hf_config) {
@@ -209,7 +209,11 @@
       hints.push(t("hint_recompute", { share: pct(worst.activations_bytes / worst.total_bytes) }));
     if (p.zero === 0 && p.dp > 1) hints.push(t("hint_zero", { zero: 1 }));
     const comm = Object.entries(tm.breakdown_s).filter(([k]) => k.endsWith("_comm")).sort((a, b) => b[1] - a[1])[0];
-    if (comm && comm[1] > 0.15 * tm.step_s) hints.push(t("hint_tp_bound", { what: t(comm[0]), share: pct(comm[1] / tm.step_s) }));
+    if (comm && comm[1] > 0.15 * tm.step_s) {
+      const share = pct(comm[1] / tm.step_s);
+      hints.push(comm[0] === "tp_comm" && !form.elements.overlap_tp.checked
+        ? t("hint_tp_overlap", { share }) : t("hint_tp_bound", { what: t(comm[0]), share }));
+    }
     if (!hints.length) hints.push(t("hint_fine"));
     $("hints").innerHTML = hints.map((h) => `<li>${h}</li>`).join("");
   }
