@@ -212,7 +212,7 @@ def test_time_model_bulk_equals_scalar():
 
 def test_gemm_time_per_distinct_shape_equals_direct():
     """Timing each distinct (tokens, tp, ep) once and gathering gives exactly what timing every
-    layout does (the dedup is only a speed-up)."""
+    layout does (the dedup, and the memo for a single layout, are only speed-ups)."""
     from trainplan.estimate.time import _layer_gemm_time, layer_gemm_time, layer_gemms
     from trainplan.plan import load_model, make_plan
 
@@ -227,6 +227,10 @@ def test_gemm_time_per_distinct_shape_equals_direct():
         fast = layer_gemm_time(g, tokens, tp, ep, *args)
         assert fast.shape == (5000, 1)
         assert np.array_equal(fast, _layer_gemm_time(g, tokens, tp, ep, *args))
+        # one layout (scalars) is memoised: the same value, first call and repeated
+        for _ in range(2):
+            one = layer_gemm_time(g, np.asarray(tokens[7, 0]), np.asarray(tp[7, 0]), np.asarray(ep[7, 0]), *args)
+            assert np.shape(one) == () and one == fast[7, 0]
 
 
 def test_published_rows_take_a_calibrated_profile_for_their_accelerator_only(tmp_path):

@@ -137,7 +137,7 @@ def _linears(model, index):
 SPLIT = {"none": 0, "col": 1, "row": 2, "kv": 3}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: one cached instance per model and kind
 class LayerGemms:
     """The weight matrices of one layer kind as arrays (one entry per linear)."""
 
@@ -163,8 +163,16 @@ def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, s
     shapes, so each distinct (tokens, tp, ep) is timed once."""
     if g.fan_in.size == 0:
         return np.zeros(np.broadcast(tokens, tp).shape)
+    if np.ndim(tokens) == np.ndim(tp) == np.ndim(ep) == 0:  # one layout (plan, explorer): memoised
+        return _one_layer_gemm_time(g, float(tokens), float(tp), float(ep), kv_heads, top_k, peak, eff, sms,
+                                    elem_bytes, curve)
     return per_distinct(_layer_gemm_time, {"tokens": tokens, "tp": tp, "ep": ep}, g=g, kv_heads=kv_heads,
                         top_k=top_k, peak=peak, eff=eff, sms=sms, elem_bytes=elem_bytes, curve=curve)
+
+
+@lru_cache(maxsize=4096)
+def _one_layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve):
+    return _layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve)
 
 
 def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None):
