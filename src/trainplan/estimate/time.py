@@ -11,7 +11,8 @@ Compute per op is a roofline, max(FLOPs / (peak · efficiency), bytes / (HBM · 
   (thread blocks padded to a multiple of the SM count) x an alignment penalty when the
   innermost dimension is not a multiple of 8 elements (16 bytes). Backward = two GEMMs of the
   forward's size (input and weight gradients).
-* FlashAttention: the causal half of the score FLOPs at the kernel's achieved fraction;
+* FlashAttention: the causal half of the score FLOPs at the kernel's achieved fraction for
+  the sequence one call spans (a curve over lengths where one is published or measured);
   materialised attention: its batched matmuls as GEMMs plus the softmax traffic.
 * Element-wise ops (norms, residual adds, activation functions, RoPE, dropout): bytes moved
   at HBM speed; backward moves twice the forward's bytes.
