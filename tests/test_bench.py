@@ -3,6 +3,7 @@ sane against a datasheet, and the profile round-trips into `plan` and `search`."
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -30,6 +31,9 @@ def test_quick_cpu_suite_is_checked_and_sane(results):
         assert 0 < r["rel_error"] <= gemm.TOLERANCE[r["dtype"]]
         # a CPU core reaches well under 10% of an A100's 19.5 (fp32) / 312 (bf16) TFLOP/s
         assert 0 < r["pct_of_peak"] < 10
+    mn, depths = gemm.DEPTHS["quick"]
+    assert [(r["m"], r["k"], r["n"], r["dtype"]) for r in results["gemm_k"]] == [(mn, k, mn, "bf16") for k in depths]
+    assert all(0 < r["rel_error"] <= gemm.TOLERANCE["bf16"] and 0 < r["pct_of_peak"] < 10 for r in results["gemm_k"])
     copy, triad, contiguous, strided, pageable, pinned = results["memory"]
     assert triad["bytes"] == 1.5 * copy["bytes"]  # copy moves 2 arrays, triad 3
     # the same useful bytes (a quarter of the copy buffer, read and written) either way
@@ -71,10 +75,13 @@ def test_profile_round_trips_into_plan_and_search(results, tmp_path):
     eff = write_profile(results, str(path))
     loaded = load_profile(str(path))
     curve = loaded.pop("gemm_curve")
+    depth = loaded.pop("gemm_k_curve")
+    assert depth["k"] == [r["k"] for r in results["gemm_k"]]
+    assert depth["fraction"] == pytest.approx([r["tflops"] / 312 for r in results["gemm_k"]], rel=1e-5)
     assert loaded.pop("flash_curve") == {"seq": eff["flash_curve"]["seq"],
                                          "fraction": pytest.approx(eff["flash_curve"]["fraction"], rel=1e-5)}
-    assert loaded == pytest.approx({k: v for k, v in eff.items() if k not in ("gemm_curve", "flash_curve")},
-                                   rel=1e-5)
+    assert loaded == pytest.approx({k: v for k, v in eff.items()
+                                    if k not in ("gemm_curve", "gemm_k_curve", "flash_curve")}, rel=1e-5)
     bf16 = sorted((r for r in results["gemm"] if r["dtype"] == "bf16"), key=lambda r: r["n"])
     assert curve["n"] == [r["n"] for r in bf16]
     assert curve["fraction"] == pytest.approx([r["tflops"] / 312 for r in bf16], rel=1e-5)
@@ -385,11 +392,16 @@ def test_a_measured_gemm_curve_sets_the_efficiency_of_each_size(tmp_path):
     """With a profile's square-GEMM sweep, the time model's efficiency at a measured size is the
     measured fraction times the training share (what quantization explains is not counted
     twice), log-interpolated between sizes; small GEMMs slow a narrow model more than a wide one."""
-    from trainplan.estimate.time import gemm_efficiency, gemm_residual_curve, gemm_training_fraction
+    from trainplan.estimate.time import (
+        GemmResiduals,
+        gemm_efficiency,
+        gemm_residual_curve,
+        gemm_training_fraction,
+    )
 
     ratio = gemm_training_fraction("H100-SXM")
     sweep = {"n": [1024, 2048, 4096, 8192, 16384], "fraction": [0.15, 0.45, 0.70, 0.79, 0.80]}
-    curve = gemm_residual_curve(sweep, sms=132)
+    curve = GemmResiduals(size=gemm_residual_curve(sweep, sms=132))
     best = max(sweep["fraction"]) * ratio
     checked = 0
     for n, frac in zip(sweep["n"], sweep["fraction"], strict=True):
@@ -445,3 +457,46 @@ def test_the_timed_path_of_our_kernels_runs_as_on_a_gpu(monkeypatch):
     assert fused["variant"] == "triton fused" and fused["seconds"] > 0 and fused["speedup"] > 0
     names = {name for name, _, _ in report.headline({"tiling": tiled, "attention": attn_rows})}
     assert {"tiled Triton matmul / torch.matmul", "Triton FlashAttention forward / SDPA"} <= names
+
+
+def test_a_measured_inner_dimension_sweep_slows_short_k_gemms(tmp_path):
+    """A profile's k sweep at fixed m = n gives each GEMM the measured share at its inner
+    dimension (relative to the best k); the square sweep's residual then leaves out what the k
+    sweep explains, so a square curve that is all k effect adds nothing more. Narrow models
+    (short k) slow down more than wide ones."""
+    from trainplan.estimate.time import (
+        GemmResiduals,
+        gemm_depth_residual,
+        gemm_efficiency,
+        gemm_residual_curve,
+    )
+
+    ks = [256, 512, 1024, 2048, 4096, 8192, 16384]
+    frac = [0.30, 0.48, 0.62, 0.71, 0.77, 0.80, 0.80]
+    depth = gemm_depth_residual({"k": ks, "fraction": frac})
+    assert depth[1] == pytest.approx([f / 0.80 for f in frac])
+    residuals = GemmResiduals(depth=depth)
+    # m = n = 8192 at k = 1024: the measured 0.62 of the best 0.80, with nothing else changed
+    full = gemm_efficiency(8192, 8192, 1024, 0.7, 132)
+    assert gemm_efficiency(8192, 8192, 1024, 0.7, 132, curve=residuals) == pytest.approx(full * 0.62 / 0.80)
+    # a square sweep that k and quantization explain entirely leaves a residual of 1
+    sq = [2048, 4096, 8192, 16384]
+    explained = {"n": sq, "fraction": [0.8 * float(gemm_efficiency(n, n, n, 1.0, 132)) * float(np.interp(
+        np.log2(n), *depth)) for n in sq]}
+    assert gemm_residual_curve(explained, 132, depth)[1] == pytest.approx([1.0] * 4)
+    with_k = tmp_path / "k.toml"
+    with_k.write_text(f"[efficiency]\ngemm = 0.80\n[gemm_k_curve]\nk = {ks}\nfraction = {frac}\n")
+    flat = tmp_path / "flat.toml"
+    flat.write_text("[efficiency]\ngemm = 0.80\n")
+
+    def slowdown(model):
+        kw = dict(model=model, gpu="H100-SXM", gpus=8, tp=1, pp=1, zero=3, mbs=1, seq_len=4096, gbs=8)
+        return (evaluate(make_plan(**kw, gpu_profile=str(with_k))).time["step_s"]
+                / evaluate(make_plan(**kw, gpu_profile=str(flat))).time["step_s"])
+
+    # qwen2.5-0.5b: h = 896, k of 896 and 4864; llama-3-70b: every k at least 8192, the best measured
+    assert slowdown("qwen2.5-0.5b") > 1.1 and slowdown("llama-3-70b") == pytest.approx(1.0)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[efficiency]\ngemm = 0.8\n[gemm_k_curve]\nk = [512]\nfraction = [0.5]\n")
+    with pytest.raises(PlanError, match="gemm_k_curve"):
+        load_profile(str(bad))

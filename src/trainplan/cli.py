@@ -412,8 +412,10 @@ def bench(
     render_bench(results)
     if eff:
         typer.echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()
-                                                                   if k not in ("gemm_curve", "flash_curve"))
+                                                                   if k not in ("gemm_curve", "gemm_k_curve",
+                                                                                "flash_curve"))
                    + (f", GEMM curve over {len(eff['gemm_curve']['n'])} sizes" if "gemm_curve" in eff else "")
+                   + (f" and {len(eff['gemm_k_curve']['k'])} inner dimensions" if "gemm_k_curve" in eff else "")
                    + (f", FlashAttention curve over {len(eff['flash_curve']['seq'])} sequence lengths"
                       if "flash_curve" in eff else ""))
     if plot:

@@ -28,6 +28,8 @@ def load_profile(path: str) -> dict:
     if "gemm_curve" in data:
         out["gemm_curve"] = {"dtype": str(data["gemm_curve"].get("dtype", "bf16")) if isinstance(
             data["gemm_curve"], dict) else "bf16", **_curve(data["gemm_curve"], "gemm_curve", "n")}
+    if "gemm_k_curve" in data:
+        out["gemm_k_curve"] = _curve(data["gemm_k_curve"], "gemm_k_curve", "k")
     if "flash_curve" in data:
         out["flash_curve"] = _curve(data["flash_curve"], "flash_curve", "seq")
     return out

@@ -241,6 +241,14 @@ def render_bench(results: dict) -> None:
             table.add_row(r["dtype"], str(r["n"]), f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}",
                           pct(r.get("pct_of_peak")), f"{r['rel_error']:.1e}")
         console.print(table)
+    if results.get("gemm_k"):
+        rows = results["gemm_k"]
+        table = Table(title=f"GEMM {rows[0]['m']} x k x {rows[0]['n']} over the inner dimension (bf16)")
+        for col in ("k", "ms", "TFLOP/s", "% of peak"):
+            table.add_column(col, justify="right")
+        for r in rows:
+            table.add_row(str(r["k"]), f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}", pct(r.get("pct_of_peak")))
+        console.print(table)
     if results.get("gemm_model"):
         rows = results["gemm_model"]
         table = Table(title=f"GEMM shapes of {rows[0]['model']} (bf16, one layer and the head, no TP)")

@@ -10,6 +10,10 @@ TOLERANCE = {"fp32": 1e-5, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
 SIZES = (256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK_SIZES = (128, 256, 512)
 CPU_SIZES = (256, 512, 1024, 2048, 4096)  # a CPU core would need minutes per 16384^3 product
+# The inner-dimension sweep: m = n fixed and large enough that tile and wave quantization do not
+# change with k; only the number of k-steps per output tile does.
+DEPTHS = {"cuda": (8192, (256, 512, 1024, 2048, 4096, 8192, 16384)),
+          "cpu": (512, (64, 128, 256, 512, 1024, 2048)), "quick": (128, (32, 64, 128, 256))}
 
 
 def torch_dtype(name: str):
@@ -64,6 +68,21 @@ def run(device: str, quick: bool, peak_tflops: dict[str, float] | None = None, p
             peak = (peak_tflops or {}).get(dtype)
             row["pct_of_peak"] = 100 * row["tflops"] / peak if peak else None
             rows.append(row)
+    return rows
+
+
+def run_depth(device: str, quick: bool, peak_tflops: dict[str, float] | None = None, progress=None) -> list[dict]:
+    """bf16 (m x k) @ (k x n) with m = n fixed, over the inner dimension k: how efficiency
+    depends on k alone (narrow layers and tensor-parallel shards have short k)."""
+    mn, depths = DEPTHS["quick" if quick else "cuda" if device == "cuda" else "cpu"]
+    rows = []
+    for k in depths:
+        if progress:
+            progress(f"gemm bf16 {mn}x{k}x{mn}")
+        row = gemm_point(mn, "bf16", device, m=mn, k=k)
+        peak = (peak_tflops or {}).get("bf16")
+        row["pct_of_peak"] = 100 * row["tflops"] / peak if peak else None
+        rows.append(row)
     return rows
 
 

@@ -104,7 +104,7 @@ def to_markdown(results: dict) -> str:
              "float64 before it was timed; kernels run in Triton's interpreter are checked, not timed.", "",
              "## Headline figures", "", "| figure | measured | note |", "|---|---|---|",
              *(f"| {a} | {b} | {c} |" for a, b, c in headline(results)), ""]
-    for suite in ("gemm", "gemm_model", "memory", "alignment", "fusion", "tiling", "attention", "recompute",
+    for suite in ("gemm", "gemm_k", "gemm_model", "memory", "alignment", "fusion", "tiling", "attention", "recompute",
                   "collectives"):
         if results.get(suite):
             lines += [f"## {suite}", "", *_table(results[suite]), ""]

@@ -96,6 +96,7 @@ def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu:
     for suite in suites or list(SUITES):
         if suite == "gemm":
             out["gemm"] = gemm.run(device, quick, dict(spec.peak_tflops) if spec else None, progress)
+            out["gemm_k"] = gemm.run_depth(device, quick, dict(spec.peak_tflops) if spec else None, progress)
             if spec_model:
                 out["gemm_model"] = gemm.run_model(spec_model, tokens, device, progress=progress)
                 peak = spec.peak("bf16") if spec else None
@@ -118,12 +119,13 @@ def _gpu_spec(name: str):
     return catalog.gpu(name)  # names the field and lists the known accelerators when unknown
 
 
-CURVES = ("gemm_curve", "flash_curve")  # profile entries that are tables, not single fractions
+CURVES = ("gemm_curve", "gemm_k_curve", "flash_curve")  # profile entries that are tables, not fractions
 
 
 def profile_from(results: dict) -> dict:
     """Efficiencies for the time model: the best bf16 GEMM (fp32 when bf16 was not run) as a
-    fraction of the dense peak of that dtype, and the whole square sweep as "gemm_curve"; the copy bandwidth as a fraction of the
+    fraction of the dense peak of that dtype, the whole square sweep as "gemm_curve" and the
+    bf16 inner-dimension sweep as "gemm_k_curve"; the copy bandwidth as a fraction of the
     datasheet HBM bandwidth; SDPA forward + backward at the longest sequence measured as a
     fraction of the peak of its dtype (the time model's FlashAttention efficiency) and at
     every sequence measured as "flash_curve"; and, from
@@ -144,6 +146,10 @@ def profile_from(results: dict) -> dict:
                 eff["gemm_curve"] = {"dtype": dtype, "n": [r["n"] for r in points],
                                      "fraction": [r["tflops"] * 1e12 / peak for r in points]}
             break
+    depth = sorted(results.get("gemm_k") or [], key=lambda r: r["k"])
+    if len(depth) >= 2 and spec.peak("bf16"):
+        eff["gemm_k_curve"] = {"m": depth[0]["m"], "n": depth[0]["n"], "k": [r["k"] for r in depth],
+                               "fraction": [r["tflops"] * 1e12 / spec.peak("bf16") for r in depth]}
     copy = [r for r in results.get("memory") or [] if r["kernel"] == "copy"]
     if copy:
         eff["hbm"] = copy[0]["gbs"] * 1e9 / (spec.hbm_tbs * 1e12)
@@ -183,6 +189,12 @@ def write_profile(results: dict, path: str) -> dict:
         lines += ["# square GEMMs n x n x n: the measured fraction of the dense peak at each size (the time",
                   "# model takes from it what tile and wave quantization do not explain)",
                   "[gemm_curve]", f'dtype = "{curve["dtype"]}"', f"n = {curve['n']}",
+                  "fraction = [" + ", ".join(f"{x:.6g}" for x in curve["fraction"]) + "]", ""]
+    curve = eff.get("gemm_k_curve")
+    if curve:
+        lines += [f"# bf16 {curve['m']} x k x {curve['n']}: the measured fraction of the dense peak at each inner",
+                  "# dimension k (the time model takes how it changes with k)",
+                  "[gemm_k_curve]", f"k = {curve['k']}",
                   "fraction = [" + ", ".join(f"{x:.6g}" for x in curve["fraction"]) + "]", ""]
     curve = eff.get("flash_curve")
     if curve:

@@ -43,7 +43,7 @@ def _connect(path: str | Path | None, create: bool) -> sqlite3.Connection:
 
 
 def save(results: dict, path: str | Path | None = None,
-         suites=("gemm", "gemm_model", "memory", "alignment", "fusion", "tiling", "attention", "recompute",
+         suites=("gemm", "gemm_k", "gemm_model", "memory", "alignment", "fusion", "tiling", "attention", "recompute",
                  "collectives")) -> int:
     """Store one run; returns its id."""
     conn = _connect(path, create=True)
@@ -94,6 +94,8 @@ def compare(runs: list[dict]) -> dict:
         cells = {}
         for r in run.get("gemm", []):
             cells[f"gemm {r['dtype']} {r.get('m', r['n'])}x{r.get('k', r['n'])}x{r['n']} TFLOP/s"] = r["tflops"]
+        for r in run.get("gemm_k", []):
+            cells[f"gemm bf16 {r['m']}x{r['k']}x{r['n']} (k sweep) TFLOP/s"] = r["tflops"]
         for r in run.get("gemm_model", []):
             cells[f"gemm {r['model']} {r['gemm']} {r['m']}x{r['k']}x{r['n']} TFLOP/s"] = r["tflops"]
         for r in run.get("memory", []):

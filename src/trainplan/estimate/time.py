@@ -77,16 +77,54 @@ def gemm_training_fraction(gpu_name: str) -> float:
     return eff["gemm_training_fraction"].get(gpu_name, eff["gemm_training_fraction_of_mamf"])
 
 
-def gemm_residual_curve(curve: dict, sms: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+@dataclass(frozen=True)
+class GemmResiduals:
+    """What a calibrated profile measured of GEMM efficiency beyond tile and wave quantization:
+    a residual by the equal-work square size (log2 n, residual) and one by the inner dimension
+    (log2 k, residual), each log-interpolated and flat beyond its ends."""
+
+    size: tuple | None = None
+    depth: tuple | None = None
+
+    def __call__(self, m, n, k):
+        r = 1.0
+        if self.depth is not None:
+            r = r * np.interp(np.log2(k), *self.depth)
+        if self.size is not None:
+            r = r * np.interp(np.log2(m * n * k) / 3, *self.size)
+        return r
+
+
+def gemm_residuals(profile: dict | None, sms: int) -> GemmResiduals | None:
+    """The residuals a profile's GEMM sweeps give (None without sweeps)."""
+    if not profile:
+        return None
+    depth = gemm_depth_residual(profile["gemm_k_curve"]) if "gemm_k_curve" in profile else None
+    size = gemm_residual_curve(profile["gemm_curve"], sms, depth) if "gemm_curve" in profile else None
+    return GemmResiduals(size, depth) if size or depth else None
+
+
+def gemm_depth_residual(curve: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(log2 k, residual) from a measured sweep of the inner dimension at a fixed large m x n
+    {"k": [...], "fraction": [...]}: the fraction at each k relative to the best, capped at 1.
+    With m and n fixed, tile and wave quantization are the same at every k; what changes is how
+    many k-steps each output tile has to amortise its pipeline fill and its write-back over."""
+    k = np.asarray(curve["k"], dtype=float)
+    frac = np.asarray(curve["fraction"], dtype=float)
+    return tuple(np.log2(k).tolist()), tuple(np.minimum(frac / np.max(frac), 1.0).tolist())
+
+
+def gemm_residual_curve(curve: dict, sms: int, depth: tuple | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(log2 n, residual) from a measured square-GEMM sweep {"n": [...], "fraction": [...]}:
     at each size, the measured fraction of peak that tile and wave quantization (as
-    `gemm_efficiency` models them) do not explain, relative to the best size, capped at 1.
-    What remains is what makes small GEMMs slow besides quantization (launch and pipeline
-    fill, short K loops), which the datasheet model cannot know."""
+    `gemm_efficiency` models them), and the inner-dimension residual `depth` when measured, do
+    not explain, relative to the best size, capped at 1. What remains is what makes small GEMMs
+    slow besides quantization (launch and pipeline fill, short K loops), which the datasheet
+    model cannot know."""
     n = np.asarray(curve["n"], dtype=float)
     frac = np.asarray(curve["fraction"], dtype=float)
-    quantization = gemm_efficiency(n, n, n, 1.0, sms)
-    residual = np.minimum(frac / (np.max(frac) * quantization), 1.0)
+    explained = gemm_efficiency(n, n, n, 1.0, sms) * (np.interp(np.log2(n), *depth) if depth else 1.0)
+    residual = np.minimum(frac / (np.max(frac) * explained), 1.0)
     return tuple(np.log2(n).tolist()), tuple(residual.tolist())
 
 
@@ -113,10 +151,10 @@ def gemm_efficiency(m, n, k, peak_eff, sms, elem_bytes=2, curve=None):
     """Achieved fraction of peak for an (m x k) @ (k x n) GEMM: tile and wave quantization
     (MLE-P 'tile and wave quantization') times an alignment penalty for an innermost
     dimension that is not a multiple of 16 bytes (thonking.ai: > 2x slower), times, with a
-    calibrated profile's `curve` (`gemm_residual_curve`), the measured residual at the
-    square size of equal work, (m·n·k)^(1/3), interpolated in log size."""
+    calibrated profile's `curve` (`GemmResiduals`), the measured residuals at the inner
+    dimension k and at the square size of equal work, (m·n·k)^(1/3), interpolated in log size."""
     m, n, k = (np.maximum(np.asarray(x, dtype=float), 1) for x in (m, n, k))
-    residual = 1.0 if curve is None else np.interp(np.log2(m * n * k) / 3, curve[0], curve[1])
+    residual = 1.0 if curve is None else curve(m, n, k)
     tiles_m, tiles_n = np.ceil(m / TILE), np.ceil(n / TILE)
     tile_q = (m * n) / (tiles_m * tiles_n * TILE * TILE)
     tiles = tiles_m * tiles_n
@@ -202,7 +240,7 @@ class Hardware:
     latency: float
     gemm_eff: float
     flash_eff: float
-    gemm_curve: tuple | None = None  # measured residual by GEMM size (a calibrated profile's)
+    gemm_curve: GemmResiduals | None = None  # measured GEMM residuals (a calibrated profile's)
     flash_curve: tuple | None = None  # FlashAttention fraction by log2 sequence length
 
 
@@ -222,7 +260,7 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
         sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
         latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
-        gemm_curve=gemm_residual_curve(profile["gemm_curve"], sms) if profile and "gemm_curve" in profile else None,
+        gemm_curve=gemm_residuals(profile, sms),
         flash_curve=flash_curve(e["flash_curve"]))
 
 
