@@ -184,8 +184,8 @@ def main() -> None:
             + "stages, v = 8); the drop from 8,192 to 16,384 GPUs is "
             + f"{llama[1]['published'] / llama[0]['published'] - 1:+.0%} published and "
             + f"{llama[1]['predicted'] / llama[0]['predicted'] - 1:+.0%} predicted.\n",
-            "Calibrated H100/H200 profiles from `trainplan bench` (the GEMM shapes of the model, SDPA\n",
-            "forward + backward) are the next step.\n\n"]
+            "Calibrated H100/H200 profiles from `trainplan bench` (its GEMM sweeps over size and over the\n",
+            "inner dimension k, SDPA forward + backward over sequence length) are the next step.\n\n"]
     if profiles:  # the notes above describe the catalog defaults
         head = head[:len(summary) + 2] + ["Target: mean absolute error ≤ 5%, worst ≤ 10%.\n\n"]
         lines.insert(len(intro_text), "Calibrated profiles used: " + ", ".join(
