@@ -123,11 +123,12 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str]) -> dict
         return dict(source=table, label=label, metric="TFLOP/s per GPU (96-count)", published=pub, predicted=pred)
     if table == "megatron_core_h100":
         pb, a, h, L, tp, pp, g, gbs, pub = row
-        spec = _gpt(f"GPT {pb}B", h, a, L, 131072, 4096)
+        s, V = 4096, 131072
+        spec = _gpt(f"GPT {pb}B", h, a, L, V, s)
         layout, out, rc = _with_recompute_rule(
-            spec, profiles, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=4096, zero=1, sp=tp > 1,
+            spec, profiles, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=s, zero=1, sp=tp > 1,
             framework="megatron", attention="flash", precision="bf16", overlap_tp=True, overlap_dp=True)
-        flops = megatron_model_flops(spec, tokens=gbs * 4096, seq=4096, vocab_padded=layout.vocab_padded)
+        flops = megatron_model_flops(spec, tokens=gbs * s, seq=s, vocab_padded=layout.vocab_padded)
         pred = flops / out["time"]["step_s"] / g / 1e12
         label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, recompute {rc}"
         return dict(source=table, label=label, metric="TFLOP/s per GPU (model)", published=pub, predicted=pred)

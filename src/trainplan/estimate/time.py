@@ -109,9 +109,8 @@ def gemm_depth_residual(curve: dict) -> tuple[tuple[float, ...], tuple[float, ..
     {"k": [...], "fraction": [...]}: the fraction at each k relative to the best, capped at 1.
     With m and n fixed, tile and wave quantization are the same at every k; what changes is how
     many k-steps each output tile has to amortise its pipeline fill and its write-back over."""
-    k = np.asarray(curve["k"], dtype=float)
     frac = np.asarray(curve["fraction"], dtype=float)
-    return tuple(np.log2(k).tolist()), tuple(np.minimum(frac / np.max(frac), 1.0).tolist())
+    return _log_curve(tuple(curve["k"]), tuple(np.minimum(frac / np.max(frac), 1.0).tolist()))
 
 
 def gemm_residual_curve(curve: dict, sms: int, depth: tuple | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -125,17 +124,18 @@ def gemm_residual_curve(curve: dict, sms: int, depth: tuple | None = None) -> tu
     frac = np.asarray(curve["fraction"], dtype=float)
     explained = gemm_efficiency(n, n, n, 1.0, sms) * (np.interp(np.log2(n), *depth) if depth else 1.0)
     residual = np.minimum(frac / (np.max(frac) * explained), 1.0)
-    return tuple(np.log2(n).tolist()), tuple(residual.tolist())
+    return _log_curve(tuple(curve["n"]), tuple(residual.tolist()))
 
 
 def flash_curve(curve: dict | None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """(log2 sequence length, fraction of peak) from {"seq": [...], "fraction": [...]}."""
-    return _log_length_curve(tuple(curve["seq"]), tuple(curve["fraction"])) if curve else None
+    return _log_curve(tuple(curve["seq"]), tuple(curve["fraction"])) if curve else None
 
 
 @lru_cache(maxsize=64)
-def _log_length_curve(seq: tuple, fraction: tuple) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    return tuple(np.log2(np.asarray(seq, dtype=float)).tolist()), tuple(map(float, fraction))
+def _log_curve(x: tuple, y: tuple) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """A measured curve as the time model interpolates it: (log2 x, y), both as tuples."""
+    return tuple(np.log2(np.asarray(x, dtype=float)).tolist()), tuple(map(float, y))
 
 
 def flash_efficiency(hw: Hardware, seq):
