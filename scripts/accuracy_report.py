@@ -23,6 +23,7 @@ TITLES = {
     "megatron_core_h100": "Megatron-Core r0.8.0 weak scaling (H100, model TFLOP/s per GPU)",
     "megatron_single_node": "Megatron-LM v1/v2 GPT-2 cases (V100 / A100, iteration time)",
     "mosaicml_h100": "MosaicML llm-foundry (H100, FSDP, tokens/s per GPU)",
+    "mosaicml_a100": "MosaicML llm-foundry (A100 80GB, FSDP, tokens/s per GPU)",
     "llama3_405b": "Llama 3 405B (H100, 4D parallelism, model TFLOP/s per GPU)",
 }
 
@@ -128,6 +129,12 @@ def search_vs_llama3() -> list[str]:
     return out
 
 
+def _mean_worst(data: list[dict], source: str) -> str:
+    """'m% mean, w% worst' for one table."""
+    e = np.abs([r["predicted"] / r["published"] - 1 for r in data if r["source"] == source])
+    return f"{e.mean() * 100:.1f}% mean, {e.max() * 100:.1f}% worst"
+
+
 def main() -> None:
     import argparse
 
@@ -169,15 +176,21 @@ def main() -> None:
     head = ["## Summary\n\n| source | rows | mean abs error | worst |\n|---|---:|---:|---:|\n", *summary,
             f"| all | {len(allerr)} | {np.mean(np.abs(allerr)) * 100:.1f}% | {np.max(np.abs(allerr)) * 100:.1f}% |\n\n",
             "Target: mean absolute error ≤ 5%, worst ≤ 10%, with one set of efficiency defaults per GPU.\n",
-            "Met on A100 (the fitted table and the held-out Megatron v1/v2 table); not met on H100.\n",
+            "Met on the fitted A100 table; held out, the Megatron v1/v2 table is at "
+            + _mean_worst(data, "megatron_single_node") + "\nand the MosaicML A100 table at "
+            + _mean_worst(data, "mosaicml_a100") + "; not met on H100.\n",
             "FLOP rates are counted as each source counts them (Narayanan et al.'s 96-count, Megatron-LM's\n",
             "num_floating_point_operations, PaLM's 6N + 12·L·H·Q·T for Llama 3), not with our own count\n",
             "(which takes a fused attention backward as 2.5x its forward, not 2x).\n",
             "On H100 the model is still too fast for small models (h ≤ 4096; Megatron's README puts\n",
             "the trend on the lower arithmetic intensity of smaller GEMMs, which one ratio per GPU cannot\n",
             "follow) and too slow for TP 8 without pipelining (its data-parallel reduction crosses one\n",
-            "NIC per GPU); the long-sequence MosaicML rows are attention-bound at a FlashAttention\n",
-            "efficiency their Triton kernel does not reach. The held-out Llama 3 405B rows are off by "
+            "NIC per GPU). MosaicML's benchmarks ran FlashAttention in Triton (their benchmark script's\n",
+            "attn_impl default), which the model prices at its published share of FlashAttention-2 (Dao\n",
+            "2023, Fig. 4d); with FlashAttention-2 instead their long-sequence rows would be 40-60% too\n",
+            "fast. What error remains there grows with the share of each micro-batch that FSDP's parameter\n",
+            "gathers and gradient scatters take (MPT-13B and MPT-70B at micro-batch 2 on H100), which the\n",
+            "model hides behind compute entirely. The held-out Llama 3 405B rows are off by "
             + ", ".join(f"{r['predicted'] / r['published'] - 1:+.0%}" for r in llama[:2])
             + " at 8K context\nand "
             + f"{llama[2]['predicted'] / llama[2]['published'] - 1:+.0%} at 128K with context parallelism 16 (the paper's one-layer virtual\n"

@@ -98,6 +98,48 @@ def test_hopper_flash_attention_default_is_fa2_causal_forward_backward():
 
 def test_h100_tables_do_not_regress(published):
     """H100 (docs/accuracy.md): Megatron-Core (the table Hopper's GEMM ratio is fitted on)
-    8.2% mean; held out, Llama 3 405B 11.7% and MosaicML 24.2%. Bounds one point above."""
-    for source, bound in (("megatron_core_h100", 0.092), ("llama3_405b", 0.127), ("mosaicml_h100", 0.252)):
+    8.2% mean; held out, Llama 3 405B 11.7% and MosaicML 12.9%. Bounds one point above."""
+    for source, bound in (("megatron_core_h100", 0.092), ("llama3_405b", 0.127), ("mosaicml_h100", 0.139)):
         assert np.abs(errors(published, source)).mean() <= bound, source
+
+
+def test_held_out_mosaicml_a100_rows(published):
+    """MosaicML's A100 80GB rows (held out; every MPT size from 125M to 30B at sequence 2,048
+    and at its longest, up to 65,536, FSDP, FlashAttention in Triton): 6.6% mean, 23.2% worst
+    (MPT-30B at 8K) in docs/accuracy.md; bounds one point above. With FlashAttention-2 in
+    place of the Triton kernel the long-sequence rows would be predicted 40-60% too fast."""
+    e = np.abs(errors(published, "mosaicml_a100"))
+    assert len(e) == 16 and e.mean() <= 0.076 and e.max() <= 0.242
+
+
+def test_triton_flash_attention_is_its_published_share_of_fa2():
+    """FlashAttention in Triton against FA2, forward + backward, causal, head dim 128, on one
+    A100 (Dao 2023, Fig. 4d): 28/61/74/80/83/92 against 99/131/155/182/189/189 TFLOP/s at
+    512..16k. The catalog's ratio is their quotient, the A100 FA2 curve is FA2's figures over
+    312 TFLOP/s, and so a Triton plan on an A100 runs at the Triton figures themselves."""
+    from trainplan.estimate.time import flash_efficiency, hardware
+    from trainplan.plan import conventions, make_plan, resolve
+
+    triton = np.array([28, 61, 74, 80, 83, 92])
+    fa2 = np.array([99, 131, 155, 182, 189, 189])
+    eff = conventions()["efficiency"]
+    assert eff["flash_attention_triton"]["ratio"] == pytest.approx(triton / fa2, abs=0.0006)
+    assert eff["flash_attention_curve"]["A100-80GB-SXM"]["fraction"] == pytest.approx(fa2 / 312, abs=0.0006)
+    seq = np.array(eff["flash_attention_triton"]["seq"])
+    kw = dict(model="llama-3-8b", gpu="A100-80GB-SXM", gpus=8)
+    a100 = hardware(resolve(make_plan(**kw, attention="triton")))
+    assert flash_efficiency(a100, seq) * 312 == pytest.approx(triton, abs=0.5)
+    # the same ratio on Hopper: both kernels issue Ampere mma instructions
+    h100_fa2, h100_triton = (flash_efficiency(hardware(resolve(make_plan(**{**kw, "gpu": "H100-SXM"}, attention=a))), seq)
+                             for a in ("flash", "triton"))
+    assert h100_triton == pytest.approx(h100_fa2 * triton / fa2, abs=0.0005)
+
+
+def test_hopper_fa2_curve_agrees_with_fa2_papers_own_h100_figure():
+    """Cross-check of the H100 curve (derived from Shah et al. 2024 Figs. 5-6) against FA2's own
+    H100 forward + backward figure (Dao 2023, Fig. 7d, causal, head dim 128): 163/221/265/294/
+    308/328 TFLOP/s at 512..16k, i.e. 0.165..0.332 of 989.4; every point within 0.03."""
+    from trainplan.plan import conventions
+
+    curve = conventions()["efficiency"]["flash_attention_curve"]["H100-SXM"]
+    assert curve["fraction"] == pytest.approx(np.array([163, 221, 265, 294, 308, 328]) / 989.4, abs=0.03)

@@ -8,7 +8,9 @@ not give are chosen by one rule for all rows, never fitted per row:
   the plan does not fit in memory, then full;
 * 2019-2021 Megatron runs: fp16, materialised attention (pre-FlashAttention), gradient
   all-reduce after the backward; 2024 Megatron-Core: bf16, FlashAttention, the published
-  overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention;
+  overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention in Triton
+  (their benchmark script's attn_impl default), learned position embeddings (the published
+  parameter counts grow with the sequence length);
 * Llama 3 405B: as published, no recompute, the interleaved schedule on the paper's split
   (one layer fewer on the first and last stages: 7, 8, ..., 8, 7) and ZeRO-2 (FSDP sharding
   optimizer states and gradients: the ZeRO paper's byte accounting); v = 8, one layer per
@@ -142,13 +144,13 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str]) -> dict
         t = evaluate_layout(layout)["time"]
         label = f"{system}: h {h}, {L} layers, MP {mp}, {g} GPUs"
         return dict(source=table, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)
-    if table == "mosaicml_h100":
+    if table in ("mosaicml_h100", "mosaicml_a100"):
         name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row
         spec = ModelSpec(name=f"MPT-{name}", source="llm-foundry", layers=L, hidden=d, heads=a, ffn=4 * d,
-                         mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="none",
+                         mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
                          max_position=seq, fused_qkv=True)
         layout = resolve(_plan(profiles, gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16",
-                                   mbs=mb, gbs=gbs, seq_len=seq, attention="flash",
+                                   mbs=mb, gbs=gbs, seq_len=seq, attention="triton",
                                    recompute="full" if ckpt else "none"), spec)
         t = evaluate_layout(layout)["time"]
         label = f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"

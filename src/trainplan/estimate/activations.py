@@ -12,8 +12,9 @@ MLP width f (elements; `act` bytes each unless stated):
 * linear: its input (the previous op's output), only when its weight is trainable.
 * attention core: q, k, v (new tensors after RoPE, or views of the fused QKV output; their
   storage is q + k + v either way), then
-    - flash (FlashAttention) and sdpa (`torch.nn.functional.scaled_dot_product_attention`,
-      which dispatches to its flash or memory-efficient kernels): the output and the fp32
+    - flash (FlashAttention), triton (FlashAttention in Triton) and sdpa
+      (`torch.nn.functional.scaled_dot_product_attention`, which dispatches to its flash or
+      memory-efficient kernels): the output and the fp32
       log-sum-exp per head. The kernels return the output in (batch, seq, heads, dim)
       memory order, so the transpose back before the output projection is a view and the
       projection's saved input is the same storage (measured on torch 2.13, CPU);
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ATTENTION = ("flash", "sdpa", "eager")
+ATTENTION = ("flash", "sdpa", "eager", "triton")
 ATTENTION_CODE = {name: i for i, name in enumerate(ATTENTION)}
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
@@ -101,8 +102,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     rep = np.where(sp, tp, 1)  # divisor for replicated-by-TP tensors
     eager_norm = (1 - np.asarray(fused)) * (0 if shape.layernorm else 1)
     stats = 2 if shape.layernorm else 1
-    flash, sdpa, eager = (np.asarray(attention) == i for i in range(3))
-    fused_attn = flash | sdpa
+    eager = np.asarray(attention) == ATTENTION_CODE["eager"]
+    fused_attn = ~eager
     # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
     # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
     kv_div = np.where(eager & (np.asarray(recompute) == 0), tp, np.minimum(tp, shape.kv_heads))

@@ -11,8 +11,9 @@ Compute per op is a roofline, max(FLOPs / (peak · efficiency), bytes / (HBM · 
   (thread blocks padded to a multiple of the SM count) x an alignment penalty when the
   innermost dimension is not a multiple of 8 elements (16 bytes). Backward = two GEMMs of the
   forward's size (input and weight gradients).
-* FlashAttention: the causal half of the score FLOPs at the kernel's achieved fraction for
-  the sequence one call spans (a curve over lengths where one is published or measured);
+* FlashAttention: the causal half of the score FLOPs, over the head dimension the kernel pads
+  to, at the kernel's achieved fraction for the sequence one call spans (a curve over lengths
+  where one is published or measured; FlashAttention in Triton at its published share of FA2);
   materialised attention: its batched matmuls as GEMMs plus the softmax traffic.
 * Element-wise ops (norms, residual adds, activation functions, RoPE, dropout): bytes moved
   at HBM speed; backward moves twice the forward's bytes.
@@ -58,6 +59,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         "nvlink": eff["nvlink_ring"],
         "nic": eff["nic"],
         "latency": eff["collective_latency_us"] * 1e-6,
+        "flash_head_dim_multiple": eff["flash_head_dim_multiple"],
     }
     if profile:
         out.update({k: v for k, v in profile.items() if k in out})
@@ -67,7 +69,29 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
             out["gemm"] = profile["gemm"] * gemm_training_fraction(name)
         if "flash" in profile and "flash_curve" not in profile:
             out["flash_curve"] = None  # a measured figure replaces the catalog's published curve
+    if layout.plan.attention == "triton":
+        out["flash_curve"] = triton_attention_curve(out["flash"], out["flash_curve"], eff["flash_attention_triton"])
     return out
+
+
+def triton_attention_curve(flash: float, flash_curve: dict | None, triton: dict) -> dict:
+    """FlashAttention in Triton by sequence length: the FA2 efficiency (its curve, else its
+    single figure) at each length the published Triton/FA2 ratio was measured at, times that
+    ratio (conventions.toml [efficiency.flash_attention_triton])."""
+    seq = np.asarray(triton["seq"], dtype=float)
+    fa2 = np.interp(np.log2(seq), *flash_curve_points(flash_curve)) if flash_curve else np.full(seq.shape, flash)
+    return {"seq": triton["seq"], "fraction": (fa2 * np.asarray(triton["ratio"])).round(4).tolist()}
+
+
+def flash_head_dim(d, kernel: str, multiple: int):
+    """The head dimension a FlashAttention kernel's time follows for a head of `d`: FA2, whose
+    speed its matmuls set, pads to its compiled sizes (multiples of `multiple`,
+    conventions.toml flash_head_dim_multiple) and pays for the padded columns. The Triton
+    kernel pads to a power of two too, but runs at a quarter of peak, paced by its softmax
+    and loads rather than its matmuls: MosaicML's head-dim-80 runs (MPT-3b) reach the
+    head-dim-128 efficiency without the padding's cost, so its time follows `d`."""
+    d = np.maximum(np.asarray(d, dtype=float), 1.0)
+    return d if kernel == "triton" else np.ceil(d / multiple) * multiple
 
 
 def gemm_training_fraction(gpu_name: str) -> float:
@@ -127,7 +151,7 @@ def gemm_residual_curve(curve: dict, sms: int, depth: tuple | None = None) -> tu
     return _log_curve(tuple(curve["n"]), tuple(residual.tolist()))
 
 
-def flash_curve(curve: dict | None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+def flash_curve_points(curve: dict | None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """(log2 sequence length, fraction of peak) from {"seq": [...], "fraction": [...]}."""
     return _log_curve(tuple(curve["seq"]), tuple(curve["fraction"])) if curve else None
 
@@ -242,6 +266,8 @@ class Hardware:
     flash_eff: float
     gemm_curve: GemmResiduals | None = None  # measured GEMM residuals (a calibrated profile's)
     flash_curve: tuple | None = None  # FlashAttention fraction by log2 sequence length
+    attention_kernel: str = "flash"  # the plan's attention (flash_head_dim pads by kernel)
+    flash_head_dim_multiple: int = 32
 
 
 def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
@@ -261,7 +287,8 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
         latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
         gemm_curve=gemm_residuals(profile, sms),
-        flash_curve=flash_curve(e["flash_curve"]))
+        flash_curve=flash_curve_points(e["flash_curve"]),
+        attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"])
 
 
 # ---- the step: one formula, numbers or arrays (DESIGN §2) ---------------------------------
@@ -307,8 +334,10 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                                 hw.gemm_curve) \
         + (mbs * heads_local * seq * seq / cp) * elem * 4 / hw.hbm  # softmax in and out, mask
     # FlashAttention: the causal half of 2·s·(qk + v) per token and head, at its efficiency
-    # for the s/cp tokens one kernel call spans (a context-parallel ring computes s/cp blocks)
-    attn_flash = 0.5 * tokens * seq * heads_local * 2 * (qk + vd) / (hw.peak * flash_efficiency(hw, seq / cp))
+    # for the s/cp tokens one kernel call spans (a context-parallel ring computes s/cp blocks),
+    # over the head dimensions the kernel pads to
+    qk_run, vd_run = (flash_head_dim(d, hw.attention_kernel, hw.flash_head_dim_multiple) for d in (qk, vd))
+    attn_flash = 0.5 * tokens * seq * heads_local * 2 * (qk_run + vd_run) / (hw.peak * flash_efficiency(hw, seq / cp))
     attn = np.where(eager, attn_eager, attn_flash)
     # norms, residual adds and dropout see the full hidden width of every token, or 1/t of the
     # tokens under sequence parallelism (Korthikanti et al. 2022 §4.2.2); the MLP activation
