@@ -199,7 +199,7 @@ def main() -> None:
             "follow) and too slow for TP 8 without pipelining (its data-parallel reduction crosses one\n",
             "NIC per GPU). MosaicML's benchmarks ran FlashAttention in Triton (their benchmark script's\n",
             "attn_impl default), which the model prices at its published share of FlashAttention-2 (Dao\n",
-            "2023, Fig. 4d); with FlashAttention-2 instead their long-sequence rows would be 40-60% too\n",
+            "2023, Fig. 4d); with FlashAttention-2 instead their rows at 32K-64K tokens would be 20-90% too\n",
             "fast. What error remains there grows with the share of each micro-batch that FSDP's parameter\n",
             "gathers and gradient scatters take (MPT-13B and MPT-70B at micro-batch 2 on H100), which the\n",
             "model hides behind compute at the cost of the published average overlap slowdown (18.9% of\n",

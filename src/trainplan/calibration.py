@@ -112,7 +112,9 @@ def llama3_setup(cfg: dict, row: list) -> dict:
                 overlap_tp=False, overlap_dp=True)
 
 
-def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str]) -> dict:
+def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str = "triton") -> dict:
+    """One published row against its prediction (`attention`: the kernel MosaicML rows run,
+    their published Triton one unless a comparison asks for another)."""
     if table == "narayanan2021":
         pb, a, h, L, tp, pp, g, gbs, pub = row
         spec, kw = narayanan_setup(cfg, row)
@@ -150,7 +152,7 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str]) -> dict
                          mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
                          max_position=seq, fused_qkv=True)
         layout = resolve(_plan(profiles, gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16",
-                                   mbs=mb, gbs=gbs, seq_len=seq, attention="triton",
+                                   mbs=mb, gbs=gbs, seq_len=seq, attention=attention,
                                    recompute="full" if ckpt else "none"), spec)
         t = evaluate_layout(layout)["time"]
         label = f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"
