@@ -125,3 +125,11 @@ def test_llama3_split_interleaves_in_torchtitan_but_not_megatron():
     assert tomllib.loads(export(even, "torchtitan"))["parallelism"]["pipeline_parallel_layers_per_stage"] == 10
     with pytest.raises(PlanError, match="first and last one layer lighter"):
         resolve(make_plan(model="llama-3-70b", gpus=64, tp=8, pp=4, schedule="interleaved", vpp=3, gbs=256))
+
+
+def test_megatron_export_says_a_triton_plan_will_run_flash_attention_2():
+    """Megatron-LM has no Triton FlashAttention: the exported run uses FA2, and says so."""
+    lay = resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8, attention="triton"))
+    text = export(lay, "megatron")
+    assert "--use-flash-attn" in text and "# attention triton: Megatron-LM runs FlashAttention-2" in text
+    assert "# attention" not in export(resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)), "megatron")

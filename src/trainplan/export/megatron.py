@@ -72,6 +72,9 @@ def megatron_args(layout) -> str:
     if layout.zero >= 2:
         notes.append(f"# ZeRO-{layout.zero}: Megatron's distributed optimizer shards optimizer state (ZeRO-1); "
                      "use Megatron-FSDP for ZeRO-3")
+    if p.attention == "triton":
+        notes.append("# attention triton: Megatron-LM runs FlashAttention-2 (--use-flash-attn), 2-3.5x "
+                     "the Triton kernel's speed (Dao 2023, Fig. 4d); plan with --attention flash to match")
     if p.stage_layers is not None or len(set(layout.stage_layers)) > 1:
         notes.append(f"# uneven pipeline split {layout.stage_layers}: set --decoder-first-pipeline-num-layers "
                      "and --decoder-last-pipeline-num-layers accordingly")
