@@ -208,7 +208,7 @@ def main() -> None:
             + ", ".join(f"{r['predicted'] / r['published'] - 1:+.0%}" for r in llama[:2])
             + " at 8K context\nand "
             + f"{llama[2]['predicted'] / llama[2]['published'] - 1:+.0%} at 128K with context parallelism 16 (the paper's one-layer virtual\n"
-            + "stages, v = 8); the drop from 8,192 to 16,384 GPUs is "
+            + "stages, v = 8, and its all-gather context parallelism, exposed); the drop from 8,192 to\n16,384 GPUs is "
             + f"{llama[1]['published'] / llama[0]['published'] - 1:+.0%} published and "
             + f"{llama[1]['predicted'] / llama[0]['predicted'] - 1:+.0%} predicted.\n",
             "Calibrated H100/H200 profiles from `trainplan bench` (its GEMM sweeps over size and over the\n",

@@ -98,8 +98,8 @@ def test_hopper_flash_attention_default_is_fa2_causal_forward_backward():
 
 def test_h100_tables_do_not_regress(published):
     """H100 (docs/accuracy.md): Megatron-Core (the table Hopper's GEMM ratio is fitted on)
-    7.8% mean; held out, Llama 3 405B 11.1% and MosaicML 10.6%. Bounds one point above."""
-    for source, bound in (("megatron_core_h100", 0.088), ("llama3_405b", 0.121), ("mosaicml_h100", 0.116)):
+    7.8% mean; held out, Llama 3 405B 10.0% and MosaicML 10.6%. Bounds one point above."""
+    for source, bound in (("megatron_core_h100", 0.088), ("llama3_405b", 0.110), ("mosaicml_h100", 0.116)):
         assert np.abs(errors(published, source)).mean() <= bound, source
 
 

@@ -83,6 +83,7 @@ def test_torchtitan_toml(kw, names):
     par = cfg["parallelism"]
     assert par["pipeline_parallel_schedule"] in tt["schedules"]
     assert cfg["activation_checkpoint"]["mode"] in tt["ac_modes"]
+    assert par.get("context_parallel_rotate_method", "allgather") in tt["cp_rotate_methods"]
     degrees = (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["tensor_parallel_degree"]
                * par["pipeline_parallel_degree"] * par["context_parallel_degree"])
     assert degrees == lay.gpus
@@ -133,3 +134,14 @@ def test_megatron_export_says_a_triton_plan_will_run_flash_attention_2():
     text = export(lay, "megatron")
     assert "--use-flash-attn" in text and "# attention triton: Megatron-LM runs FlashAttention-2" in text
     assert "# attention" not in export(resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)), "megatron")
+
+
+def test_torchtitan_context_parallel_exchange():
+    """A ring plan passes K/V shards around (torchtitan's "alltoall" rotation); an all-gather
+    plan gathers them ("allgather"); without context parallelism the option is left out."""
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=16, cp=4, seq_len=65536, gbs=4)
+    for cp_comm, method in (("ring", "alltoall"), ("allgather", "allgather")):
+        par = tomllib.loads(export(resolve(make_plan(**kw, cp_comm=cp_comm)), "torchtitan"))["parallelism"]
+        assert par["context_parallel_rotate_method"] == method
+    no_cp = tomllib.loads(export(resolve(make_plan(**{**kw, "cp": 1, "gbs": 16})), "torchtitan"))["parallelism"]
+    assert "context_parallel_rotate_method" not in no_cp

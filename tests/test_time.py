@@ -344,3 +344,23 @@ def test_overlapped_data_parallel_collectives_slow_the_compute_they_overlap():
     compute = on["micro_batch_s"]["compute"]
     assert per_mb_comm < compute  # hidden: only the slowdown shows
     assert on["breakdown_s"]["dp_comm"] == pytest.approx(m * 0.189 * per_mb_comm, rel=1e-9)
+
+
+def test_all_gather_context_parallelism_exposes_its_exchange():
+    """Llama 3's context parallelism (Dubey et al. 2024 §3.3.2) all-gathers K/V before attention,
+    "exposed in the critical path", and reduce-scatters their gradients after it: per layer and
+    micro-batch, 2 collectives of the K/V all-gather's time (3 with a recomputed forward). The
+    ring passes the same bytes while attention runs, hidden at 64K tokens."""
+    from trainplan.estimate import comm
+    from trainplan.estimate.time import hardware
+
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=16, cp=16, seq_len=65536, gbs=1)
+    ring, gathered = (evaluate(make_plan(**kw, cp_comm=c)).time for c in ("ring", "allgather"))
+    assert ring["breakdown_s"]["cp_comm"] == 0.0
+    lay = resolve(make_plan(**kw))
+    hw = hardware(lay)
+    m = lay.model
+    kv = (65536 / 16) * 2 * m.kv_dim * 2 * 16  # every rank's K and V, bf16, gathered
+    ag = comm.collective_time(comm.ALL_GATHER, kv, 16, comm.group_busbw(16, 1, 8, hw.nvlink, hw.nic), hw.latency)
+    assert gathered["breakdown_s"]["cp_comm"] == pytest.approx(m.layers * 2 * ag, rel=1e-9)
+    assert gathered["step_s"] > ring["step_s"]

@@ -17,7 +17,8 @@ not give are chosen by one rule for all rows, never fitted per row:
   virtual stage, as the paper's "the first model chunk on the first stage has only the
   embedding" implies; bf16, FlashAttention, SP with TP, FSDP's gradient and parameter
   collectives overlapped; TP collectives not (the paper describes no TP overlap; the plan's
-  default).
+  default); context parallelism all-gathers K/V before attention, "exposed in the critical
+  path" (§3.3.2).
 
 Each source is compared on the figure it measured (throughput per GPU, or iteration time),
 counted its way: FLOP rates with the source's own FLOP formula (Narayanan et al.'s 96-count,
@@ -109,7 +110,7 @@ def llama3_setup(cfg: dict, row: list) -> dict:
     return dict(model="llama-3.1-405b", gpu=cfg["gpu"], gpus=g, tp=tp, cp=cp, pp=pp,
                 gbs=cfg["tokens_per_batch"] // seq, mbs=1, seq_len=seq, zero=2, sp=True, recompute="none",
                 schedule="interleaved", vpp=8, framework="deepspeed", attention="flash", precision="bf16",
-                overlap_tp=False, overlap_dp=True)
+                overlap_tp=False, overlap_dp=True, cp_comm="allgather")
 
 
 def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str = "triton") -> dict:

@@ -17,6 +17,7 @@ import typer
 from .errors import PlanError
 from .plan_types import (
     Attention,
+    CpComm,
     Finetune,
     Framework,
     GradDtype,
@@ -58,6 +59,7 @@ ScheduleOpt = _choices("ScheduleOpt", Schedule)
 PrecisionOpt = _choices("PrecisionOpt", Precision)
 AttentionOpt = _choices("AttentionOpt", Attention)
 FrameworkOpt = _choices("FrameworkOpt", Framework)
+CpCommOpt = _choices("CpCommOpt", CpComm)
 OptimizerOpt = _choices("OptimizerOpt", Optimizer)
 FinetuneOpt = _choices("FinetuneOpt", Finetune)
 GradDtypeOpt = _choices("GradDtypeOpt", GradDtype)
@@ -101,6 +103,7 @@ def _plan_options(
     qlora_bits: Annotated[int, typer.Option(help="QLoRA base-weight bits: 4 (NF4) or 8")] = 4,
     overlap_tp: Annotated[bool, typer.Option("--overlap-tp", help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap)")] = False,
     overlap_dp: Annotated[bool, typer.Option("--overlap-dp/--no-overlap-dp", help="Reduce gradients during the backward")] = True,
+    cp_comm: Annotated[CpCommOpt, typer.Option(help="Context-parallel K/V exchange: ring (passed around, overlapped with attention; Megatron/TE) or allgather (gathered before attention, exposed; Llama 3)")] = CpCommOpt("ring"),
     tokens: Annotated[float | None, typer.Option(help="Training tokens (default 20 x parameters, Chinchilla)")] = None,
     price: Annotated[float | None, typer.Option(help="USD per GPU-hour (default: the catalog's)")] = None,
     pue: Annotated[float | None, typer.Option(help="Data-centre power usage effectiveness (default 1.1)")] = None,

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import PlanError, from_pydantic
 from .plan_types import (
     Attention,
+    CpComm,
     Finetune,
     Framework,
     GradDtype,
@@ -79,6 +80,8 @@ class Plan(BaseModel):
     qlora_bits: Literal[4, 8] = 4
     overlap_tp: bool = Field(default=False, description="overlap TP collectives with GEMMs (--tp-comm-overlap)")
     overlap_dp: bool = Field(default=True, description="reduce gradients during the backward (bucketed)")
+    cp_comm: CpComm = Field(default="ring", description="context-parallel K/V exchange: ring (overlapped with "
+                            "attention) or allgather (gathered before it, exposed)")
     tokens: float | None = Field(default=None, gt=0, le=1e16, description="training tokens (default 20 x params)")
     price: float | None = Field(default=None, ge=0, le=1e4, description="USD per GPU-hour (default: catalog)")
     pue: float | None = Field(default=None, ge=1, le=5)

@@ -329,7 +329,8 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=h(dense), stage_moe=h(moe),
             first=h(stage_idx == 0).astype(float), last=h(stage_idx == pp - 1).astype(float),
             total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
-            vocab_padded=h(vocab_padded), sp=(h(tp) > 1) & sequence_parallel, sharp=plan.sharp)
+            vocab_padded=h(vocab_padded), sp=(h(tp) > 1) & sequence_parallel, sharp=plan.sharp,
+            cp_allgather=plan.cp_comm == "allgather")
         spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
         stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
                   "p2p": spread(stages["p2p"]),

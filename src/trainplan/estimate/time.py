@@ -24,7 +24,8 @@ forward), exposed unless overlapped; PP activations to the next stage per micro-
 gradient reduction once per step, hidden behind the backward except what exceeds it when
 overlapped, and slowing the compute it overlaps (SMs and HBM shared with NCCL's kernels);
 ZeRO-3 adds two parameter all-gathers; EP two all-to-alls per MoE layer each way; CP a ring
-exchange of K/V blocks overlapped with attention.
+exchange of K/V blocks overlapped with attention, or (cp_comm allgather) K/V gathered before
+attention and their gradients reduce-scattered after it, exposed.
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
 def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
-                   trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, data_s=0.0,
+                   trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False, data_s=0.0,
                    prefetch=True) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
@@ -307,7 +308,8 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
     stages = stage_times(model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=recompute,
                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
-                         total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp)
+                         total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
+                         cp_allgather=cp_allgather)
     return step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                             schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                             gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
@@ -316,7 +318,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
 
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
                 overlap_tp, gpn, stage_dense, stage_moe, first, last, total_dense, total_moe,
-                vocab_padded, sp=False, sharp=False) -> dict:
+                vocab_padded, sp=False, sharp=False, cp_allgather=False) -> dict:
     """One micro-batch's forward + backward seconds on each stage, by part ("parts", stage
     axis last), the same summed over all stages ("totals") and the point-to-point transfer
     between stages ("p2p"). Nothing here depends on the pipeline schedule."""
@@ -370,7 +372,11 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
         if model.is_moe else 0.0
     cp_ring = comm.collective_time(comm.ALL_GATHER, tokens * 2 * model.kv_dim / tp * elem * cp, cp,
                                    comm.group_busbw(cp, tp, gpn, hw.nvlink, hw.nic), hw.latency)
-    cp_layer = 3 * np.maximum(0.0, cp_ring - attn)
+    # The ring passes K/V blocks around while attention runs (forward, and K/V plus their
+    # gradients in the backward); the all-gather variant (Llama 3, Dubey et al. 2024 §3.3.2)
+    # gathers K/V before attention and reduce-scatters their gradients after it, "exposed in
+    # the critical path", again for a recomputed forward.
+    cp_layer = np.where(f(cp_allgather) > 0, (2 + (rc == 2)) * cp_ring, 3 * np.maximum(0.0, cp_ring - attn))
     # PP: each micro-batch sends 1/t of its activations forward and their gradients back
     # (Megatron's scatter-gather optimization, Narayanan et al. 2021 §4.1), on the critical
     # path of 1F1B; neighbouring stages are tp·cp·dp ranks apart.
@@ -505,7 +511,8 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         total_dense=sum(layout.stage_dense_layers), total_moe=sum(layout.stage_moe_layers),
         vocab_padded=layout.vocab_padded, trainable=float(np.max(mem["trainable_params"])),
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
-        sp=layout.sp, sharp=plan.sharp, data_s=data["per_step_s"], prefetch=plan.prefetch)
+        sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
+        prefetch=plan.prefetch)
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])

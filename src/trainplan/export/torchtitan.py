@@ -52,6 +52,10 @@ def torchtitan_toml(layout) -> str:
             "pipeline_parallel_schedule": SCHEDULES[p.schedule],
             "pipeline_parallel_microbatch_size": layout.mbs,
             **(virtual_stage_options(layout) if p.schedule == "interleaved" else {}),
+            # PyTorch's context parallelism passes K/V shards around ("alltoall") or gathers
+            # them, overlapping only the first local block ("allgather")
+            **({"context_parallel_rotate_method": "allgather" if p.cp_comm == "allgather" else "alltoall"}
+               if layout.cp > 1 else {}),
         },
         "activation_checkpoint": {"mode": p.recompute},
     }
