@@ -9,8 +9,9 @@ not give are chosen by one rule for all rows, never fitted per row:
 * 2019-2021 Megatron runs: fp16, materialised attention (pre-FlashAttention), gradient
   all-reduce after the backward; 2024 Megatron-Core: bf16, FlashAttention, the published
   overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention in Triton
-  (their benchmark script's attn_impl default), learned position embeddings (the published
-  parameter counts grow with the sequence length);
+  (their benchmark script's attn_impl default), flash-attn's fused cross-entropy (MPT's
+  loss_fn default), learned position embeddings (the published parameter counts grow with
+  the sequence length);
 * Llama 3 405B: as published, no recompute, the interleaved schedule on the paper's split
   (one layer fewer on the first and last stages: 7, 8, ..., 8, 7) and ZeRO-2 (FSDP sharding
   optimizer states and gradients: the ZeRO paper's byte accounting); v = 8, one layer per
@@ -104,6 +105,17 @@ def narayanan_setup(cfg: dict, row: list) -> tuple[ModelSpec, dict]:
         attention="eager", precision="fp16", overlap_dp=False)
 
 
+def mosaicml_setup(cfg: dict, row: list, attention: str = "triton") -> tuple[ModelSpec, dict]:
+    """A MosaicML llm-foundry row: the MPT model and the plan options of its run (the rule in
+    the docstring); `attention` replaces the published kernel for a comparison."""
+    name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row
+    spec = ModelSpec(name=f"MPT-{name}", source="llm-foundry", layers=L, hidden=d, heads=a, ffn=4 * d,
+                     mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
+                     max_position=seq, fused_qkv=True)
+    return spec, dict(gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16", mbs=mb, gbs=gbs,
+                      seq_len=seq, attention=attention, fused_loss=True, recompute="full" if ckpt else "none")
+
+
 def llama3_setup(cfg: dict, row: list) -> dict:
     """A Llama 3 405B row: the plan options of its published layout (the rule in the docstring)."""
     g, tp, cp, pp, _, seq, _ = row
@@ -149,12 +161,8 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
         return dict(source=table, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)
     if table in ("mosaicml_h100", "mosaicml_a100"):
         name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row
-        spec = ModelSpec(name=f"MPT-{name}", source="llm-foundry", layers=L, hidden=d, heads=a, ffn=4 * d,
-                         mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
-                         max_position=seq, fused_qkv=True)
-        layout = resolve(_plan(profiles, gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16",
-                                   mbs=mb, gbs=gbs, seq_len=seq, attention=attention,
-                                   recompute="full" if ckpt else "none"), spec)
+        spec, kw = mosaicml_setup(cfg, row, attention=attention)
+        layout = resolve(_plan(profiles, **kw), spec)
         t = evaluate_layout(layout)["time"]
         label = f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"
         return dict(source=table, label=label, metric="tokens/s per GPU", published=tok,

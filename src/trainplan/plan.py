@@ -72,6 +72,8 @@ class Plan(BaseModel):
     offload_optimizer: bool = False
     offload_params: bool = False
     attention: Attention = "flash"
+    fused_loss: bool = Field(default=False, description="a fused cross-entropy kernel (flash-attn, Apex xentropy, "
+                             "Liger): the loss reads the 16-bit logits and keeps no fp32 copy")
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     framework: Framework = "deepspeed"
     finetune: Finetune = "full"

@@ -301,7 +301,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
         lora_saves=None, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
-        fragmentation=fragmentation, loss_workspace_bytes=float(run["loss_workspace_bytes"]))
+        fragmentation=fragmentation)
     total = (mem["total"][group]
              + mem["total_per_in_flight"][group] * (in_flight(sched, stage_idx, pp, m, vpp) - 1)
              + mem["total_per_logits"][group] * (last_stage_logits_in_flight(sched, m) - 1))

@@ -205,15 +205,17 @@ def embedding_terms(hidden, *, tokens, seq, cp, tp, sp, dropout, learned_positio
     }
 
 
-def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_bytes, layernorm, fused) -> dict:
-    """act_bytes here is the residual stream's dtype (the final norm's input)."""
-    # Final norm, the output layer's input and the fp32 log-probabilities the loss keeps
-    # (vocab-parallel cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t).
+def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_bytes, layernorm, fused,
+               logit_bytes=FP32) -> dict:
+    """act_bytes here is the residual stream's dtype (the final norm's input); logit_bytes
+    what the loss keeps per logit (fp32 log-probabilities, or a fused loss's 16-bit logits)."""
+    # Final norm, the output layer's input and the logits the loss keeps (vocab-parallel
+    # cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t in fp32).
     rep = np.where(sp, tp, 1)
     eager_norm = (1 - np.asarray(fused)) * (0 if layernorm else 1)
     stats = 2 if layernorm else 1
     return {
         "final_norm": tokens * _norm_bytes(hidden, eager_norm, act_bytes, stats) / rep,
         "head_input": tokens * hidden * linear_in_bytes / rep,
-        "logits": tokens * vocab_padded * FP32 / tp,
+        "logits": tokens * vocab_padded * logit_bytes / tp,
     }

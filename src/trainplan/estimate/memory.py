@@ -122,7 +122,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                  in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
                  vocab_padded, attention, recompute, recompute_layers, dropout, lora,
                  lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
-                 fragmentation, loss_workspace_bytes, mask_bytes=act.MASK_BYTES) -> dict:
+                 fragmentation, mask_bytes=act.MASK_BYTES) -> dict:
     """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast)."""
     h = mn.hidden
     first = np.asarray(first, dtype=float)
@@ -211,7 +211,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                               learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes)
     hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
                         linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
-                        fused=float(r.fused_kernels))
+                        fused=float(r.fused_kernels), logit_bytes=r.logit_bytes)
     # what one more micro-batch in flight (or one more set of live logits) holds
     per_in_flight = {
         "layers": per_mb_layers,
@@ -246,7 +246,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     zero3_gather = np.where(zero >= 3, unit * (2 * r.compute_weight_bytes + r.grad_bytes), 0.0)
     bucket = np.minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
     bucket = bucket + np.where(r.grad_bucket_copy & (np.asarray(dp) > 1), trainable * r.grad_bytes, 0.0)
-    loss_ws = last * tokens * vocab_padded / tp * loss_workspace_bytes
+    loss_ws = last * tokens * vocab_padded / tp * r.loss_workspace_bytes
     allocated = weights + grads + master + opt_state + activations + zero3_gather + bucket + loss_ws
     fragment = allocated * fragmentation
     other = zero3_gather + bucket + loss_ws + fragment + reserved_bytes
@@ -302,7 +302,6 @@ def layout_inputs(layout: Layout) -> dict:
         dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves,
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
         reserved_bytes=reserved, fragmentation=frag,
-        loss_workspace_bytes=float(run["loss_workspace_bytes"]),
     )
 
 

@@ -384,7 +384,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                                                 comm.group_busbw(2, tp * cp * dp, gpn, hw.nvlink, hw.nic),
                                                 hw.latency), 0.0)
     head_fwd = _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve) \
-        + tokens * vocab_padded / tp * 4 * 3 / hw.hbm
+        + tokens * vocab_padded / tp * r.loss_traffic_bytes / hw.hbm
     embed_fwd = tokens * h * elem * 2 / hw.hbm
 
     def per_stage(dense, moe, first_, last_, n_stages):

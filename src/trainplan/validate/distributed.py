@@ -201,6 +201,9 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
     if layout.tp > 1 and layout.dp > 1 and layout.zero < 3:
         raise PlanError("zero", "validate combines tensor and data parallelism through FSDP2: "
                         "use --zero 3 --framework fsdp")
+    if plan.fused_loss and layout.tp > 1:
+        raise PlanError("fused_loss", "validate measures tensor parallelism with PyTorch's vocab-parallel "
+                        "cross-entropy (loss_parallel); measure a fused loss with tp = 1")
     if plan.recompute == "full" and layout.tp > 1:
         raise PlanError("recompute", "validate measures full recompute with tp = 1 (the re-run "
                         "layer's working set is measured on an unsharded twin)")

@@ -217,11 +217,37 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+def _at_least_fp32(t):
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+class FusedCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy over rows of `logits` that keeps what a fused loss kernel keeps
+    (flash-attn's cross_entropy, Apex xentropy): the logits in their own dtype and one fp32
+    log-sum-exp per row, no fp32 copy of the logits; the gradient is written in the logits'
+    dtype."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):
+        lse = torch.logsumexp(_at_least_fp32(logits), dim=-1)
+        picked = _at_least_fp32(logits.gather(-1, targets[:, None]).squeeze(-1))
+        ctx.save_for_backward(logits, lse, targets)
+        return (lse - picked).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, lse, targets = ctx.saved_tensors
+        probs = torch.exp(_at_least_fp32(logits) - lse[:, None])
+        probs[torch.arange(len(targets), device=targets.device), targets] -= 1.0
+        return (probs * (grad / len(targets))).to(logits.dtype), None
+
+
 class DecoderLM(nn.Module):
-    """Embedding, blocks, final norm, output head and the cross-entropy loss."""
+    """Embedding, blocks, final norm, output head and the cross-entropy loss (PyTorch's, on
+    fp32 logits, or `fused_loss`: one that keeps the 16-bit logits)."""
 
     def __init__(self, spec: ModelSpec, attention: str = "sdpa", dropout: float = 0.0,
-                 recompute: str = "none", fused: bool = False):
+                 recompute: str = "none", fused: bool = False, fused_loss: bool = False):
         super().__init__()
         if spec.is_mla:
             raise ValueError("the reference models do not implement multi-head latent attention")
@@ -237,6 +263,7 @@ class DecoderLM(nn.Module):
         if spec.tied_embeddings:
             self.head.weight = self.embed.weight
         self.p = dropout
+        self.fused_loss = fused_loss
 
     def forward(self, ids, targets):
         b, s = ids.shape
@@ -255,4 +282,6 @@ class DecoderLM(nn.Module):
             else:
                 x = blk(x, cos, sin, causal)
         logits = self.head(self.norm(x))
+        if self.fused_loss:
+            return FusedCrossEntropy.apply(logits.view(b * s, -1), targets.view(-1))
         return F.cross_entropy(logits.float().view(b * s, -1), targets.view(-1))

@@ -191,7 +191,7 @@ def build_model(spec: ModelSpec, plan: Plan, device: str):
     fused = plan.framework == "megatron"
     torch.manual_seed(0)
     model = DecoderLM(spec, attention=plan.attention, dropout=plan.dropout, recompute=plan.recompute,
-                      fused=fused).to(device)
+                      fused=fused, fused_loss=plan.fused_loss).to(device)
     return model
 
 
@@ -217,6 +217,9 @@ def measure(layout: Layout, device: str = "cpu", impl: str = "reference") -> dic
         if fw not in ("torch",):
             raise PlanError("framework", "transformers models are validated with --framework torch "
                             "(fp32 weights, torch.autocast)")
+        if plan.fused_loss:
+            raise PlanError("fused_loss", "transformers models compute PyTorch's cross-entropy; "
+                            "validate a fused loss with the reference models (--impl reference)")
         from .hf_models import build_hf_model
 
         model = build_hf_model(spec, plan.attention, plan.recompute, device)
