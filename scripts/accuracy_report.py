@@ -201,7 +201,7 @@ def main() -> None:
             "attn_impl default), which the model prices at its published share of FlashAttention-2 (Dao\n",
             "2023, Fig. 4d); with FlashAttention-2 instead their rows at 32K-64K tokens would be 20-90% too\n",
             "fast. Their loss is flash-attn's fused cross-entropy (llm-foundry's loss_fn default), which keeps\n",
-            "the bf16 logits: with PyTorch's fp32 loss the memory model would put 6 of the 25 runs over 80 GB.\n",
+            "the bf16 logits: with PyTorch's fp32 loss the memory model would put 6 of the 25 runs over 80 GiB.\n",
             "What error remains there grows with the share of each micro-batch that FSDP's parameter\n",
             "gathers and gradient scatters take (MPT-13B and MPT-70B at micro-batch 2 on H100), which the\n",
             "model hides behind compute at the cost of the published average overlap slowdown (18.9% of\n",
