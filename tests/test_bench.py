@@ -494,8 +494,10 @@ def test_a_measured_inner_dimension_sweep_slows_short_k_gemms(tmp_path):
         return (evaluate(make_plan(**kw, gpu_profile=str(with_k))).time["step_s"]
                 / evaluate(make_plan(**kw, gpu_profile=str(flat))).time["step_s"])
 
-    # qwen2.5-0.5b: h = 896, k of 896 and 4864; llama-3-70b: every k at least 8192, the best measured
-    assert slowdown("qwen2.5-0.5b") > 1.1 and slowdown("llama-3-70b") == pytest.approx(1.0)
+    # qwen2.5-0.5b: h = 896, forward k of 896 and 4864; llama-3-70b: every forward k at least
+    # 8192, the best measured, so only its weight gradients (inner dimension: the 4,096 tokens,
+    # 0.77 of 0.80) slow down
+    assert slowdown("qwen2.5-0.5b") > 1.08 and 1.0 < slowdown("llama-3-70b") < 1.02
     bad = tmp_path / "bad.toml"
     bad.write_text("[efficiency]\ngemm = 0.8\n[gemm_k_curve]\nk = [512]\nfraction = [0.5]\n")
     with pytest.raises(PlanError, match="gemm_k_curve"):

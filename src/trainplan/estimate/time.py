@@ -223,25 +223,29 @@ def layer_gemms(model, moe: bool) -> LayerGemms:
                       col(lambda x: float(x.expert)), col(lambda x: x.count))
 
 
-def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None):
-    """Forward GEMM seconds of one layer for `tokens` tokens on one rank; every argument may
-    be an array (layouts), the layer's linears are the last axis. Layouts share few GEMM
-    shapes, so each distinct (tokens, tp, ep) is timed once."""
+def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None,
+                    backward=False):
+    """GEMM seconds of one layer's forward (or, `backward`, its input- and weight-gradient
+    GEMMs) for `tokens` tokens on one rank; every argument may be an array (layouts), the
+    layer's linears are the last axis. Layouts share few GEMM shapes, so each distinct
+    (tokens, tp, ep) is timed once."""
     if g.fan_in.size == 0:
         return np.zeros(np.broadcast(tokens, tp).shape)
     if np.ndim(tokens) == np.ndim(tp) == np.ndim(ep) == 0:  # one layout (plan, explorer): memoised
         return _one_layer_gemm_time(g, float(tokens), float(tp), float(ep), kv_heads, top_k, peak, eff, sms,
-                                    elem_bytes, curve)
+                                    elem_bytes, curve, backward)
     return per_distinct(_layer_gemm_time, {"tokens": tokens, "tp": tp, "ep": ep}, g=g, kv_heads=kv_heads,
-                        top_k=top_k, peak=peak, eff=eff, sms=sms, elem_bytes=elem_bytes, curve=curve)
+                        top_k=top_k, peak=peak, eff=eff, sms=sms, elem_bytes=elem_bytes, curve=curve,
+                        backward=backward)
 
 
 @lru_cache(maxsize=4096)
-def _one_layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve):
-    return _layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve)
+def _one_layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve, backward):
+    return _layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve, backward)
 
 
-def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None):
+def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None,
+                     backward=False):
     ex = lambda x: np.asarray(x, dtype=float)[..., None]  # noqa: E731
     tokens, tp, ep = ex(tokens), ex(tp), ex(ep)
     k = np.where(g.split == SPLIT["row"], g.fan_in / tp, g.fan_in)
@@ -250,6 +254,9 @@ def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, 
     # routed experts: ep ranks host E/ep experts each and receive top_k·tokens tokens in all
     m = np.where(g.expert > 0, top_k * tokens * ep / g.count, tokens)
     count = np.where(g.expert > 0, g.count / ep, 1.0)
+    if backward:  # dX = dY·Wᵀ (inner dimension n) and dW = Xᵀ·dY (inner dimension m, the tokens)
+        return np.sum(_gemm_time(m, k, n, count, peak, eff, sms, elem_bytes, curve)
+                      + _gemm_time(k, n, m, count, peak, eff, sms, elem_bytes, curve), axis=-1)
     return np.sum(_gemm_time(m, n, k, count, peak, eff, sms, elem_bytes, curve), axis=-1)
 
 
@@ -330,9 +337,9 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     h = model.hidden
     tokens = mbs * seq / cp
     kvh = model.heads if model.is_mla else model.n_kv_heads
-    gemm = {kind: layer_gemm_time(layer_gemms(model, kind == "moe"), tokens, tp, ep, kvh, model.top_k,
-                                  hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve)
-            for kind in ("dense", "moe")}
+    gemm, gemm_bwd = ({kind: layer_gemm_time(layer_gemms(model, kind == "moe"), tokens, tp, ep, kvh, model.top_k,
+                                             hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve, backward)
+                       for kind in ("dense", "moe")} for backward in (False, True))
     heads_local = model.heads / tp
     qk = model.q_dim / model.heads
     vd = model.attn_out_dim / model.heads
@@ -357,7 +364,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     compute = {}
     for kind in gemm:
         fwd = gemm[kind] + attn + elementwise
-        compute[kind] = fwd + 2 * gemm[kind] + attn_bwd * attn + 2 * elementwise + recomputed(fwd)
+        compute[kind] = fwd + gemm_bwd[kind] + attn_bwd * attn + 2 * elementwise + recomputed(fwd)
 
     # -- communication per layer and micro-batch
     tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp,
@@ -365,7 +372,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
-    tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - 2 * gemm["dense"]), 2 * tp_ar)
+    tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]), 2 * tp_ar)
     tp_layer = tp_fwd + tp_bwd + np.where(rc == 2, tp_fwd, 0.0)
     a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
                                comm.group_busbw(ep, tp * cp, gpn, hw.nvlink, hw.nic), hw.latency) \
