@@ -9,8 +9,9 @@ Compute per op is a roofline, max(FLOPs / (peak · efficiency), bytes / (HBM · 
 * GEMMs: efficiency = the accelerator's best achieved matmul fraction (MAMF / peak, or a
   calibrated profile) x tile quantization (dimensions padded to 128) x wave quantization
   (thread blocks padded to a multiple of the SM count) x an alignment penalty when the
-  innermost dimension is not a multiple of 8 elements (16 bytes). Backward = two GEMMs of the
-  forward's size (input and weight gradients).
+  innermost dimension is not a multiple of 8 elements (16 bytes). Backward = two GEMMs with
+  their own shapes: the input gradient (inner dimension the output width n) and the weight
+  gradient (inner dimension the tokens).
 * FlashAttention: the causal half of the score FLOPs, over the head dimension the kernel pads
   to, at the kernel's achieved fraction for the sequence one call spans (a curve over lengths
   where one is published or measured; FlashAttention in Triton at its published share of FA2);
@@ -307,8 +308,8 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
 def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
-                   trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False, data_s=0.0,
-                   prefetch=True) -> dict:
+                   trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
+                   data_s=0.0, prefetch=True) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
