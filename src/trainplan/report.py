@@ -83,9 +83,10 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                      "sp": L.sp, "mbs": L.mbs, "gbs": L.gbs, "seq_len": L.seq_len,
                      "micro_batches": L.micro_batches, "recompute": p.recompute,
                      "recompute_layers": p.recompute_layers, "schedule": p.schedule, "vpp": L.vpp,
-                     "stage_layers": L.stage_layers},
+                     "stage_layers": L.stage_layers, "cp_comm": p.cp_comm},
         "recipe": {"precision": p.precision, "optimizer": p.optimizer, "framework": p.framework,
-                     "attention": p.attention, "dropout": p.dropout, "finetune": p.finetune,
+                     "attention": p.attention, "fused_loss": p.fused_loss, "dropout": p.dropout,
+                     "finetune": p.finetune,
                      "bytes_per_param": {"weights": r.weight_bytes, "grads": r.grad_bytes,
                                          "master": r.master_bytes, "optimizer": r.optimizer_bytes},
                      **({"lora_rank": p.lora_rank, "lora_targets": p.lora_targets}
