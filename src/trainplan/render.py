@@ -48,7 +48,8 @@ def render_plan(data: dict) -> None:
             + (f" ({fmt_count(m['active_params'])} active)" if m["active_params"] != m["params"] else "")
             + f", {m['layers']} layers, hidden {m['hidden']}")
     c.print(f"{g['gpus']} x {g['name']} ({g['memory_gib']:g} GiB), {g['gpus_per_node']} per node | "
-            f"TP {par['tp']} · PP {par['pp']} · DP {par['dp']} · CP {par['cp']} · EP {par['ep']} · "
+            f"TP {par['tp']} · PP {par['pp']} · DP {par['dp']} · CP {par['cp']}"
+            f"{' (' + par['cp_comm'] + ')' if par['cp'] > 1 else ''} · EP {par['ep']} · "
             f"ZeRO-{par['zero']}{' · SP' if par['sp'] else ''}")
     c.print(f"micro-batch {par['mbs']} x seq {par['seq_len']}, global batch {par['gbs']} "
             f"({par['micro_batches']} micro-batch{'es' if par['micro_batches'] != 1 else ''} per step), recompute {par['recompute']}, "
@@ -56,7 +57,8 @@ def render_plan(data: dict) -> None:
     bpp = tr["bytes_per_param"]
     c.print(f"{tr['precision']} · {tr['optimizer']} · {tr['framework']} conventions "
             f"({bpp['weights']:g}+{bpp['grads']:g}+{bpp['master']:g}+{bpp['optimizer']:g} bytes/param) · "
-            f"attention {tr['attention']}" + (f" · {tr['finetune']} r={tr['lora_rank']}" if tr["finetune"] != "full" else ""))
+            f"attention {tr['attention']}" + (" · fused loss" if tr["fused_loss"] else "")
+            + (f" · {tr['finetune']} r={tr['lora_rank']}" if tr["finetune"] != "full" else ""))
     t = Table(title="Per-GPU memory by pipeline stage (GiB)", title_justify="left")
     for col in ("stage", "layers", "params", "grads", "optimizer", "activations", "other", "total"):
         t.add_column(col, justify="right")
