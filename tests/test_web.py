@@ -273,3 +273,29 @@ def test_page_find_best_layout_and_load_it(server, browser):
     # compared as numbers: a whole number of bytes prints as 123.0 in Python and 123 in JavaScript
     page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {api['best'][0]['memory']['peak_bytes']}")
     page.close()
+
+
+def test_page_kernel_choices_reach_the_plan(server, browser):
+    """The Kernels fieldset: the fused cross-entropy lowers the peak to the API's figure (no fp32
+    logits), the Triton attention kernel slows the step to the API's figure, both go into the
+    shared URL, and the fieldset reads in Chinese too."""
+    base = {"model": "llama-3-8b", "gpu": "A100-80GB-SXM", "gpus": 8, "gbs": 8, "seq_len": 8192, "zero": 3}
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(server + "/?model=llama-3-8b&gpu=A100-80GB-SXM&gpus=8&gbs=8&seq_len=8192&zero=3")
+    _ready(page)
+    with page.expect_response("**/api/plan"):
+        page.check("input[name=fused_loss]")
+    fused = _api({**base, "fused_loss": True})
+    assert fused["memory"]["peak_bytes"] < _api(base)["memory"]["peak_bytes"]
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {fused['memory']['peak_bytes']}")
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=attention]", "triton")
+    _ready(page)
+    slow = _api({**base, "fused_loss": True, "attention": "triton"})
+    assert slow["time"]["step_s"] > fused["time"]["step_s"]
+    page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {slow['time']['step_s']}")
+    assert "fused_loss=true" in page.url and "attention=triton" in page.url
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    assert "融合交叉熵" in page.inner_text("form") and "算子实现" in page.inner_text("form")
+    page.close()

@@ -38,8 +38,8 @@
     const body = { timeline: true };
     for (const [k, v] of Object.entries(state)) {
       if (k === "hf_config") continue;
-      if (["model", "gpu", "recompute", "schedule", "precision", "optimizer"].includes(k)) body[k] = v;
-      else if (k === "sp" || k === "sharp" || k === "overlap_tp") body[k] = true;
+      if (["model", "gpu", "recompute", "schedule", "precision", "optimizer", "attention", "cp_comm"].includes(k)) body[k] = v;
+      else if (["sp", "sharp", "overlap_tp", "fused_loss"].includes(k)) body[k] = true;
       else body[k] = Number(v);
     }
     if (state.hf_config) {
@@ -159,6 +159,7 @@
     $("legend").innerHTML = segs.map(([c]) => `<span><i class="seg ${c}"></i>${segName(c)}</span>`).join("");
 
     const tm = d.time, tr = d.training;
+    $("speed").dataset.step = String(tm.step_s);
     $("speed").innerHTML = [[t("step"), dur(tm.step_s)], [t("tokens_s"), fmt(tm.tokens_per_s, 0)],
       [t("tflops"), fmt(tm.tflops_per_gpu, 0)], [t("mfu"), pct(tm.mfu)], [t("bubble"), pct(tm.bubble_fraction)],
       [t("max_mbs"), mem.max_mbs]].map(([k, v]) => `<span>${k}: <b>${v}</b></span>`).join("");
