@@ -364,3 +364,24 @@ def test_all_gather_context_parallelism_exposes_its_exchange():
     ag = comm.collective_time(comm.ALL_GATHER, kv, 16, comm.group_busbw(16, 1, 8, hw.nvlink, hw.nic), hw.latency)
     assert gathered["breakdown_s"]["cp_comm"] == pytest.approx(m.layers * 2 * ag, rel=1e-9)
     assert gathered["step_s"] > ring["step_s"]
+
+
+def test_fused_loss_moves_and_keeps_fewer_bytes_per_logit():
+    """PyTorch's cross-entropy makes 3 passes over an fp32 copy of the logits (12 bytes per
+    logit forward, twice that backward) and keeps fp32 log-probabilities plus an 8-byte
+    workspace; a fused loss reads the bf16 logits once (2 bytes), keeps them (2) and writes a
+    bf16 gradient (2). One stage, one micro-batch: the step and the memory differ by exactly
+    that, times tokens x vocabulary."""
+    from trainplan.estimate.memory import estimate_memory
+    from trainplan.estimate.time import hardware
+
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, zero=3, gbs=8, seq_len=4096)
+    plain, fused = (evaluate(make_plan(**kw, fused_loss=f)) for f in (False, True))
+    lay = resolve(make_plan(**kw))
+    logits = 4096 * lay.vocab_padded
+    hbm = hardware(lay).hbm
+    assert plain.time["breakdown_s"]["compute"] - fused.time["breakdown_s"]["compute"] == \
+        pytest.approx(3 * logits * (12 - 2) / hbm, rel=1e-9)
+    mem = {f: estimate_memory(resolve(make_plan(**kw, fused_loss=f))) for f in (False, True)}
+    assert np.max(mem[False]["head_terms"]["logits"] - mem[True]["head_terms"]["logits"]) == logits * (4 - 2)
+    assert np.max(mem[False]["loss_workspace"] - mem[True]["loss_workspace"]) == logits * (8 - 2)

@@ -24,10 +24,10 @@ class Recipe:
     autocast_copy_bytes: float  # 16-bit weight casts autocast saves for backward (plain torch)
     reduce_bucket_elems: float
     grad_bucket_copy: bool
+    logit_bytes: float  # logits the loss keeps for its backward (fp32 log-probabilities, or 16-bit)
+    loss_workspace_bytes: float  # per logit, transient during the loss
+    loss_traffic_bytes: float  # HBM bytes per logit the loss's forward moves
     tp_embedding_grad_replicated: bool = False
-    logit_bytes: float = 4.0  # logits the loss keeps for its backward (fp32 log-probabilities)
-    loss_workspace_bytes: float = 8.0  # per logit, transient during the loss (conventions.toml [runtime])
-    loss_traffic_bytes: float = 12.0  # HBM bytes per logit the loss's forward moves
 
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "
@@ -62,12 +62,14 @@ def recipe(plan: Plan) -> Recipe:
     # Under autocast the parameters and the residual stream stay fp32: norms run in fp32
     # (they are on autocast's fp32 list) and only matmul inputs are cast to 16 bits.
     residual = 4.0 if autocast else act
-    # The loss: PyTorch's cross-entropy upcasts the logits to fp32 (write 4 B, then read them
-    # for the max and for the exp-sum: 12 B per logit) and keeps the fp32 log-probabilities;
-    # a fused kernel (flash-attn cross_entropy, Apex xentropy) reads the 16-bit logits once,
-    # keeps them for its backward and writes a 16-bit gradient.
+    # The loss (conventions.toml [runtime]): PyTorch's cross-entropy works on an fp32 copy of
+    # the logits and keeps the fp32 log-probabilities; a fused kernel keeps the 16-bit logits and
+    # writes a 16-bit gradient, its only workspace.
     run = conv["runtime"]
-    logit, workspace, traffic = (act, act, act) if plan.fused_loss else (4.0, float(run["loss_workspace_bytes"]), 12.0)
+    if plan.fused_loss:
+        logit, workspace, traffic = act, act, act * run["fused_loss_forward_passes"]
+    else:
+        logit, workspace, traffic = 4.0, float(run["loss_workspace_bytes"]), 4.0 * run["loss_forward_passes"]
     return Recipe(
         weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
         optimizer_bytes=opt, factored_optimizer=plan.optimizer == "adafactor", act_bytes=act,

@@ -84,7 +84,7 @@ def triton_attention_curve(flash: float, flash_curve: dict | None, triton: dict)
     ratio (conventions.toml [efficiency.flash_attention_triton])."""
     seq = np.asarray(triton["seq"], dtype=float)
     fa2 = np.interp(np.log2(seq), *flash_curve_points(flash_curve)) if flash_curve else np.full(seq.shape, flash)
-    return {"seq": triton["seq"], "fraction": (fa2 * np.asarray(triton["ratio"])).round(4).tolist()}
+    return {"seq": triton["seq"], "fraction": (fa2 * np.asarray(triton["ratio"])).tolist()}
 
 
 def flash_head_dim(d, kernel: str, multiple: int):
@@ -275,11 +275,11 @@ class Hardware:
     latency: float
     gemm_eff: float
     flash_eff: float
+    attention_kernel: str  # the plan's attention (flash_head_dim pads by kernel)
+    flash_head_dim_multiple: int
+    overlap_slowdown: float  # compute slowdown beside overlapped data-parallel collectives
     gemm_curve: GemmResiduals | None = None  # measured GEMM residuals (a calibrated profile's)
     flash_curve: tuple | None = None  # FlashAttention fraction by log2 sequence length
-    attention_kernel: str = "flash"  # the plan's attention (flash_head_dim pads by kernel)
-    flash_head_dim_multiple: int = 32
-    overlap_slowdown: float = 0.0  # compute slowdown beside overlapped data-parallel collectives
 
 
 def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
