@@ -145,3 +145,24 @@ def test_torchtitan_context_parallel_exchange():
         assert par["context_parallel_rotate_method"] == method
     no_cp = tomllib.loads(export(resolve(make_plan(**{**kw, "cp": 1, "gbs": 16})), "torchtitan"))["parallelism"]
     assert "context_parallel_rotate_method" not in no_cp
+
+
+def test_reduce_dtype_reaches_every_export(names):
+    """bf16 gradient reduction: FSDP2's reduce_dtype in torchtitan, DeepSpeed's
+    communication_data_type, and Megatron-LM's --grad-reduce-in-bf16, which also keeps the
+    gradient buffer in bf16, so a Megatron plan states it as its gradient dtype."""
+    kw = dict(model="llama-3-8b", gpus=16, zero=3, gbs=32)
+    bf16 = resolve(make_plan(**kw, reduce_dtype="bf16"))
+    default = resolve(make_plan(**kw))
+    tt = [tomllib.loads(export(lay, "torchtitan"))["training"]["mixed_precision_reduce"] for lay in (bf16, default)]
+    assert tt == ["bfloat16", "float32"] and set(tt) <= set(names["torchtitan"]["mixed_precision_dtypes"])
+    ds = json.loads(export(bf16, "deepspeed"))
+    assert ds["communication_data_type"] == "bf16" in names["deepspeed"]["communication_data_types"]
+    assert "communication_data_type" not in json.loads(export(default, "deepspeed"))
+    meg = dict(model="llama-3-8b", gpus=16, zero=1, gbs=32, framework="megatron")
+    assert "--grad-reduce-in-bf16" in export(resolve(make_plan(**meg, grad_dtype="bf16")), "megatron")
+    assert "--grad-reduce-in-bf16" not in export(resolve(make_plan(**meg)), "megatron")
+    with pytest.raises(PlanError) as err:
+        resolve(make_plan(**meg, reduce_dtype="bf16"))
+    assert err.value.field == "reduce_dtype" and "--grad-dtype bf16" in str(err.value)
+    resolve(make_plan(**meg, reduce_dtype="fp32"))  # the buffer's own dtype: nothing to refuse

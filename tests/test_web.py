@@ -277,8 +277,9 @@ def test_page_find_best_layout_and_load_it(server, browser):
 
 def test_page_kernel_choices_reach_the_plan(server, browser):
     """The Kernels fieldset: the fused cross-entropy lowers the peak to the API's figure (no fp32
-    logits), the Triton attention kernel slows the step to the API's figure, both go into the
-    shared URL, and the fieldset reads in Chinese too."""
+    logits), the Triton attention kernel slows the step to the API's figure; an fp32 gradient
+    reduction lengthens the data-parallel part to the API's figure; all go into the shared URL,
+    and the fields read in Chinese too."""
     base = {"model": "llama-3-8b", "gpu": "A100-80GB-SXM", "gpus": 8, "gbs": 8, "seq_len": 8192, "zero": 3}
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(server + "/?model=llama-3-8b&gpu=A100-80GB-SXM&gpus=8&gbs=8&seq_len=8192&zero=3")
@@ -295,7 +296,16 @@ def test_page_kernel_choices_reach_the_plan(server, browser):
     assert slow["time"]["step_s"] > fused["time"]["step_s"]
     page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {slow['time']['step_s']}")
     assert "fused_loss=true" in page.url and "attention=triton" in page.url
+    # bf16 gradients (DeepSpeed's conventions) reduced in fp32 instead: twice the scatter bytes
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=reduce_dtype]", "fp32")
+    _ready(page)
+    wide = _api({**base, "fused_loss": True, "attention": "triton", "reduce_dtype": "fp32"})
+    assert wide["time"]["breakdown_s"]["dp_comm"] > slow["time"]["breakdown_s"]["dp_comm"]
+    page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {wide['time']['step_s']}")
+    assert "reduce_dtype=fp32" in page.url
     page.click("#lang")
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
-    assert "融合交叉熵" in page.inner_text("form") and "算子实现" in page.inner_text("form")
+    form_text = page.inner_text("form")
+    assert "融合交叉熵" in form_text and "算子实现" in form_text and "梯度归约精度" in form_text
     page.close()

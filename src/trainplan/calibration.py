@@ -11,7 +11,9 @@ not give are chosen by one rule for all rows, never fitted per row:
   overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention in Triton
   (their benchmark script's attn_impl default), flash-attn's fused cross-entropy (MPT's
   loss_fn default), learned position embeddings (the published parameter counts grow with
-  the sequence length);
+  the sequence length), gradients reduce-scattered in bf16 (the tables' FSDP mixed precision
+  "DEFAULT" set no reduce_dtype before Composer PR #2628 of October 2023, and FSDP then
+  reduces in the bf16 parameter dtype; the sharded gradients stay fp32);
 * Llama 3 405B: as published, no recompute, the interleaved schedule on the paper's split
   (one layer fewer on the first and last stages: 7, 8, ..., 8, 7) and ZeRO-2 (FSDP sharding
   optimizer states and gradients: the ZeRO paper's byte accounting); v = 8, one layer per
@@ -113,7 +115,8 @@ def mosaicml_setup(cfg: dict, row: list, attention: str = "triton") -> tuple[Mod
                      mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
                      max_position=seq, fused_qkv=True)
     return spec, dict(gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16", mbs=mb, gbs=gbs,
-                      seq_len=seq, attention=attention, fused_loss=True, recompute="full" if ckpt else "none")
+                      seq_len=seq, attention=attention, fused_loss=True, reduce_dtype="bf16",
+                      recompute="full" if ckpt else "none")
 
 
 def llama3_setup(cfg: dict, row: list) -> dict:

@@ -91,6 +91,7 @@ def _plan_options(
     stage_layers: Annotated[str | None, typer.Option(help="Layers per pipeline stage, e.g. 7,8,8,7")] = None,
     precision: Annotated[PrecisionOpt, typer.Option(help="fp32, or 16-bit / fp8 mixed precision with fp32 master weights")] = PrecisionOpt("bf16"),
     grad_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Override the framework's gradient dtype")] = None,
+    reduce_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Dtype of the data-parallel gradient reduction (default: the gradients' own; FSDP reduce_dtype, DeepSpeed communication_data_type)")] = None,
     optimizer: Annotated[OptimizerOpt, typer.Option(help="Optimizer")] = OptimizerOpt("adamw"),
     offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer", help="Optimizer state and master weights on CPU")] = False,
     offload_params: Annotated[bool, typer.Option("--offload-params", help="Parameters on CPU (ZeRO-3)")] = False,

@@ -68,6 +68,9 @@ class Plan(BaseModel):
     stage_layers: list[int] | None = None
     precision: Precision = "bf16"
     grad_dtype: GradDtype | None = None
+    reduce_dtype: GradDtype | None = Field(default=None, description="dtype of the data-parallel gradient "
+                                           "collectives (default: the gradients' own): FSDP MixedPrecision "
+                                           "reduce_dtype, DeepSpeed communication_data_type")
     optimizer: Optimizer = "adamw"
     offload_optimizer: bool = False
     offload_params: bool = False
@@ -378,6 +381,14 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         raise PlanError("offload_params", "parameter offload needs --zero 3")
     if plan.finetune != "full" and plan.zero == 3:
         warnings.append("ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
+    if plan.framework == "megatron" and plan.reduce_dtype is not None:
+        fw = conv["frameworks"]["megatron"]
+        grad = plan.grad_dtype or ("fp32" if plan.precision == "fp32" or
+                                   fw.get(f"grad_bytes_{plan.precision}", fw["grad_bytes"]) == 4 else "bf16")
+        if DTYPE_BYTES[plan.reduce_dtype] != DTYPE_BYTES[grad]:
+            raise PlanError("reduce_dtype", f"Megatron-LM reduces its gradient buffer in place, in the gradients' "
+                            f"dtype ({grad}); set --grad-dtype {plan.reduce_dtype} instead "
+                            f"(--grad-reduce-in-bf16 keeps the buffer in bf16)")
     if plan.framework == "megatron" and plan.zero == 2:
         warnings.append("Megatron-LM has no ZeRO-2 mode; bytes follow the generic ZeRO-2 rule")
     if plan.dropout > 0 and plan.attention == "eager" and plan.recompute == "none" and seq_len >= 8192:

@@ -86,6 +86,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                      "stage_layers": L.stage_layers, "cp_comm": p.cp_comm},
         "recipe": {"precision": p.precision, "optimizer": p.optimizer, "framework": p.framework,
                      "attention": p.attention, "fused_loss": p.fused_loss, "dropout": p.dropout,
+                     "reduce_dtype": p.reduce_dtype,
                      "finetune": p.finetune,
                      "bytes_per_param": {"weights": r.weight_bytes, "grads": r.grad_bytes,
                                          "master": r.master_bytes, "optimizer": r.optimizer_bytes},

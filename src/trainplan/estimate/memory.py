@@ -243,7 +243,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     unit = np.maximum(unit, np.maximum(first * embed, last * head))
     # Current unit + the prefetched next one in the compute dtype, plus the unsharded
     # gradient of the current unit before its reduce-scatter.
-    zero3_gather = np.where(zero >= 3, unit * (2 * r.compute_weight_bytes + r.grad_bytes), 0.0)
+    zero3_gather = np.where(zero >= 3, unit * (2 * r.compute_weight_bytes + r.reduce_bytes), 0.0)
     bucket = np.minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
     bucket = bucket + np.where(r.grad_bucket_copy & (np.asarray(dp) > 1), trainable * r.grad_bytes, 0.0)
     loss_ws = last * tokens * vocab_padded / tp * r.loss_workspace_bytes

@@ -13,6 +13,7 @@ class Recipe:
     weight_bytes: float  # persistent weights per trainable parameter (full fine-tuning)
     compute_weight_bytes: float  # the dtype weights are gathered/cast to for compute
     grad_bytes: float
+    reduce_bytes: float  # per gradient element in the data-parallel reduce-scatter / all-reduce
     master_bytes: float
     optimizer_bytes: float  # optimizer state per trainable parameter (elementwise part)
     factored_optimizer: bool  # Adafactor: add 4 bytes x (rows + cols) per matrix
@@ -72,6 +73,7 @@ def recipe(plan: Plan) -> Recipe:
         logit, workspace, traffic = 4.0, float(run["loss_workspace_bytes"]), 4.0 * run["loss_forward_passes"]
     return Recipe(
         weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
+        reduce_bytes=float(DTYPE_BYTES[plan.reduce_dtype]) if plan.reduce_dtype else grad,
         optimizer_bytes=opt, factored_optimizer=plan.optimizer == "adafactor", act_bytes=act,
         residual_bytes=residual,
         linear_in_bytes=linear_in, fused_kernels=bool(fw["fused_kernels"]), frozen_weight_bytes=frozen,

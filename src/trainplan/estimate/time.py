@@ -458,7 +458,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
     dp_group = dp * cp
     dp_bw = comm.group_busbw(dp_group, tp, gpn, hw.nvlink, hw.nic)
-    grad_bytes = trainable * r.grad_bytes
+    grad_bytes = trainable * r.reduce_bytes  # as the collectives carry them (the reduce dtype)
     stage_compute = per_micro_batch["compute"]
     # ZeRO-3 / FSDP gathers the parameters for every micro-batch's forward and backward and
     # reduce-scatters its gradients, prefetching so each overlaps that micro-batch's compute.

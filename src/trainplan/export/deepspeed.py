@@ -23,6 +23,8 @@ def deepspeed_config(layout) -> str:
         "optimizer": {"type": "AdamW" if p.optimizer in ("adamw", "adam") else "SGD" if p.optimizer.startswith("sgd")
                       else "Adam", "params": {"lr": 3e-4}},
     }
+    if p.reduce_dtype is not None:  # the dtype of the gradient all-reduce / reduce-scatter
+        cfg["communication_data_type"] = p.reduce_dtype
     if p.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": layout.tp > 1,
                                            "contiguous_memory_optimization": False, "cpu_checkpointing": False}

@@ -54,6 +54,8 @@ def megatron_args(layout) -> str:
         flags.append("--bf16")
     elif p.precision == "fp16":
         flags.append("--fp16")
+    if p.precision in ("bf16", "fp8") and "bf16" in (p.grad_dtype, p.reduce_dtype):
+        flags.append("--grad-reduce-in-bf16")  # the gradient buffer and its reduction in bf16, not fp32
     if p.precision == "fp8":
         a.append(("--fp8-format", "hybrid"))
     if p.attention != "eager":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..errors import PlanError
 from ..plan import torchtitan_virtual_stages
 
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb": "ZBVZeroBubble"}
 
 
@@ -43,7 +44,8 @@ def torchtitan_toml(layout) -> str:
         else {"name": m.family or m.name, "flavor": m.name},
         "training": {"local_batch_size": layout.mbs * layout.micro_batches, "seq_len": layout.seq_len,
                      "mixed_precision_param": "float32" if p.precision == "fp32" else "bfloat16",
-                     "mixed_precision_reduce": "float32"},
+                     # FSDP2's MixedPrecisionPolicy reduce_dtype: the plan's, else fp32
+                     "mixed_precision_reduce": TORCH_DTYPES[p.reduce_dtype or "fp32"]},
         "parallelism": {
             "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
             "tensor_parallel_degree": layout.tp, "pipeline_parallel_degree": layout.pp,

@@ -2,7 +2,8 @@
 CPU), each measuring its own bytes.
 
 * ZeRO-3 / FSDP: FSDP2 `fully_shard` on every block and the root, with
-  `MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)` for mixed precision.
+  `MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)` for mixed precision (the plan's
+  reduce_dtype when it names one).
 * ZeRO-1: `DistributedDataParallel` with `ZeroRedundancyOptimizer` (optimizer state sharded).
 * Tensor parallelism: DTensor `parallelize_module`, column-parallel Q/K/V and MLP input
   projections, row-parallel output projections, a vocabulary-parallel embedding and output
@@ -59,8 +60,9 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         if layout.zero >= 3 or plan.framework == "fsdp":
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-            mp = MixedPrecisionPolicy(param_dtype=low_dtype(plan), reduce_dtype=torch.float32) if mixed \
-                else MixedPrecisionPolicy()
+            reduce = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.reduce_dtype, torch.float32)
+            mp = MixedPrecisionPolicy(param_dtype=low_dtype(plan), reduce_dtype=reduce) if mixed \
+                else MixedPrecisionPolicy(reduce_dtype=reduce if plan.reduce_dtype else None)
             for blk in model.blocks:
                 fully_shard(blk, mesh=mesh["dp"], mp_policy=mp)
             fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
