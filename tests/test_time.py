@@ -401,3 +401,28 @@ def test_bf16_gradient_reduction_halves_the_reduce_scatter_only():
     saved = fp32.time["breakdown_s"]["dp_comm"] - bf16.time["breakdown_s"]["dp_comm"]
     assert saved == pytest.approx(m * 15 / 16 * 2 * params / 360e9, rel=1e-9)
     assert np.all(bf16.memory["grads"] == fp32.memory["grads"])
+
+
+def test_early_stop_recompute_skips_the_down_projections():
+    """Full recompute under a non-reentrant checkpoint (FSDP2/torchtitan's, PyTorch >= 2.1)
+    stops before each dense block's MLP down projection (measured: tests/test_validate.py):
+    Llama 3 8B's hardware FLOPs per step drop by tokens x 2 x ffn x hidden x layers and the
+    compute by that GEMM's time per layer and micro-batch; a dropout after the down projection
+    saves a mask there, so with dropout the whole block is re-run."""
+    from trainplan.estimate.recipe import recipe
+    from trainplan.estimate.time import hardware, last_linear_time, layer_gemms
+
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, zero=3, gbs=16, mbs=1, seq_len=4096,
+              framework="fsdp", recompute="full")
+    early, whole = evaluate(make_plan(**kw)), evaluate(make_plan(**kw, recompute_early_stop=False))
+    spec, tokens = early.layout.model, 16 * 4096
+    assert recipe(early.layout.plan).recompute_skips_last_linear and not recipe(whole.layout.plan).recompute_skips_last_linear
+    saved = whole.time["hardware_flops_per_step"] - early.time["hardware_flops_per_step"]
+    assert saved == pytest.approx(tokens * 2 * spec.ffn * spec.hidden * spec.layers, rel=1e-12)
+    hw = hardware(early.layout)
+    t_down = last_linear_time(layer_gemms(spec, False), 4096, 1, hw.gemm_peak, hw.gemm_eff, hw.sms, 2)
+    m = early.layout.micro_batches
+    assert whole.time["breakdown_s"]["compute"] - early.time["breakdown_s"]["compute"] == pytest.approx(
+        m * spec.layers * float(t_down), rel=1e-9)
+    dropped = [evaluate(make_plan(**kw, dropout=0.1, recompute_early_stop=flag)).time for flag in (True, False)]
+    assert dropped[0]["hardware_flops_per_step"] == dropped[1]["hardware_flops_per_step"]

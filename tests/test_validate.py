@@ -133,3 +133,18 @@ def test_transformers_llama_matches():
         data = validate(make_plan(model="llama-3-8b", gpus=1, precision="fp32", framework="torch",
                                   attention=attention), device="cpu", impl="transformers")
         _check(data["cases"][0])
+
+
+def test_non_reentrant_checkpoint_skips_each_blocks_last_linear():
+    """PyTorch's non-reentrant checkpoint (early stop, its default since 2.1) ends each block's
+    recomputation once every saved tensor is back, before the MLP's down projection: measured
+    with FlopCounterMode, the recomputed forward lacks exactly 2 x tokens x ffn x hidden FLOPs
+    per layer (Llama 3 8B scaled to 2 layers, hidden 256, ffn 896, 256 tokens: 234,881,024).
+    The prediction follows the framework (fsdp: non-reentrant) or the plan's override, and
+    matches the measurement either way."""
+    kw = dict(model="llama-3-8b", gpus=1, recompute="full", framework="fsdp")
+    early = validate(make_plan(**kw), device="cpu")["cases"][0]
+    whole = validate(make_plan(**kw, recompute_early_stop=False), device="cpu")["cases"][0]
+    assert whole["measured"]["flops"] - early["measured"]["flops"] == 2 * 256 * 896 * 256 * 2 == 234_881_024
+    for case in (early, whole):
+        assert abs(case["rel_error"]["flops"]) < 1e-9

@@ -278,8 +278,9 @@ def test_page_find_best_layout_and_load_it(server, browser):
 def test_page_kernel_choices_reach_the_plan(server, browser):
     """The Kernels fieldset: the fused cross-entropy lowers the peak to the API's figure (no fp32
     logits), the Triton attention kernel slows the step to the API's figure; an fp32 gradient
-    reduction lengthens the data-parallel part to the API's figure; all go into the shared URL,
-    and the fields read in Chinese too."""
+    reduction lengthens the data-parallel part, and an early-stopping full recompute shortens
+    the step, each to the API's figure; all go into the shared URL, and the fields read in
+    Chinese too."""
     base = {"model": "llama-3-8b", "gpu": "A100-80GB-SXM", "gpus": 8, "gbs": 8, "seq_len": 8192, "zero": 3}
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(server + "/?model=llama-3-8b&gpu=A100-80GB-SXM&gpus=8&gbs=8&seq_len=8192&zero=3")
@@ -304,8 +305,20 @@ def test_page_kernel_choices_reach_the_plan(server, browser):
     assert wide["time"]["breakdown_s"]["dp_comm"] > slow["time"]["breakdown_s"]["dp_comm"]
     page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {wide['time']['step_s']}")
     assert "reduce_dtype=fp32" in page.url
+    # full recompute, then a non-reentrant checkpoint that stops before each down projection
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=recompute]", "full")
+    _ready(page)
+    with page.expect_response("**/api/plan"):
+        page.check("input[name=recompute_early_stop]")
+    _ready(page)
+    recomputed = {**base, "fused_loss": True, "attention": "triton", "reduce_dtype": "fp32", "recompute": "full"}
+    early = _api({**recomputed, "recompute_early_stop": True})
+    assert early["time"]["step_s"] < _api(recomputed)["time"]["step_s"]
+    page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {early['time']['step_s']}")
+    assert "recompute_early_stop=true" in page.url
     page.click("#lang")
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
     form_text = page.inner_text("form")
-    assert "融合交叉熵" in form_text and "算子实现" in form_text and "梯度归约精度" in form_text
+    assert all(word in form_text for word in ("融合交叉熵", "算子实现", "梯度归约精度", "非重入式"))
     page.close()

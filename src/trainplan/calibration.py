@@ -13,7 +13,10 @@ not give are chosen by one rule for all rows, never fitted per row:
   loss_fn default), learned position embeddings (the published parameter counts grow with
   the sequence length), gradients reduce-scattered in bf16 (the tables' FSDP mixed precision
   "DEFAULT" set no reduce_dtype before Composer PR #2628 of October 2023, and FSDP then
-  reduces in the bf16 parameter dtype; the sharded gradients stay fp32);
+  reduces in the bf16 parameter dtype; the sharded gradients stay fp32), activation
+  checkpointing non-reentrant (the script sets activation_checkpointing_reentrant false;
+  PyTorch 2.1's early stop then skips each block's down projection in the recomputation, the
+  fsdp conventions' default);
 * Llama 3 405B: as published, no recompute, the interleaved schedule on the paper's split
   (one layer fewer on the first and last stages: 7, 8, ..., 8, 7) and ZeRO-2 (FSDP sharding
   optimizer states and gradients: the ZeRO paper's byte accounting); v = 8, one layer per

@@ -86,6 +86,7 @@ def _plan_options(
     seq_len: Annotated[int | None, typer.Option(help="Sequence length (default min(model max, 4096))")] = None,
     recompute: Annotated[RecomputeOpt, typer.Option(help="Activation recomputation")] = RecomputeOpt("none"),
     recompute_layers: Annotated[int | None, typer.Option(help="With --recompute full: layers per stage to recompute")] = None,
+    recompute_early_stop: Annotated[bool | None, typer.Option("--recompute-early-stop/--no-recompute-early-stop", help="Non-reentrant checkpointing stops recomputing before each block's last linear (PyTorch >= 2.1); default: the framework's (on for fsdp)")] = None,
     schedule: Annotated[ScheduleOpt, typer.Option(help="Pipeline schedule")] = ScheduleOpt("1f1b"),
     vpp: Annotated[int | None, typer.Option(help="Virtual stages per GPU (interleaved schedule)")] = None,
     stage_layers: Annotated[str | None, typer.Option(help="Layers per pipeline stage, e.g. 7,8,8,7")] = None,

@@ -63,6 +63,9 @@ class Plan(BaseModel):
     seq_len: int | None = Field(default=None, ge=1, le=MAX_SEQ_LEN)
     recompute: Recompute = "none"
     recompute_layers: int | None = Field(default=None, ge=0)
+    recompute_early_stop: bool | None = Field(
+        default=None, description="non-reentrant checkpointing stops the recomputation before each block's last "
+        "linear (PyTorch >= 2.1's default); default: the framework's convention (on for fsdp)")
     schedule: Schedule = "1f1b"
     vpp: int | None = Field(default=None, ge=1, le=1024)
     stage_layers: list[int] | None = None

@@ -52,7 +52,8 @@ def render_plan(data: dict) -> None:
             f"{' (' + par['cp_comm'] + ')' if par['cp'] > 1 else ''} · EP {par['ep']} · "
             f"ZeRO-{par['zero']}{' · SP' if par['sp'] else ''}")
     c.print(f"micro-batch {par['mbs']} x seq {par['seq_len']}, global batch {par['gbs']} "
-            f"({par['micro_batches']} micro-batch{'es' if par['micro_batches'] != 1 else ''} per step), recompute {par['recompute']}, "
+            f"({par['micro_batches']} micro-batch{'es' if par['micro_batches'] != 1 else ''} per step), recompute {par['recompute']}"
+            f"{' (early stop)' if par.get('recompute_early_stop') else ''}, "
             f"schedule {par['schedule']}{' v=' + str(par['vpp']) if par['vpp'] > 1 else ''}")
     bpp = tr["bytes_per_param"]
     c.print(f"{tr['precision']} · {tr['optimizer']} · {tr['framework']} conventions "

@@ -316,7 +316,8 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         rc = sel(col("recompute"))
         fl = step_flops(model, tokens=sel(col("gbs")) * seq, seq=seq,
                         dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                        attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab)
+                        attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
+                        skip_last=r.recompute_skips_last_linear)
         # per-stage times do not depend on the schedule either: once per group, then each
         # layout's pipeline schedule, data-parallel communication and optimizer
         # runs of fitting layouts that differ only in ZeRO stage, schedule and interleaving

@@ -13,7 +13,9 @@ Backward costs 2x the forward GEMMs (input and weight gradients). The attention 
 is 2.5x its forward for fused kernels (they recompute the scores: five s²-sized matmuls
 against two) and 2x when the scores are materialised (eager). Model FLOPs exclude
 recomputation (PaLM's MFU definition); hardware FLOPs add a second forward of every fully
-recomputed layer, or of the attention core under selective recompute.
+recomputed layer, or of the attention core under selective recompute. A non-reentrant
+checkpoint with early stop (PyTorch >= 2.1) ends each dense block's recomputation before its
+last linear, the MLP's down projection, whose output nothing saves (`skip_last`).
 
 Functions take numbers or numpy arrays.
 """
@@ -36,6 +38,7 @@ GEMM_BWD = 2.0
 class LayerFlops:
     dense_gemm: float  # forward GEMM FLOPs per token of a dense layer
     moe_gemm: float  # ... of an MoE layer (top-k experts + shared + router)
+    dense_last: float  # ... of a dense layer's last linear (the MLP's down projection)
     attn_per_key: float  # forward attention FLOPs per token per attended key
     head: float  # forward output-head FLOPs per token
 
@@ -55,18 +58,21 @@ def layer_flops(model: ModelSpec) -> LayerFlops:
     return LayerFlops(
         dense_gemm=gemm(dense_i) if dense_i is not None else 0.0,
         moe_gemm=gemm(moe_i) if moe_i is not None else 0.0,
+        dense_last=(2.0 * model.layer_linears(dense_i)[-1].fan_in * model.layer_linears(dense_i)[-1].fan_out
+                    if dense_i is not None else 0.0),
         attn_per_key=2.0 * qk + 2.0 * v,
         head=2.0 * model.hidden * model.vocab,
     )
 
 
 def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head, attention_eager,
-               recompute, causal=False, vocab_padded=None) -> dict:
+               recompute, causal=False, vocab_padded=None, skip_last=False) -> dict:
     """Forward, backward, recompute FLOPs for `tokens` tokens of sequences of length `seq`.
 
     dense_layers/moe_layers: layers counted (a stage's, or the model's); head: 1 when the
     output head is included; attention_eager: 1 for materialised scores; recompute: the
-    RECOMPUTE_CODE (0 none, 1 selective, 2 full); causal: halve the attention work.
+    RECOMPUTE_CODE (0 none, 1 selective, 2 full); causal: halve the attention work;
+    skip_last: a full recomputation stops before each dense block's last linear.
     """
     lf = layer_flops(model)
     keys = seq * np.where(causal, 0.5, 1.0)
@@ -78,7 +84,8 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     forward = gemm_fwd + attn_fwd + head_fwd
     backward = GEMM_BWD * (gemm_fwd + head_fwd) + attn_bwd
     rc = np.asarray(recompute)
-    recomputed = np.where(rc == 2, gemm_fwd + attn_fwd, np.where(rc == 1, attn_fwd, 0.0))
+    full = gemm_fwd + attn_fwd - np.where(skip_last, tokens * lf.dense_last * dense_layers, 0.0)
+    recomputed = np.where(rc == 2, full, np.where(rc == 1, attn_fwd, 0.0))
     model_flops = forward + backward
     return {"forward": forward, "backward": backward, "recompute": recomputed,
             "model": model_flops, "hardware": model_flops + recomputed,

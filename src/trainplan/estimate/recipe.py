@@ -29,6 +29,10 @@ class Recipe:
     loss_workspace_bytes: float  # per logit, transient during the loss
     loss_traffic_bytes: float  # HBM bytes per logit the loss's forward moves
     tp_embedding_grad_replicated: bool = False
+    # A fully recomputed dense block skips its last linear (the MLP's down projection):
+    # non-reentrant checkpointing with early stop, and no dropout after that linear (a dropout
+    # mask is saved after it, so the recomputation would have to run it)
+    recompute_skips_last_linear: bool = False
 
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "
@@ -80,5 +84,7 @@ def recipe(plan: Plan) -> Recipe:
         autocast_copy_bytes=autocast, reduce_bucket_elems=float(fw["reduce_bucket_elems"]),
         grad_bucket_copy=bool(fw["grad_bucket_copy"]),
         tp_embedding_grad_replicated=bool(fw.get("tp_embedding_grad_replicated", False)),
+        recompute_skips_last_linear=bool(fw["recompute_early_stop"] if plan.recompute_early_stop is None
+                                         else plan.recompute_early_stop) and plan.dropout == 0,
         logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,
     )

@@ -261,6 +261,14 @@ def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, 
     return np.sum(_gemm_time(m, n, k, count, peak, eff, sms, elem_bytes, curve), axis=-1)
 
 
+def last_linear_time(g: LayerGemms, tokens, tp, peak, eff, sms, elem_bytes, curve=None):
+    """Forward seconds of a layer's last linear (a dense block's MLP down projection)."""
+    if g.fan_in.size == 0:
+        return 0.0
+    k = g.fan_in[-1] / tp if g.split[-1] == SPLIT["row"] else g.fan_in[-1]
+    return _gemm_time(tokens, g.fan_out[-1], k, g.count[-1], peak, eff, sms, elem_bytes, curve)
+
+
 @dataclass(frozen=True)
 class Hardware:
     """The accelerator as the time model sees it (achieved rates, bytes/s and FLOP/s)."""
@@ -361,11 +369,16 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                   + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0))
     elementwise = tokens * elem_elems * elem / hw.hbm
     attn_bwd = np.where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
-    recomputed = lambda fwd: np.where(rc == 2, fwd, np.where(rc == 1, attn, 0.0))  # noqa: E731
+    # A non-reentrant checkpoint with early stop ends a dense block's recomputation before its
+    # last linear (flops.py): that GEMM, and the TP collective after it, are not re-run.
+    skip = float(r.recompute_skips_last_linear)
+    skipped = {"dense": skip * last_linear_time(layer_gemms(model, False), tokens, tp, hw.gemm_peak, hw.gemm_eff,
+                                                hw.sms, elem, hw.gemm_curve), "moe": 0.0}
     compute = {}
     for kind in gemm:
         fwd = gemm[kind] + attn + elementwise
-        compute[kind] = fwd + gemm_bwd[kind] + attn_bwd * attn + 2 * elementwise + recomputed(fwd)
+        recomputed = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
+        compute[kind] = fwd + gemm_bwd[kind] + attn_bwd * attn + 2 * elementwise + recomputed
 
     # -- communication per layer and micro-batch
     tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp,
@@ -374,7 +387,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
     tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]), 2 * tp_ar)
-    tp_layer = tp_fwd + tp_bwd + np.where(rc == 2, tp_fwd, 0.0)
+    tp_layer = {kind: tp_fwd + tp_bwd + np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip), 0.0)
+                for kind in ("dense", "moe")}  # early stop: the attention's collective only
     a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
                                comm.group_busbw(ep, tp * cp, gpn, hw.nvlink, hw.nic), hw.latency) \
         if model.is_moe else 0.0
@@ -398,7 +412,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     def per_stage(dense, moe, first_, last_, n_stages):
         return {
             "compute": dense * compute["dense"] + moe * compute["moe"] + 3 * last_ * head_fwd + 3 * first_ * embed_fwd,
-            "tp_comm": (dense + moe) * tp_layer,
+            "tp_comm": dense * tp_layer["dense"] + moe * tp_layer["moe"],
             "ep_comm": moe * 4 * a2a,
             "cp_comm": (dense + moe) * cp_layer,
             "pp_comm": n_stages * 2 * p2p,
@@ -504,7 +518,8 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
     rc = act.RECOMPUTE_CODE[plan.recompute]
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                    attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab)
+                    attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
+                    skip_last=recipe(plan).recompute_skips_last_linear)
     stages = np.arange(layout.pp)
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
     out = step_time_core(

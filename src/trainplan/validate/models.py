@@ -244,14 +244,17 @@ class FusedCrossEntropy(torch.autograd.Function):
 
 class DecoderLM(nn.Module):
     """Embedding, blocks, final norm, output head and the cross-entropy loss (PyTorch's, on
-    fp32 logits, or `fused_loss`: one that keeps the 16-bit logits)."""
+    fp32 logits, or `fused_loss`: one that keeps the 16-bit logits). Full recompute checkpoints
+    each block: reentrant, or (`early_stop`) non-reentrant, whose recomputation ends once every
+    saved tensor is back (before the block's last linear, PyTorch >= 2.1)."""
 
     def __init__(self, spec: ModelSpec, attention: str = "sdpa", dropout: float = 0.0,
-                 recompute: str = "none", fused: bool = False, fused_loss: bool = False):
+                 recompute: str = "none", fused: bool = False, fused_loss: bool = False, early_stop: bool = False):
         super().__init__()
         if spec.is_mla:
             raise ValueError("the reference models do not implement multi-head latent attention")
         self.spec, self.recompute, self.attention = spec, recompute, attention
+        self.early_stop = early_stop  # full recompute: non-reentrant checkpoint, which stops early
         self.embed = nn.Embedding(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.max_position, spec.hidden) if spec.position == "learned" else None
         self.blocks = nn.ModuleList(
@@ -277,8 +280,8 @@ class DecoderLM(nn.Module):
         if self.attention == "eager":  # one boolean causal mask per forward, shared by the layers
             causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).triu(1)
         for blk in self.blocks:
-            if self.recompute == "full":  # keep only each block's input (reentrant checkpoint)
-                x = checkpoint(blk, x, cos, sin, causal, use_reentrant=True)
+            if self.recompute == "full":  # keep only each block's input
+                x = checkpoint(blk, x, cos, sin, causal, use_reentrant=not self.early_stop)
             else:
                 x = blk(x, cos, sin, causal)
         logits = self.head(self.norm(x))

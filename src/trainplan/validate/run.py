@@ -143,7 +143,8 @@ def predict(layout: Layout, device: str = "cpu") -> dict:
     fl = step_flops(layout.model, tokens=layout.mbs * layout.seq_len / layout.cp, seq=layout.seq_len,
                     dense_layers=layout.stage_dense_layers[0], moe_layers=layout.stage_moe_layers[0],
                     head=float(layout.pp == 1), attention_eager=eager,
-                    recompute=act.RECOMPUTE_CODE[plan.recompute], vocab_padded=layout.vocab_padded)
+                    recompute=act.RECOMPUTE_CODE[plan.recompute], vocab_padded=layout.vocab_padded,
+                    skip_last=r.recompute_skips_last_linear)
     return {
         "params_bytes": first(mem["params"]),
         "grads_bytes": first(mem["grads"]),
@@ -191,7 +192,8 @@ def build_model(spec: ModelSpec, plan: Plan, device: str):
     fused = plan.framework == "megatron"
     torch.manual_seed(0)
     model = DecoderLM(spec, attention=plan.attention, dropout=plan.dropout, recompute=plan.recompute,
-                      fused=fused, fused_loss=plan.fused_loss).to(device)
+                      fused=fused, fused_loss=plan.fused_loss,
+                      early_stop=recipe(plan).recompute_skips_last_linear).to(device)
     return model
 
 
