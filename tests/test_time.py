@@ -426,3 +426,14 @@ def test_early_stop_recompute_skips_the_down_projections():
         m * spec.layers * float(t_down), rel=1e-9)
     dropped = [evaluate(make_plan(**kw, dropout=0.1, recompute_early_stop=flag)).time for flag in (True, False)]
     assert dropped[0]["hardware_flops_per_step"] == dropped[1]["hardware_flops_per_step"]
+
+
+def test_options_that_change_nothing_say_so():
+    """--recompute-early-stop without full recompute, or with dropout, and --reduce-dtype
+    without data parallelism change nothing; the plan says why instead of staying silent."""
+    lay = resolve(make_plan(model="llama-3-8b", gpus=1, recompute_early_stop=True, reduce_dtype="bf16"))
+    assert any("only full recomputation" in w for w in lay.warnings)
+    assert any("dp x cp = 1" in w for w in lay.warnings)
+    lay = resolve(make_plan(model="llama-3-8b", gpus=1, recompute="full", dropout=0.1, recompute_early_stop=True))
+    assert any("dropout mask" in w for w in lay.warnings)
+    assert not resolve(make_plan(model="llama-3-8b", gpus=8, zero=3, recompute="full", framework="fsdp")).warnings

@@ -375,6 +375,13 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         if plan.recompute_layers > max(split):
             raise PlanError("recompute_layers", f"cannot exceed the layers on a stage ({max(split)})")
 
+    if plan.recompute_early_stop and plan.recompute != "full":
+        warnings.append("--recompute-early-stop changes only full recomputation; recompute is "
+                        f"{plan.recompute}")
+    if plan.recompute_early_stop and plan.dropout > 0 and plan.recompute == "full":
+        warnings.append("with dropout the recomputation cannot stop early (a dropout mask is saved after "
+                        "each block's last linear); the whole block is re-run")
+
     # -- precision, optimizer, offload, fine-tuning
     conv = conventions()
     if plan.precision != "fp32" and gpu.peak(plan.precision) is None:
@@ -384,6 +391,8 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         raise PlanError("offload_params", "parameter offload needs --zero 3")
     if plan.finetune != "full" and plan.zero == 3:
         warnings.append("ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
+    if plan.reduce_dtype is not None and dp * cp == 1:
+        warnings.append("--reduce-dtype changes the data-parallel gradient reduction; there is none with dp x cp = 1")
     if plan.framework == "megatron" and plan.reduce_dtype is not None:
         fw = conv["frameworks"]["megatron"]
         grad = plan.grad_dtype or ("fp32" if plan.precision == "fp32" or
