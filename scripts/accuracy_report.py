@@ -215,7 +215,8 @@ def main() -> None:
             "fast. Their loss is flash-attn's fused cross-entropy (llm-foundry's loss_fn default), which keeps\n",
             "the bf16 logits: with PyTorch's fp32 loss the memory model would put 6 of the 25 runs over 80 GiB.\n",
             "Their gradients are reduce-scattered in bf16 (Composer's FSDP mixed precision \"DEFAULT\" set\n",
-            "no reduce_dtype until October 2023, so FSDP reduced in the bf16 parameter dtype).\n",
+            "no reduce_dtype until October 2023, so FSDP reduced in the bf16 parameter dtype), and their\n",
+            "backward gathers wait in the open (Composer's default backward_prefetch, BACKWARD_POST).\n",
             _single_step_rows(data, "mosaicml_h100") + "\n" + _checkpointing_split(data, "mosaicml_a100") + "\n",
             "The held-out Llama 3 405B rows are off by "
             + ", ".join(f"{r['predicted'] / r['published'] - 1:+.0%}" for r in llama[:2])

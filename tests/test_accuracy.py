@@ -98,18 +98,18 @@ def test_hopper_flash_attention_default_is_fa2_causal_forward_backward():
 
 def test_h100_tables_do_not_regress(published):
     """H100 (docs/accuracy.md): Megatron-Core (the table Hopper's GEMM ratio is fitted on)
-    7.3% mean; held out, Llama 3 405B 10.8% and MosaicML 12.6%. Bounds one point above."""
-    for source, bound in (("megatron_core_h100", 0.083), ("llama3_405b", 0.118), ("mosaicml_h100", 0.136)):
+    7.3% mean; held out, Llama 3 405B 10.8% and MosaicML 9.7%. Bounds one point above."""
+    for source, bound in (("megatron_core_h100", 0.083), ("llama3_405b", 0.118), ("mosaicml_h100", 0.107)):
         assert np.abs(errors(published, source)).mean() <= bound, source
 
 
 def test_held_out_mosaicml_a100_rows(published):
     """MosaicML's A100 80GB rows (held out; every MPT size from 125M to 30B at sequence 2,048
-    and at its longest, up to 65,536, FSDP, FlashAttention in Triton): 6.4% mean, 29.0% worst
+    and at its longest, up to 65,536, FSDP, FlashAttention in Triton): 6.4% mean, 27.0% worst
     (MPT-30B at 8K) in docs/accuracy.md; bounds one point above. With FlashAttention-2 in
     place of the Triton kernel the rows at 32K-64K tokens would be predicted 20-90% too fast."""
     e = np.abs(errors(published, "mosaicml_a100"))
-    assert len(e) == 16 and e.mean() <= 0.074 and e.max() <= 0.300
+    assert len(e) == 16 and e.mean() <= 0.074 and e.max() <= 0.280
 
     import tomllib
 

@@ -20,7 +20,8 @@ from trainplan.search import default_space, enumerate_layouts, evaluate_bulk, la
     dict(model="gpt2-xl", gpus=8, gpu="A100-80GB-SXM", attention="eager", seq_len=1024),
     dict(model="llama-3.1-405b", gpus=512, gbs=512),
     dict(model="llama-3-8b", gpus=64, gbs=64, seq_len=32768, gpu="A100-80GB-SXM", attention="triton",
-         fused_loss=True, cp_comm="allgather", framework="fsdp", reduce_dtype="bf16"),
+         fused_loss=True, cp_comm="allgather", framework="fsdp", reduce_dtype="bf16",
+         backward_prefetch="post"),
 ])
 def test_bulk_equals_scalar_on_random_layouts(kw):
     """DESIGN §2: the bulk search evaluation and `plan` agree exactly (peak memory, fit, step)."""

@@ -16,7 +16,8 @@ not give are chosen by one rule for all rows, never fitted per row:
   reduces in the bf16 parameter dtype; the sharded gradients stay fp32), activation
   checkpointing non-reentrant (the script sets activation_checkpointing_reentrant false;
   PyTorch 2.1's early stop then skips each block's down projection in the recomputation, the
-  fsdp conventions' default);
+  fsdp conventions' default), FSDP's backward prefetch BACKWARD_POST (Composer's default, which
+  the yamls keep: each backward gather waits until the layer before has its gradients);
 * Llama 3 405B: as published, no recompute, the interleaved schedule on the paper's split
   (one layer fewer on the first and last stages: 7, 8, ..., 8, 7) and ZeRO-2 (FSDP sharding
   optimizer states and gradients: the ZeRO paper's byte accounting); v = 8, one layer per
@@ -118,7 +119,7 @@ def mosaicml_setup(cfg: dict, row: list, attention: str = "triton") -> tuple[Mod
                      mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
                      max_position=seq, fused_qkv=True)
     return spec, dict(gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16", mbs=mb, gbs=gbs,
-                      seq_len=seq, attention=attention, fused_loss=True, reduce_dtype="bf16",
+                      seq_len=seq, attention=attention, fused_loss=True, reduce_dtype="bf16", backward_prefetch="post",
                       recompute="full" if ckpt else "none")
 
 

@@ -17,6 +17,7 @@ import typer
 from .errors import PlanError
 from .plan_types import (
     Attention,
+    BackwardPrefetch,
     CpComm,
     Finetune,
     Framework,
@@ -60,6 +61,7 @@ PrecisionOpt = _choices("PrecisionOpt", Precision)
 AttentionOpt = _choices("AttentionOpt", Attention)
 FrameworkOpt = _choices("FrameworkOpt", Framework)
 CpCommOpt = _choices("CpCommOpt", CpComm)
+BackwardPrefetchOpt = _choices("BackwardPrefetchOpt", BackwardPrefetch)
 OptimizerOpt = _choices("OptimizerOpt", Optimizer)
 FinetuneOpt = _choices("FinetuneOpt", Finetune)
 GradDtypeOpt = _choices("GradDtypeOpt", GradDtype)
@@ -106,6 +108,7 @@ def _plan_options(
     qlora_bits: Annotated[int, typer.Option(help="QLoRA base-weight bits: 4 (NF4) or 8")] = 4,
     overlap_tp: Annotated[bool, typer.Option("--overlap-tp", help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap)")] = False,
     overlap_dp: Annotated[bool, typer.Option("--overlap-dp/--no-overlap-dp", help="Reduce gradients during the backward")] = True,
+    backward_prefetch: Annotated[BackwardPrefetchOpt, typer.Option(help="ZeRO-3/FSDP: gather the next layer's parameters before the current layer's gradients (pre: overlapped; FSDP2, DeepSpeed, FSDP1 BACKWARD_PRE), after them (post: the gather exposed; FSDP1 BACKWARD_POST, Composer's default) or on demand (none: gather and scatter exposed)")] = BackwardPrefetchOpt("pre"),
     cp_comm: Annotated[CpCommOpt, typer.Option(help="Context-parallel K/V exchange: ring (passed around, overlapped with attention; Megatron/TE) or allgather (gathered before attention, exposed; Llama 3)")] = CpCommOpt("ring"),
     tokens: Annotated[float | None, typer.Option(help="Training tokens (default 20 x parameters, Chinchilla)")] = None,
     price: Annotated[float | None, typer.Option(help="USD per GPU-hour (default: the catalog's)")] = None,

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import PlanError, from_pydantic
 from .plan_types import (
     Attention,
+    BackwardPrefetch,
     CpComm,
     Finetune,
     Framework,
@@ -88,6 +89,10 @@ class Plan(BaseModel):
     qlora_bits: Literal[4, 8] = 4
     overlap_tp: bool = Field(default=False, description="overlap TP collectives with GEMMs (--tp-comm-overlap)")
     overlap_dp: bool = Field(default=True, description="reduce gradients during the backward (bucketed)")
+    backward_prefetch: BackwardPrefetch = Field(
+        default="pre", description="ZeRO-3/FSDP backward: gather the next layer's parameters before the current "
+        "layer's gradients (pre, overlapped), after them (post: FSDP1 BACKWARD_POST, the gather exposed) or on "
+        "demand (none: gather and reduce-scatter exposed)")
     cp_comm: CpComm = Field(default="ring", description="context-parallel K/V exchange: ring (overlapped with "
                             "attention) or allgather (gathered before it, exposed)")
     tokens: float | None = Field(default=None, gt=0, le=1e16, description="training tokens (default 20 x params)")
@@ -391,6 +396,9 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         raise PlanError("offload_params", "parameter offload needs --zero 3")
     if plan.finetune != "full" and plan.zero == 3:
         warnings.append("ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
+    if plan.backward_prefetch != "pre" and (plan.zero < 3 or dp * cp == 1):
+        warnings.append(f"--backward-prefetch {plan.backward_prefetch} changes only ZeRO-3/FSDP parameter gathers "
+                        "over data parallelism")
     if plan.reduce_dtype is not None and dp * cp == 1:
         warnings.append("--reduce-dtype changes the data-parallel gradient reduction; there is none with dp x cp = 1")
     if plan.framework == "megatron" and plan.reduce_dtype is not None:

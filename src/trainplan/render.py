@@ -50,7 +50,9 @@ def render_plan(data: dict) -> None:
     c.print(f"{g['gpus']} x {g['name']} ({g['memory_gib']:g} GiB), {g['gpus_per_node']} per node | "
             f"TP {par['tp']} · PP {par['pp']} · DP {par['dp']} · CP {par['cp']}"
             f"{' (' + par['cp_comm'] + ')' if par['cp'] > 1 else ''} · EP {par['ep']} · "
-            f"ZeRO-{par['zero']}{' · SP' if par['sp'] else ''}")
+            f"ZeRO-{par['zero']}"
+            f"{' (backward prefetch ' + par['backward_prefetch'] + ')' if par['zero'] >= 3 and par.get('backward_prefetch', 'pre') != 'pre' else ''}"
+            f"{' · SP' if par['sp'] else ''}")
     c.print(f"micro-batch {par['mbs']} x seq {par['seq_len']}, global batch {par['gbs']} "
             f"({par['micro_batches']} micro-batch{'es' if par['micro_batches'] != 1 else ''} per step), recompute {par['recompute']}"
             f"{' (early stop)' if par.get('recompute_early_stop') else ''}, "

@@ -30,7 +30,7 @@ from .estimate.flops import step_flops
 from .estimate.memory import model_numbers, stage_memory
 from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
 from .estimate.recipe import recipe
-from .estimate.time import hardware, stage_times, step_from_stages
+from .estimate.time import BACKWARD_PREFETCH_CODE, hardware, stage_times, step_from_stages
 from .plan import Plan, conventions, default_stage_split, interleaving_problem, load_model, resolve
 from .units import GiB
 
@@ -342,7 +342,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=trainable,
             gbs=sel(col("gbs")), seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
             sharp=plan.sharp, data_s=data_step_seconds(plan, model, sel(col("gbs")) * seq / sel(col("dp"))),
-            prefetch=plan.prefetch)
+            prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch])
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,

@@ -45,6 +45,10 @@ from .flops import ATTN_BWD_EAGER, ATTN_BWD_FUSED, step_flops
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .recipe import recipe
 
+# ZeRO-3/FSDP backward prefetch: the next layer's gather before the current layer's gradients
+# (overlapped), after them (FSDP1 BACKWARD_POST: the gather exposed) or on demand (no prefetch:
+# gather and reduce-scatter exposed; PyTorch FSDP docs, BackwardPrefetch)
+BACKWARD_PREFETCH_CODE = {"pre": 0, "post": 1, "none": 2}
 TILE = 128  # GEMM output tile edge used for tile/wave quantization (CUTLASS/cuBLAS 128x128)
 
 
@@ -317,7 +321,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
-                   data_s=0.0, prefetch=True) -> dict:
+                   data_s=0.0, prefetch=True, backward_prefetch=0) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
@@ -329,7 +333,8 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
     return step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                             schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                             gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
-                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch)
+                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
+                            backward_prefetch=backward_prefetch)
 
 
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
@@ -457,7 +462,7 @@ def overlapped(comm_s, compute_s, slowdown):
 
 def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
                      offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops, sharp=False,
-                     data_s=0.0, prefetch=True) -> dict:
+                     data_s=0.0, prefetch=True, backward_prefetch=0) -> dict:
     """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
     data-parallel communication and the optimizer update; then the input pipeline's `data_s`
     per step, overlapped with all that when prefetching (estimate/data.py)."""
@@ -475,11 +480,15 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     grad_bytes = trainable * r.reduce_bytes  # as the collectives carry them (the reduce dtype)
     stage_compute = per_micro_batch["compute"]
     # ZeRO-3 / FSDP gathers the parameters for every micro-batch's forward and backward and
-    # reduce-scatters its gradients, prefetching so each overlaps that micro-batch's compute.
+    # reduce-scatters its gradients, prefetching so each overlaps that micro-batch's compute;
+    # a backward gather issued after the layer's gradients (BACKWARD_POST) waits in the open,
+    # and without prefetch the reduce-scatter queued before it does too.
     gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw, hw.latency)
     scatter = comm.collective_time(comm.REDUCE_SCATTER, grad_bytes, dp_group, dp_bw, hw.latency)
     per_mb = 2 * gather + scatter
-    z3 = m * np.where(overlap_dp, overlapped(per_mb, stage_compute, hw.overlap_slowdown), per_mb)
+    bp = f(backward_prefetch)
+    exposed = np.where(bp >= 1, gather, 0.0) + np.where(bp >= 2, scatter, 0.0)
+    z3 = m * np.where(overlap_dp, exposed + overlapped(per_mb - exposed, stage_compute, hw.overlap_slowdown), per_mb)
     # a sharded optimizer (ZeRO-1/2, Megatron's distributed optimizer) reduce-scatters the
     # gradients during the last micro-batch's backward and all-gathers the parameters during
     # the next step's first forward (--overlap-grad-reduce, --overlap-param-gather)
@@ -535,7 +544,7 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         vocab_padded=layout.vocab_padded, trainable=float(np.max(mem["trainable_params"])),
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
         sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
-        prefetch=plan.prefetch)
+        prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch])
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
