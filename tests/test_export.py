@@ -166,3 +166,21 @@ def test_reduce_dtype_reaches_every_export(names):
         resolve(make_plan(**meg, reduce_dtype="bf16"))
     assert err.value.field == "reduce_dtype" and "--grad-dtype bf16" in str(err.value)
     resolve(make_plan(**meg, reduce_dtype="fp32"))  # the buffer's own dtype: nothing to refuse
+
+
+def test_exports_say_where_the_framework_runs_otherwise_than_the_plan():
+    """torchtitan (FSDP2) always prefetches backward gathers and checkpoints non-reentrantly
+    (stopping before each block's last linear); Megatron-LM re-runs a checkpointed layer
+    whole. An export of a plan that assumes otherwise says so, and one that matches says nothing."""
+    kw = dict(model="llama-3-8b", gpus=16, zero=3, gbs=32, recompute="full")
+    tt = export(resolve(make_plan(**kw, backward_prefetch="post", recompute_early_stop=False)), "torchtitan")
+    assert "--backward-prefetch pre" in tt and "--recompute-early-stop" in tt
+    tomllib.loads(tt)  # the notes are TOML comments
+    plain = export(resolve(make_plan(**kw, framework="fsdp")), "torchtitan")
+    assert "--backward-prefetch" not in plain and "--recompute-early-stop" not in plain
+    meg = export(resolve(make_plan(model="llama-3-8b", gpus=16, zero=1, gbs=32, recompute="full",
+                                   framework="megatron", recompute_early_stop=True)), "megatron")
+    assert "--no-recompute-early-stop" in meg
+    assert "--no-recompute-early-stop" not in export(
+        resolve(make_plan(model="llama-3-8b", gpus=16, zero=1, gbs=32, recompute="full", framework="megatron")),
+        "megatron")

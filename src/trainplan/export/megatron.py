@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from ..errors import PlanError
+from ..estimate.recipe import recipe
 
 
 def megatron_args(layout) -> str:
@@ -74,6 +75,9 @@ def megatron_args(layout) -> str:
     if layout.zero >= 2:
         notes.append(f"# ZeRO-{layout.zero}: Megatron's distributed optimizer shards optimizer state (ZeRO-1); "
                      "use Megatron-FSDP for ZeRO-3")
+    if p.recompute == "full" and recipe(p).recompute_skips_last_linear:
+        notes.append("# recompute full: Megatron-LM re-runs every checkpointed layer whole; plan with "
+                     "--no-recompute-early-stop to match")
     if p.attention == "triton":
         notes.append("# attention triton: Megatron-LM runs FlashAttention-2 (--use-flash-attn), 2-3.5x "
                      "the Triton kernel's speed (Dao 2023, Fig. 4d); plan with --attention flash to match")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import PlanError
+from ..estimate.recipe import recipe
 from ..plan import torchtitan_virtual_stages
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -66,6 +67,12 @@ def torchtitan_toml(layout) -> str:
     lines = []
     if 0 < layout.zero < 3:
         lines.append(f"# ZeRO-{layout.zero} maps to FSDP (ZeRO-3): torchtitan shards with FSDP2 only")
+    if layout.zero >= 3 and p.backward_prefetch != "pre":
+        lines.append(f"# backward prefetch {p.backward_prefetch}: FSDP2 always gathers the next layer's parameters "
+                     "ahead in the backward; plan with --backward-prefetch pre to match")
+    if p.recompute == "full" and p.dropout == 0 and not recipe(p).recompute_skips_last_linear:
+        lines.append("# torchtitan's activation checkpointing is non-reentrant and stops before each block's last "
+                     "linear; plan with --recompute-early-stop to match")
     for name, kv in sections.items():
         lines.append(f"[{name}]")
         lines += [f"{k} = {_toml(v)}" for k, v in kv.items()]
