@@ -455,3 +455,18 @@ def test_backward_prefetch_after_the_gradients_exposes_the_gather():
     assert dp["post"] - dp["pre"] == pytest.approx(m * (1 - 0.189) * gather, rel=1e-9)
     assert dp["none"] - dp["post"] == pytest.approx(m * (1 - 0.189) * scatter, rel=1e-9)
     assert any("only ZeRO-3" in w for w in resolve(make_plan(**{**kw, "zero": 1}, backward_prefetch="post")).warnings)
+
+
+def test_megatron_cross_entropy_moves_its_own_bytes_per_logit():
+    """Megatron-LM's vocabulary-parallel cross-entropy (tensor_parallel/cross_entropy.py, not
+    fused) passes over an fp32 copy of the logits six times forward (cast, max, subtract, exp,
+    sum, divide: 38 bytes per logit) and twice backward (scale, cast back: 14); a fused loss
+    moves 2 + 4. One stage, one micro-batch: the compute differs by exactly 46 bytes per logit."""
+    from trainplan.estimate.time import hardware
+
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, zero=1, gbs=8, seq_len=4096, framework="megatron")
+    plain, fused = (evaluate(make_plan(**kw, fused_loss=f)) for f in (False, True))
+    lay = resolve(make_plan(**kw))
+    logits = 4096 * lay.vocab_padded
+    assert plain.time["breakdown_s"]["compute"] - fused.time["breakdown_s"]["compute"] == \
+        pytest.approx(logits * (38 + 14 - 2 - 4) / hardware(lay).hbm, rel=1e-9)

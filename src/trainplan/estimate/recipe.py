@@ -28,6 +28,7 @@ class Recipe:
     logit_bytes: float  # logits the loss keeps for its backward (fp32 log-probabilities, or 16-bit)
     loss_workspace_bytes: float  # per logit, transient during the loss
     loss_traffic_bytes: float  # HBM bytes per logit the loss's forward moves
+    loss_backward_bytes: float  # ... and its backward
     tp_embedding_grad_replicated: bool = False
     # A fully recomputed dense block skips its last linear (the MLP's down projection):
     # non-reentrant checkpointing with early stop, and no dropout after that linear (a dropout
@@ -75,6 +76,9 @@ def recipe(plan: Plan) -> Recipe:
         logit, workspace, traffic = act, act, act * run["fused_loss_forward_passes"]
     else:
         logit, workspace, traffic = 4.0, float(run["loss_workspace_bytes"]), 4.0 * run["loss_forward_passes"]
+    backward = 2 * traffic
+    if not plan.fused_loss and "loss_forward_bytes" in fw:  # the framework's own loss kernels
+        traffic, backward = float(fw["loss_forward_bytes"]), float(fw["loss_backward_bytes"])
     return Recipe(
         weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
         reduce_bytes=float(DTYPE_BYTES[plan.reduce_dtype]) if plan.reduce_dtype else grad,
@@ -87,4 +91,5 @@ def recipe(plan: Plan) -> Recipe:
         recompute_skips_last_linear=bool(fw["recompute_early_stop"] if plan.recompute_early_stop is None
                                          else plan.recompute_early_stop) and plan.dropout == 0,
         logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,
+        loss_backward_bytes=backward,
     )

@@ -410,13 +410,14 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     p2p = np.where(pp > 1, comm.collective_time(comm.SEND_RECV, tokens * h * elem / tp, 2,
                                                 comm.group_busbw(2, tp * cp * dp, gpn, hw.nvlink, hw.nic),
                                                 hw.latency), 0.0)
-    head_fwd = _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve) \
-        + tokens * vocab_padded / tp * r.loss_traffic_bytes / hw.hbm
+    # the output head's GEMM forward and its two backward GEMMs, and the loss's passes over the logits
+    head = 3 * _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve) \
+        + tokens * vocab_padded / tp * (r.loss_traffic_bytes + r.loss_backward_bytes) / hw.hbm
     embed_fwd = tokens * h * elem * 2 / hw.hbm
 
     def per_stage(dense, moe, first_, last_, n_stages):
         return {
-            "compute": dense * compute["dense"] + moe * compute["moe"] + 3 * last_ * head_fwd + 3 * first_ * embed_fwd,
+            "compute": dense * compute["dense"] + moe * compute["moe"] + last_ * head + 3 * first_ * embed_fwd,
             "tp_comm": dense * tp_layer["dense"] + moe * tp_layer["moe"],
             "ep_comm": moe * 4 * a2a,
             "cp_comm": (dense + moe) * cp_layer,
