@@ -326,3 +326,22 @@ def test_page_kernel_choices_reach_the_plan(server, browser):
     form_text = page.inner_text("form")
     assert all(word in form_text for word in ("融合交叉熵", "算子实现", "梯度归约精度", "非重入式"))
     page.close()
+
+
+def test_page_shows_the_plans_warnings_in_both_languages(server, browser):
+    """The plan's warnings reach the page among the hints, worded in its language: here
+    sequence parallelism without TP, and an early-stopping recompute with nothing recomputed.
+    The API carries each as a code with its parameters beside the English message."""
+    details = _api({"model": "llama-3-8b", "gpus": 8, "sp": True, "recompute_early_stop": True})["warning_details"]
+    assert [d["code"] for d in details] == ["sp_needs_tp", "early_stop_unused"]
+    assert details[1]["params"] == {"recompute": "none"} and "full recomputation" in details[1]["message"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(server + "/?model=llama-3-8b&gpus=8&sp=true&recompute_early_stop=true")
+    _ready(page)
+    hints = page.inner_text("#hints")
+    assert "Sequence parallelism needs TP > 1" in hints and "changes only full recompute (recompute is none)" in hints
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    page.wait_for_function("document.querySelector('#hints').innerText.includes('序列并行需要 TP > 1')")
+    assert "当前重计算为 none" in page.inner_text("#hints")
+    page.close()

@@ -210,6 +210,8 @@ class Layout:
     stage_moe_layers: list[int]
     vocab_padded: int
     warnings: list[str] = field(default_factory=list)
+    # the same warnings as {"code", "params", "message"}, for pages that word them in other languages
+    warning_details: list[dict] = field(default_factory=list)
 
     @property
     def grad_accum(self) -> int:
@@ -276,6 +278,12 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     model = model or load_model(plan)
     gpu = catalog.gpu(plan.gpu)
     warnings: list[str] = []
+    details: list[dict] = []
+
+    def warn(code: str, message: str, **params) -> None:
+        warnings.append(message)
+        details.append({"code": code, "params": params, "message": message})
+
     tp, pp, cp, ep = plan.tp, plan.pp, plan.cp, plan.ep
 
     # -- world size and data parallelism
@@ -303,11 +311,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         if f % tp:
             raise PlanError("tp", f"must divide the MLP width ({f}); got {tp}")
     if tp > plan.gpus_per_node:
-        warnings.append(f"TP {tp} > {plan.gpus_per_node} GPUs per node: tensor-parallel all-reduces "
-                        "cross the node boundary (NIC instead of NVLink)")
+        warn("tp_across_nodes", f"TP {tp} > {plan.gpus_per_node} GPUs per node: tensor-parallel all-reduces "
+             "cross the node boundary (NIC instead of NVLink)", tp=tp, gpn=plan.gpus_per_node)
     sp = plan.sp
     if sp and tp == 1:
-        warnings.append("sequence parallelism needs tp > 1; ignored")
+        warn("sp_needs_tp", "sequence parallelism needs tp > 1; ignored")
         sp = False
 
     # -- pipeline
@@ -370,8 +378,8 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         raise PlanError("gbs", f"the interleaved schedule needs micro-batches per step "
                         f"({micro_batches}) divisible by pp ({pp})")
     if pp > 1 and micro_batches < pp:
-        warnings.append(f"only {micro_batches} micro-batches for {pp} pipeline stages: "
-                        "most stages sit idle; raise --gbs")
+        warn("few_micro_batches", f"only {micro_batches} micro-batches for {pp} pipeline stages: "
+             "most stages sit idle; raise --gbs", m=micro_batches, pp=pp)
 
     # -- recompute
     if plan.recompute_layers is not None:
@@ -381,11 +389,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("recompute_layers", f"cannot exceed the layers on a stage ({max(split)})")
 
     if plan.recompute_early_stop and plan.recompute != "full":
-        warnings.append("--recompute-early-stop changes only full recomputation; recompute is "
-                        f"{plan.recompute}")
+        warn("early_stop_unused", "--recompute-early-stop changes only full recomputation; recompute is "
+             f"{plan.recompute}", recompute=plan.recompute)
     if plan.recompute_early_stop and plan.dropout > 0 and plan.recompute == "full":
-        warnings.append("with dropout the recomputation cannot stop early (a dropout mask is saved after "
-                        "each block's last linear); the whole block is re-run")
+        warn("early_stop_dropout", "with dropout the recomputation cannot stop early (a dropout mask is saved "
+             "after each block's last linear); the whole block is re-run")
 
     # -- precision, optimizer, offload, fine-tuning
     conv = conventions()
@@ -395,12 +403,13 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if plan.offload_params and plan.zero != 3:
         raise PlanError("offload_params", "parameter offload needs --zero 3")
     if plan.finetune != "full" and plan.zero == 3:
-        warnings.append("ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
+        warn("zero3_frozen", "ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
     if plan.backward_prefetch != "pre" and (plan.zero < 3 or dp * cp == 1):
-        warnings.append(f"--backward-prefetch {plan.backward_prefetch} changes only ZeRO-3/FSDP parameter gathers "
-                        "over data parallelism")
+        warn("prefetch_unused", f"--backward-prefetch {plan.backward_prefetch} changes only ZeRO-3/FSDP "
+             "parameter gathers over data parallelism", mode=plan.backward_prefetch)
     if plan.reduce_dtype is not None and dp * cp == 1:
-        warnings.append("--reduce-dtype changes the data-parallel gradient reduction; there is none with dp x cp = 1")
+        warn("reduce_unused", "--reduce-dtype changes the data-parallel gradient reduction; there is none with "
+             "dp x cp = 1")
     if plan.framework == "megatron" and plan.reduce_dtype is not None:
         fw = conv["frameworks"]["megatron"]
         grad = plan.grad_dtype or ("fp32" if plan.precision == "fp32" or
@@ -410,10 +419,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                             f"dtype ({grad}); set --grad-dtype {plan.reduce_dtype} instead "
                             f"(--grad-reduce-in-bf16 keeps the buffer in bf16)")
     if plan.framework == "megatron" and plan.zero == 2:
-        warnings.append("Megatron-LM has no ZeRO-2 mode; bytes follow the generic ZeRO-2 rule")
+        warn("megatron_zero2", "Megatron-LM has no ZeRO-2 mode; bytes follow the generic ZeRO-2 rule")
     if plan.dropout > 0 and plan.attention == "eager" and plan.recompute == "none" and seq_len >= 8192:
-        warnings.append("eager attention with dropout stores 5 bytes per attention score; "
-                        "use --attention flash or --recompute selective")
+        warn("eager_dropout_scores", "eager attention with dropout stores 5 bytes per attention score; "
+             "use --attention flash or --recompute selective")
 
     vocab_multiple = int(conv["frameworks"][plan.framework]["vocab_multiple"])
     pad = vocab_multiple * tp if vocab_multiple > 1 else 1
@@ -424,5 +433,5 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         zero=plan.zero, sp=sp, mbs=plan.mbs, gbs=gbs, seq_len=seq_len,
         micro_batches=micro_batches, vpp=vpp, stage_layers=split,
         stage_dense_layers=stage_dense, stage_moe_layers=stage_moe,
-        vocab_padded=vocab_padded, warnings=warnings,
+        vocab_padded=vocab_padded, warnings=warnings, warning_details=details,
     )

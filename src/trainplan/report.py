@@ -109,4 +109,5 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                      if k not in ("model_flops_per_step", "hardware_flops_per_step")},
             "training": result.training} if result.time else {}),
         "warnings": list(L.warnings),
+        "warning_details": list(L.warning_details),
     }

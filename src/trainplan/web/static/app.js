@@ -200,8 +200,17 @@
     }
   }
 
+  const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
+
   function renderHints(d) {
     const hints = [], p = d.parallel, mem = d.memory, tm = d.time;
+    // the plan's own warnings first, in the page's language where it has their wording (the
+    // TP-across-nodes one is the first hint below)
+    for (const w of d.warning_details || []) {
+      if (w.code === "tp_across_nodes") continue;
+      const key = "warn_" + w.code;
+      hints.push("⚠️ " + escapeHtml(I18N[lang][key] ? t(key, w.params) : w.message));
+    }
     if (p.tp > d.gpu.gpus_per_node) hints.push(t("hint_tp_nvlink", { tp: p.tp, gpn: d.gpu.gpus_per_node }));
     if (tm.bubble_fraction > 0.1) hints.push(t("hint_bubble", { bubble: pct(tm.bubble_fraction) }));
     if (!mem.fits) hints.push(t("hint_no_fit"));
