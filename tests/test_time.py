@@ -300,13 +300,14 @@ def test_flash_attention_efficiency_follows_sequence_length(tmp_path):
 
 def test_flash_attention_pays_for_padded_head_dims():
     """FA2 is compiled for head dims in multiples of 32 (flash_api.cpp round_multiple(head_size,
-    32)): head dim 112 (MPT-30B's 7168 / 64 heads) runs as 128, 80 as 96; the Triton kernel's
-    time follows the real head dim. Same width, same FLOPs: 64 heads of 112 are slower than 56
-    heads of 128 under FA2 and exactly as fast under the Triton kernel."""
+    32)): head dim 112 (7168 / 64 heads) runs as 128, 80 as 96; the Triton kernel's tiles span
+    the next power of two (flash_attn_triton.py BLOCK_HEADDIM): 80 runs as 128. Same width,
+    same FLOPs: 64 heads of 112 are slower than 56 heads of 128 (what MPT-30B's benchmark yaml
+    uses) under both kernels."""
     from trainplan.estimate.time import flash_head_dim
 
     assert flash_head_dim(np.array([64, 80, 112, 128, 192]), "flash", 32).tolist() == [64, 96, 128, 128, 192]
-    assert flash_head_dim(np.array([80, 112]), "triton", 32).tolist() == [80, 112]
+    assert flash_head_dim(np.array([8, 64, 80, 112, 128]), "triton", 32).tolist() == [16, 64, 128, 128, 128]
 
     def step(heads, attention):
         mpt = ModelSpec(name=f"mpt-{heads}h", source="test", layers=4, hidden=7168, heads=heads, ffn=4 * 7168,
@@ -316,7 +317,7 @@ def test_flash_attention_pays_for_padded_head_dims():
         return evaluate(plan, spec=mpt).time["step_s"]
 
     assert step(64, "flash") > step(56, "flash") * 1.005
-    assert step(64, "triton") == pytest.approx(step(56, "triton"), rel=1e-12)
+    assert step(64, "triton") > step(56, "triton") * 1.005
     assert step(56, "triton") > step(56, "flash")  # the Triton kernel is the slower one
 
 

@@ -92,14 +92,14 @@ def triton_attention_curve(flash: float, flash_curve: dict | None, triton: dict)
 
 
 def flash_head_dim(d, kernel: str, multiple: int):
-    """The head dimension a FlashAttention kernel's time follows for a head of `d`: FA2, whose
-    speed its matmuls set, pads to its compiled sizes (multiples of `multiple`,
-    conventions.toml flash_head_dim_multiple) and pays for the padded columns. The Triton
-    kernel pads to a power of two too, but runs at a quarter of peak, paced by its softmax
-    and loads rather than its matmuls: MosaicML's head-dim-80 runs (MPT-3b) reach the
-    head-dim-128 efficiency without the padding's cost, so its time follows `d`."""
+    """The head dimension a FlashAttention kernel computes for a head of `d`, padded columns
+    included: FA2 is compiled for multiples of `multiple` (conventions.toml
+    flash_head_dim_multiple); the Triton kernel's tiles span the next power of two, at least 16
+    (flash_attn_triton.py: BLOCK_HEADDIM = max(next_power_of_2(d), 16))."""
     d = np.maximum(np.asarray(d, dtype=float), 1.0)
-    return d if kernel == "triton" else np.ceil(d / multiple) * multiple
+    if kernel == "triton":
+        return np.maximum(2.0 ** np.ceil(np.log2(d)), 16.0)
+    return np.ceil(d / multiple) * multiple
 
 
 def gemm_training_fraction(gpu_name: str) -> float:
