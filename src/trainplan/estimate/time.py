@@ -478,14 +478,14 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
     dp_group = dp * cp
     dp_bw = comm.group_busbw(dp_group, tp, gpn, hw.nvlink, hw.nic)
-    grad_bytes = trainable * r.reduce_bytes  # as the collectives carry them (the reduce dtype)
+    wire_grad_bytes = trainable * r.reduce_bytes  # the gradients as the collectives carry them
     stage_compute = per_micro_batch["compute"]
     # ZeRO-3 / FSDP gathers the parameters for every micro-batch's forward and backward and
     # reduce-scatters its gradients, prefetching so each overlaps that micro-batch's compute;
     # a backward gather issued after the layer's gradients (BACKWARD_POST) waits in the open,
     # and without prefetch the reduce-scatter queued before it does too.
     gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw, hw.latency)
-    scatter = comm.collective_time(comm.REDUCE_SCATTER, grad_bytes, dp_group, dp_bw, hw.latency)
+    scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, dp_group, dp_bw, hw.latency)
     per_mb = 2 * gather + scatter
     bp = f(backward_prefetch)
     exposed = np.where(bp >= 1, gather, 0.0) + np.where(bp >= 2, scatter, 0.0)
@@ -496,7 +496,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     z1 = np.where(overlap_dp, overlapped(scatter, stage_compute * 2 / 3, hw.overlap_slowdown)
                   + overlapped(gather, stage_compute / 3, hw.overlap_slowdown), scatter + gather)
     # plain data parallelism: one all-reduce, bucket by bucket during the last backward
-    ar = comm.collective_time(comm.ALL_REDUCE, grad_bytes, dp_group, dp_bw, hw.latency, sharp)
+    ar = comm.collective_time(comm.ALL_REDUCE, wire_grad_bytes, dp_group, dp_bw, hw.latency, sharp)
     z0 = np.where(overlap_dp, overlapped(ar, stage_compute * 2 / 3, hw.overlap_slowdown), ar)
     dp_exposed = np.where(zero >= 3, z3, np.where(zero >= 1, z1, z0))
     shard = np.where(zero >= 1, dp_group, 1.0)
