@@ -309,6 +309,16 @@ def test_page_kernel_choices_reach_the_plan(server, browser):
     assert wide["time"]["breakdown_s"]["dp_comm"] > slow["time"]["breakdown_s"]["dp_comm"]
     page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {wide['time']['step_s']}")
     assert "reduce_dtype=fp32" in page.url
+    # Megatron-LM's conventions: fp32 gradients and its own cross-entropy, to the API's figures
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=framework]", "megatron")
+    _ready(page)
+    meg = _api({**base, "fused_loss": True, "attention": "triton", "reduce_dtype": "fp32", "framework": "megatron"})
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {meg['memory']['peak_bytes']}")
+    assert "framework=megatron" in page.url
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=framework]", "deepspeed")
+    _ready(page)
     # full recompute, then a non-reentrant checkpoint that stops before each down projection
     with page.expect_response("**/api/plan"):
         page.select_option("select[name=recompute]", "full")
