@@ -148,3 +148,32 @@ def test_non_reentrant_checkpoint_skips_each_blocks_last_linear():
     assert whole["measured"]["flops"] - early["measured"]["flops"] == 2 * 256 * 896 * 256 * 2 == 234_881_024
     for case in (early, whole):
         assert abs(case["rel_error"]["flops"]) < 1e-9
+
+
+def test_early_stop_skips_an_ungated_shared_experts_down_projection(tmp_path):
+    """An MoE block's routed outputs are saved by their weighting and a gated shared output by
+    its gate, so a non-reentrant checkpoint re-runs them; shared experts added without a gate
+    (DeepSeek's) are the block's last op, so their down projection is skipped like a dense
+    block's. Qwen1.5-MoE with and without its shared-expert gate, scaled: FLOPs match exactly."""
+    from pathlib import Path
+
+    import trainplan.specs.catalog as catalog
+    from trainplan.plan import load_model
+    from trainplan.validate.run import DEFAULT_SCALE, scale_model
+
+    src = Path(catalog.CATALOG_DIR) / "models" / "qwen1.5-moe-a2.7b.toml"
+    ungated = tmp_path / "moe-shared-ungated.toml"
+    ungated.write_text(src.read_text().replace('name = "qwen1.5-moe-a2.7b"', 'name = "moe-shared-ungated"')
+                       .replace("shared_expert_gate = true", "shared_expert_gate = false"))
+    for model in ("qwen1.5-moe-a2.7b", str(ungated)):
+        kw = dict(model=model, gpus=1, recompute="full", framework="fsdp")
+        early = validate(make_plan(**kw), device="cpu")["cases"][0]
+        whole = validate(make_plan(**kw, recompute_early_stop=False), device="cpu")["cases"][0]
+        saved = whole["measured"]["flops"] - early["measured"]["flops"]
+        if model == "qwen1.5-moe-a2.7b":
+            assert saved == 0
+        else:  # the scaled model's shared down projection: 2 x 256 tokens x width x hidden per layer
+            small = scale_model(load_model(make_plan(model=model)), DEFAULT_SCALE)
+            assert saved == 2 * 256 * small.shared_ffn_total * small.hidden * small.layers > 0
+        for case in (early, whole):
+            assert abs(case["rel_error"]["flops"]) < 1e-9, (model, case["rel_error"])

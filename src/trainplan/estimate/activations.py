@@ -78,6 +78,7 @@ class LayerShape:
     top_k: int = 0
     expert_ffn: int = 0
     shared_ffn: int = 0  # total width of the shared experts
+    shared_gate: bool = False  # a sigmoid gate scales the shared experts' output (Qwen-MoE)
     capacity_factor: float = 1.0
 
 
@@ -152,12 +153,14 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep
         # Under autocast the router and the shared experts' input projections each cast the
         # shared fp32 input; mlp_copies above counted one reader.
-        shared_readers = (shape.mlp_matrices - 1) * (shape.shared_ffn > 0)
+        shared_readers = (shape.mlp_matrices - 1) * (shape.shared_ffn > 0) + shape.shared_gate
         t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * (1 + autocast * shared_readers) / rep
         t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused,
                                                       save["down"], act_bytes, linear_in_bytes) / tp
         t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused,
                                                     save["down"], act_bytes, linear_in_bytes) / tp
+        # the gate's multiply keeps both factors: the sigmoid (one per token) and the shared output
+        t["shared_expert_gate"] = tokens * (h + 1) * act_bytes * shape.shared_gate / rep
     else:
         t["mlp"] = tokens * _mlp_elems(shape.ffn, shape.mlp_matrices, fused, save["down"],
                                        act_bytes, linear_in_bytes) / tp

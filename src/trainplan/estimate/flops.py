@@ -14,8 +14,10 @@ is 2.5x its forward for fused kernels (they recompute the scores: five s²-sized
 against two) and 2x when the scores are materialised (eager). Model FLOPs exclude
 recomputation (PaLM's MFU definition); hardware FLOPs add a second forward of every fully
 recomputed layer, or of the attention core under selective recompute. A non-reentrant
-checkpoint with early stop (PyTorch >= 2.1) ends each dense block's recomputation before its
-last linear, the MLP's down projection, whose output nothing saves (`skip_last`).
+checkpoint with early stop (PyTorch >= 2.1) ends each block's recomputation once nothing
+after it is saved (`skip_last`): before a dense block's MLP down projection, and before an MoE
+block's shared experts' down projection when no gate scales their output (the routed
+experts' outputs are saved by their weighting, a gated shared output by its gate).
 
 Functions take numbers or numpy arrays.
 """
@@ -39,6 +41,7 @@ class LayerFlops:
     dense_gemm: float  # forward GEMM FLOPs per token of a dense layer
     moe_gemm: float  # ... of an MoE layer (top-k experts + shared + router)
     dense_last: float  # ... of a dense layer's last linear (the MLP's down projection)
+    moe_last: float  # ... of an MoE layer's ungated shared experts' down projection (0 without)
     attn_per_key: float  # forward attention FLOPs per token per attended key
     head: float  # forward output-head FLOPs per token
 
@@ -60,6 +63,8 @@ def layer_flops(model: ModelSpec) -> LayerFlops:
         moe_gemm=gemm(moe_i) if moe_i is not None else 0.0,
         dense_last=(2.0 * model.layer_linears(dense_i)[-1].fan_in * model.layer_linears(dense_i)[-1].fan_out
                     if dense_i is not None else 0.0),
+        moe_last=(2.0 * model.hidden * model.shared_ffn_total
+                  if moe_i is not None and not model.shared_expert_gate else 0.0),
         attn_per_key=2.0 * qk + 2.0 * v,
         head=2.0 * model.hidden * model.vocab,
     )
@@ -84,7 +89,8 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     forward = gemm_fwd + attn_fwd + head_fwd
     backward = GEMM_BWD * (gemm_fwd + head_fwd) + attn_bwd
     rc = np.asarray(recompute)
-    full = gemm_fwd + attn_fwd - np.where(skip_last, tokens * lf.dense_last * dense_layers, 0.0)
+    full = gemm_fwd + attn_fwd - np.where(skip_last, tokens * (lf.dense_last * dense_layers + lf.moe_last * moe_layers),
+                                          0.0)
     recomputed = np.where(rc == 2, full, np.where(rc == 1, attn_fwd, 0.0))
     model_flops = forward + backward
     return {"forward": forward, "backward": backward, "recompute": recomputed,

@@ -93,13 +93,14 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
     latent = 0
     if model.is_mla:
         latent = (model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim
-    shared_ffn = (model.shared_expert_ffn or model.expert_ffn or model.ffn) * model.shared_experts
+    shared_ffn = model.shared_ffn_total
     shape = act.LayerShape(
         hidden=model.hidden, heads=model.heads, kv_heads=kvh, q=model.q_dim, k=model.kv_dim,
         v=model.v_dim, attn_out=model.attn_out_dim, latent=latent, ffn=model.ffn,
         mlp_matrices=model.mlp_matrices, layernorm=model.norm == "layernorm",
         experts=model.experts, top_k=model.top_k, expert_ffn=model.expert_ffn or model.ffn,
-        shared_ffn=shared_ffn, capacity_factor=model.capacity_factor or 1.0,
+        shared_ffn=shared_ffn, shared_gate=bool(model.shared_expert_gate and model.shared_experts),
+        capacity_factor=model.capacity_factor or 1.0,
         qkv_projections=1 if model.fused_qkv or model.is_mla else 3,
         rotary=model.position == "rotary",
     )

@@ -377,8 +377,11 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # A non-reentrant checkpoint with early stop ends a dense block's recomputation before its
     # last linear (flops.py): that GEMM, and the TP collective after it, are not re-run.
     skip = float(r.recompute_skips_last_linear)
+    shared = model.shared_ffn_total * (not model.shared_expert_gate)
     skipped = {"dense": skip * last_linear_time(layer_gemms(model, False), tokens, tp, hw.gemm_peak, hw.gemm_eff,
-                                                hw.sms, elem, hw.gemm_curve), "moe": 0.0}
+                                                hw.sms, elem, hw.gemm_curve),
+               "moe": skip * (_gemm_time(tokens, h, shared / tp, 1, hw.gemm_peak, hw.gemm_eff, hw.sms, elem,
+                                         hw.gemm_curve) if shared else 0.0)}
     compute = {}
     for kind in gemm:
         fwd = gemm[kind] + attn + elementwise

@@ -210,13 +210,17 @@ class ModelSpec(BaseModel):
             up.insert(0, Linear("gate", h, ffn, "col", bias=self.bias, expert=expert, count=count))
         return up + [Linear("down", ffn, h, "row", bias=self.bias, expert=expert, count=count)]
 
+    @property
+    def shared_ffn_total(self) -> int:
+        """The total width of an MoE layer's shared experts (0 without)."""
+        return (self.shared_expert_ffn or self.expert_ffn or self.ffn) * self.shared_experts
+
     def layer_linears(self, index: int) -> list[Linear]:
         out = self.attention_linears()
         if self.is_moe_layer(index):
             out += self.mlp_linears(self.expert_ffn or self.ffn, expert=True, count=self.experts)
             if self.shared_experts:
-                shared_ffn = self.shared_expert_ffn or (self.expert_ffn or self.ffn)
-                out += self.mlp_linears(shared_ffn * self.shared_experts)
+                out += self.mlp_linears(self.shared_ffn_total)
             out.append(Linear("router", self.hidden, self.experts, "none"))
             if self.shared_expert_gate:
                 out.append(Linear("shared_gate", self.hidden, 1, "none"))

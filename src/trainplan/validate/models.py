@@ -174,7 +174,8 @@ class MLP(nn.Module):
 class MoE(nn.Module):
     """Top-k routed experts plus optional shared experts, written like transformers'
     Mixtral/Qwen-MoE sparse blocks: softmax router in fp32, gather each expert's tokens,
-    run the expert MLP, weight and scatter-add back."""
+    run the expert MLP, weight and scatter-add back; the shared experts last, scaled by a
+    sigmoid gate where the model has one."""
 
     def __init__(self, spec: ModelSpec, dropout: float, fused: bool = False):
         super().__init__()
@@ -182,8 +183,10 @@ class MoE(nn.Module):
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
         self.experts = nn.ModuleList(MLP(spec, 0.0, spec.expert_ffn or spec.ffn, fused)
                                      for _ in range(spec.experts))
-        shared = (spec.shared_expert_ffn or spec.expert_ffn or spec.ffn) * spec.shared_experts
+        shared = spec.shared_ffn_total
         self.shared = MLP(spec, 0.0, shared, fused) if spec.shared_experts else None
+        # Qwen-MoE scales the shared experts' output by a sigmoid gate of the token
+        self.shared_gate = nn.Linear(spec.hidden, 1, bias=False) if spec.shared_expert_gate else None
         self.p = dropout
 
     def forward(self, x):
@@ -200,7 +203,10 @@ class MoE(nn.Module):
             y = expert(flat[token]) * weights[token, slot, None]
             out = IndexAddFn.apply(out, token, y) if self.fused else out.index_add(0, token, y)
         if self.shared is not None:
-            out = out + self.shared(flat)
+            shared = self.shared(flat)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(flat)) * shared
+            out = out + shared
         return F.dropout(out.view(b, s, h), self.p, self.training)
 
 
