@@ -20,8 +20,8 @@ BLOCKS = {
                     "--sp --recompute selective --gbs 256 --seq-len 8192",
     "qlora-example": "trainplan plan --model llama-3-8b --gpu RTX-4090 --gpus 1 --finetune qlora "
                      "--seq-len 2048 --recompute full",
-    "explain-example": "trainplan plan --model gpt2-xl --gpu V100 --gpus 1 --precision fp32 --explain",
-    "data-example": "trainplan plan --model gpt2 --gpu V100 --precision fp16 --gpus 32 --gbs 1024 --mbs 16 "
+    "explain-example": "trainplan plan --model gpt2-xl --gpu V100 --gpus 1 --precision fp32 --attention eager --explain",
+    "data-example": "trainplan plan --model gpt2 --gpu V100 --precision fp16 --attention eager --gpus 32 --gbs 1024 --mbs 16 "
                     "--seq-len 1024 --tokenize-rate 500000 --data-workers 1 --no-prefetch --h2d-gbs 15.75",
     "search-example": "trainplan search --model llama-3-70b --gpus 64 --gbs 256 --top 5",
     "maxmodel-example": "trainplan search --max-model --gpu A100-80GB-SXM --gpus 8 --seq-len 2048 --recompute full",

@@ -471,3 +471,41 @@ def test_megatron_cross_entropy_moves_its_own_bytes_per_logit():
     logits = 4096 * lay.vocab_padded
     assert plain.time["breakdown_s"]["compute"] - fused.time["breakdown_s"]["compute"] == \
         pytest.approx(logits * (38 + 14 - 2 - 4) / hardware(lay).hbm, rel=1e-9)
+
+
+def test_explain_derives_the_step_from_its_parts():
+    """`plan --explain` shows the step from its parts: per layer, the forward, backward and
+    recomputed GEMMs, attention and element-wise work; times the stage's layers, plus the head
+    and the embedding, the micro-batch's compute; then pipeline + exposed data-parallel time +
+    optimizer + waiting for data = the step. Llama 3 70B, TP 8 PP 4, selective recompute."""
+    from trainplan.estimate.time import step_derivation
+    from trainplan.explain import explain_time_lines
+
+    res = evaluate(make_plan(model="llama-3-70b", gpus=64, tp=8, pp=4, zero=1, sp=True, recompute="selective",
+                             gbs=256))
+    d = step_derivation(res.layout, None, res.memory)
+    i = int(np.argmax(d["stage_s"]))
+    at = lambda a: float(np.broadcast_to(np.asarray(a, dtype=float), (4,))[i])  # noqa: E731
+    layer = d["detail"]["layer"]["dense"]
+    parts = ("gemm_forward", "gemm_backward", "attention_forward", "attention_backward", "elementwise_forward",
+             "elementwise_backward", "recompute")
+    assert sum(at(layer[k]) for k in parts) == pytest.approx(at(layer["total"]), rel=1e-12)
+    assert at(layer["recompute"]) == pytest.approx(at(layer["attention_forward"]), rel=1e-12)  # selective
+    compute = (at(layer["total"]) * res.layout.stage_dense_layers[i] + (i == 3) * at(d["detail"]["head"])
+               + (i == 0) * at(d["detail"]["embedding"]))
+    assert compute == pytest.approx(float(np.ravel(d["micro_batch_s"]["compute"])[0]), rel=1e-12)
+    bd = res.time["breakdown_s"]
+    assert float(np.ravel(d["pipeline_s"])[0]) + bd["dp_comm"] + bd["optimizer"] + bd["data"] == \
+        pytest.approx(res.time["step_s"], rel=1e-12)
+    lines = explain_time_lines(res)
+    assert lines[0].startswith(f"Time of one micro-batch on stage {i} of 4")
+    assert lines[-1].endswith(f"= step {res.time['step_s']:.3f} s")
+
+
+def test_flash_attention_on_a_pre_ampere_gpu_is_flagged():
+    """FlashAttention-2 (and its Triton kernel) builds for Ampere and newer; a V100 plan that
+    asks for it is warned, with the alternatives; an A100 plan is not."""
+    lay = resolve(make_plan(model="gpt2-xl", gpu="V100", gpus=1, precision="fp32"))
+    assert [w["code"] for w in lay.warning_details] == ["flash_needs_ampere"]
+    assert not resolve(make_plan(model="gpt2-xl", gpu="V100", gpus=1, precision="fp32", attention="eager")).warnings
+    assert not resolve(make_plan(model="gpt2-xl", gpu="A100-80GB-SXM", gpus=1)).warnings

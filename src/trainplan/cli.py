@@ -184,10 +184,12 @@ def plan(
     if timeline:
         typer.echo(f"timeline written to {timeline}")
     if explain:
-        from .explain import explain_lines
+        from .explain import explain_lines, explain_time_lines
 
         typer.echo("")
         typer.echo("\n".join(explain_lines(result)))
+        typer.echo("")
+        typer.echo("\n".join(explain_time_lines(result)))
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""`trainplan plan --explain`: each memory term's formula with the plan's numbers filled in."""
+"""`trainplan plan --explain`: each memory term's formula and each part of the step with the
+plan's numbers filled in."""
 
 from __future__ import annotations
 
@@ -69,4 +70,76 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
                f"{_g(pick(m['comm_buckets']))} + loss workspace {_g(pick(m['loss_workspace']))}"
                f" + fragmentation {_g(pick(m['fragmentation']))} + runtime {_g(pick(m['runtime_reserved']))}")
     out.append(f"  total        = {_g(pick(m['total']))} of {_g(result.capacity)}")
+    return out
+
+
+def _t(seconds) -> str:
+    s = float(seconds)
+    return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.3g} ms"
+
+
+def explain_time_lines(result: PlanResult) -> list[str]:
+    """The step's terms with the plan's numbers: one micro-batch on the slowest stage, by layer
+    kind and part, then the pipeline, the data-parallel collectives and the optimizer."""
+    from .estimate.time import flash_efficiency, step_derivation
+    from .profile import load_profile
+
+    L, p = result.layout, result.layout.plan
+    d = step_derivation(L, load_profile(p.gpu_profile) if p.gpu_profile else None, result.memory)
+    hw, det = d["hardware"], d["detail"]
+    stage_s = np.broadcast_to(np.asarray(d["stage_s"], dtype=float), (L.pp,))
+    i = int(np.argmax(stage_s))
+    at = lambda a: float(np.broadcast_to(np.asarray(a, dtype=float), (L.pp,))[i])  # noqa: E731
+    tokens = L.mbs * L.seq_len / L.cp
+    kernel = {"flash": "FlashAttention-2", "sdpa": "SDPA", "triton": "FlashAttention in Triton",
+              "eager": "materialised scores"}[p.attention]
+    out = [f"Time of one micro-batch on stage {i} of {L.pp} (the slowest), {_n(tokens)} tokens per rank",
+           f"  rates: GEMMs at {hw.gemm_eff:.3f} of {hw.gemm_peak / 1e12:,.0f} TFLOP/s before tile and wave "
+           f"quantization; attention ({kernel}) at {float(flash_efficiency(hw, L.seq_len / L.cp)):.3f} of "
+           f"{hw.peak / 1e12:,.0f}; element-wise and loss traffic at {hw.hbm / 1e12:.2f} TB/s"]
+    early = " (early stop: without the last linear)" if recipe(p).recompute_skips_last_linear and \
+        p.recompute == "full" else ""
+    for kind, count in (("dense", L.stage_dense_layers[i]), ("moe", L.stage_moe_layers[i])):
+        if not count:
+            continue
+        t = {k: at(v) for k, v in det["layer"][kind].items()}
+        out.append(f"  per {'MoE' if kind == 'moe' else kind} layer: GEMMs {_t(t['gemm_forward'])} forward + "
+                   f"{_t(t['gemm_backward'])} backward; attention {_t(t['attention_forward'])} + "
+                   f"{_t(t['attention_backward'])}; element-wise {_t(t['elementwise_forward'])} + "
+                   f"{_t(t['elementwise_backward'])}; recompute {_t(t['recompute'])}{early}"
+                   f" = {_t(t['total'])} x {count} layers = {_t(t['total'] * count)}")
+    if i == L.pp - 1:
+        out.append(f"  output head (3 GEMMs) and loss ({recipe(p).loss_traffic_bytes:g} + "
+                   f"{recipe(p).loss_backward_bytes:g} B per logit) = {_t(at(det['head']))}")
+    if i == 0:
+        out.append(f"  embedding = {_t(at(det['embedding']))}")
+    layers = L.stage_dense_layers[i] + L.stage_moe_layers[i]
+    tp_layer = det["tp_layer"]["dense" if L.stage_dense_layers[i] else "moe"]
+    comm = [("TP collectives", tp_layer, L.tp > 1), ("CP exchange", det["cp_layer"], L.cp > 1),
+            ("EP all-to-alls", det["ep_layer"], L.ep > 1)]
+    for name, per_layer, on in comm:
+        if on:
+            out.append(f"  {name} exposed = {_t(at(per_layer))} per layer x {layers} layers")
+    parts = {k: float(np.asarray(v).ravel()[0]) for k, v in d["micro_batch_s"].items()}
+    out.append("  micro-batch = " + " + ".join(f"{k.replace('_', ' ')} {_t(v)}" for k, v in parts.items() if v)
+               + f" = {_t(sum(parts.values()))}")
+    bd = result.time["breakdown_s"]
+    out.append(f"Step: {L.micro_batches} micro-batches, {p.schedule}"
+               + (f" v={L.vpp}" if L.vpp > 1 else "") + f" over {L.pp} stage(s): pipeline "
+               f"{_t(float(np.asarray(d['pipeline_s']).ravel()[0]))} (bubble {_t(bd['bubble'])})")
+    coll = {k: float(np.asarray(v).ravel()[0]) for k, v in d["dp_collectives_s"].items()}
+    group = L.dp * L.cp
+    if group > 1:
+        if L.zero >= 3:
+            what = (f"per micro-batch 2 parameter all-gathers of {_t(coll['all_gather'])} and a gradient "
+                    f"reduce-scatter of {_t(coll['reduce_scatter'])} (backward prefetch {p.backward_prefetch})")
+        elif L.zero >= 1:
+            what = (f"per step a gradient reduce-scatter of {_t(coll['reduce_scatter'])} and a parameter "
+                    f"all-gather of {_t(coll['all_gather'])}")
+        else:
+            what = f"per step a gradient all-reduce of {_t(coll['all_reduce'])}"
+        overlap = "overlapped, compute beside them 18.9% slower" if p.overlap_dp else "not overlapped"
+        out.append(f"  + data parallel over {group} ranks: {what}, {overlap}: {_t(bd['dp_comm'])} exposed")
+    out.append(f"  + optimizer {_t(bd['optimizer'])}" + (f" + waiting for data {_t(bd['data'])}" if bd["data"] else "")
+               + f" = step {_t(result.time['step_s'])}")
     return out

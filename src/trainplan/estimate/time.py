@@ -330,11 +330,12 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
                          total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
                          cp_allgather=cp_allgather)
-    return step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
-                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
-                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
-                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
-                            backward_prefetch=backward_prefetch)
+    out = step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
+                           schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
+                           gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
+                           hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
+                           backward_prefetch=backward_prefetch)
+    return {**out, "detail": stages["detail"]}
 
 
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
@@ -382,11 +383,14 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                                                 hw.sms, elem, hw.gemm_curve),
                "moe": skip * (_gemm_time(tokens, h, shared / tp, 1, hw.gemm_peak, hw.gemm_eff, hw.sms, elem,
                                          hw.gemm_curve) if shared else 0.0)}
-    compute = {}
+    compute, layer = {}, {}
     for kind in gemm:
         fwd = gemm[kind] + attn + elementwise
         recomputed = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
         compute[kind] = fwd + gemm_bwd[kind] + attn_bwd * attn + 2 * elementwise + recomputed
+        layer[kind] = {"gemm_forward": gemm[kind], "gemm_backward": gemm_bwd[kind], "attention_forward": attn,
+                       "attention_backward": attn_bwd * attn, "elementwise_forward": elementwise,
+                       "elementwise_backward": 2 * elementwise, "recompute": recomputed, "total": compute[kind]}
 
     # -- communication per layer and micro-batch
     tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp,
@@ -429,7 +433,10 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
 
     parts = per_stage(f(stage_dense), f(stage_moe), f(first), f(last), 1.0)
     totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp)
-    return {**slowest_stage(parts), "totals": sum(totals.values()), "p2p": p2p}
+    # the terms above, one layer of each kind and one micro-batch (for `plan --explain`)
+    detail = {"layer": layer, "tp_layer": tp_layer, "cp_layer": cp_layer, "ep_layer": 4 * a2a,
+              "head": head, "embedding": 3 * embed_fwd, "p2p": p2p}
+    return {**slowest_stage(parts), "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
 
 
 def slowest_stage(parts: dict) -> dict:
@@ -519,11 +526,40 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
                         "data": step - busy},
         "stage_s": stages.get("stage_s"),
         "micro_batch_s": per_micro_batch,
+        "pipeline_s": pipe,
+        "dp_collectives_s": {"all_gather": gather, "reduce_scatter": scatter, "all_reduce": ar},
     }
 
 
 def step_time(layout: Layout, profile: dict | None = None, memory: dict | None = None) -> dict:
     """The step of a resolved plan (every stage considered), as plain numbers."""
+    out, fl, data = _step(layout, profile, memory)
+    num = lambda x: float(x)  # noqa: E731
+    breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
+    step = num(out["step_s"])
+    slowest = max((k for k in breakdown if k != "compute"), key=lambda k: breakdown[k])
+    return {
+        **{k: num(out[k]) for k in ("step_s", "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu",
+                                    "mfu", "hfu", "bubble_fraction")},
+        "breakdown_s": breakdown,
+        "bottleneck": f"{slowest.replace('_', ' ')} {breakdown[slowest] / step:.0%}"
+        if breakdown[slowest] > 0.1 * step else "compute-bound",
+        "model_flops_per_step": float(fl["model"]),
+        "hardware_flops_per_step": float(fl["hardware"]),
+        "per_microbatch_stage_s": [num(x) for x in out["stage_s"]],
+        "micro_batch_s": {k: num(v) for k, v in out["micro_batch_s"].items()},
+        "input_pipeline_s": data,
+    }
+
+
+def step_derivation(layout: Layout, profile: dict | None = None, memory: dict | None = None) -> dict:
+    """The terms behind `step_time`: per layer kind and micro-batch on every stage ("detail"),
+    the pipeline's seconds, the data-parallel collectives and the rates used (`plan --explain`)."""
+    out, _, _ = _step(layout, profile, memory)
+    return {**out, "hardware": hardware(layout, profile)}
+
+
+def _step(layout: Layout, profile: dict | None, memory: dict | None):
     from .memory import estimate_memory
 
     plan, model = layout.plan, layout.model
@@ -549,19 +585,4 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
         sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch])
-    num = lambda x: float(x)  # noqa: E731
-    breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
-    step = num(out["step_s"])
-    slowest = max((k for k in breakdown if k != "compute"), key=lambda k: breakdown[k])
-    return {
-        **{k: num(out[k]) for k in ("step_s", "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu",
-                                    "mfu", "hfu", "bubble_fraction")},
-        "breakdown_s": breakdown,
-        "bottleneck": f"{slowest.replace('_', ' ')} {breakdown[slowest] / step:.0%}"
-        if breakdown[slowest] > 0.1 * step else "compute-bound",
-        "model_flops_per_step": float(fl["model"]),
-        "hardware_flops_per_step": float(fl["hardware"]),
-        "per_microbatch_stage_s": [num(x) for x in out["stage_s"]],
-        "micro_batch_s": {k: num(v) for k, v in out["micro_batch_s"].items()},
-        "input_pipeline_s": data,
-    }
+    return out, fl, data
