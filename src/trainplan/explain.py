@@ -124,8 +124,8 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     out.append("  micro-batch = " + " + ".join(f"{k.replace('_', ' ')} {_t(v)}" for k, v in parts.items() if v)
                + f" = {_t(sum(parts.values()))}")
     bd = result.time["breakdown_s"]
-    out.append(f"Step: {L.micro_batches} micro-batches, {p.schedule}"
-               + (f" v={L.vpp}" if L.vpp > 1 else "") + f" over {L.pp} stage(s): pipeline "
+    out.append(f"Step: {L.micro_batches} micro-batch{'es' if L.micro_batches != 1 else ''}, {p.schedule}"
+               + (f" v={L.vpp}" if L.vpp > 1 else "") + f" over {L.pp} stage{'s' if L.pp != 1 else ''}: pipeline "
                f"{_t(float(np.asarray(d['pipeline_s']).ravel()[0]))} (bubble {_t(bd['bubble'])})")
     coll = {k: float(np.asarray(v).ravel()[0]) for k, v in d["dp_collectives_s"].items()}
     group = L.dp * L.cp
