@@ -77,7 +77,7 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     dense_layers/moe_layers: layers counted (a stage's, or the model's); head: 1 when the
     output head is included; attention_eager: 1 for materialised scores; recompute: the
     RECOMPUTE_CODE (0 none, 1 selective, 2 full); causal: halve the attention work;
-    skip_last: a full recomputation stops before each dense block's last linear.
+    skip_last: a full recomputation stops after each block's last saved tensor (see above).
     """
     lf = layer_flops(model)
     keys = seq * np.where(causal, 0.5, 1.0)

@@ -30,9 +30,10 @@ class Recipe:
     loss_traffic_bytes: float  # HBM bytes per logit the loss's forward moves
     loss_backward_bytes: float  # ... and its backward
     tp_embedding_grad_replicated: bool = False
-    # A fully recomputed dense block skips its last linear (the MLP's down projection):
-    # non-reentrant checkpointing with early stop, and no dropout after that linear (a dropout
-    # mask is saved after it, so the recomputation would have to run it)
+    # A fully recomputed block stops after its last saved tensor (flops.py: before a dense
+    # block's MLP down projection, an MoE block's ungated shared experts' one): non-reentrant
+    # checkpointing with early stop, and no dropout after that linear (a dropout saves its mask
+    # after it, so the recomputation would have to run it)
     recompute_skips_last_linear: bool = False
 
     def describe(self) -> str:
