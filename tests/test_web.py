@@ -355,3 +355,19 @@ def test_page_shows_the_plans_warnings_in_both_languages(server, browser):
     page.wait_for_function("document.querySelector('#hints').innerText.includes('序列并行需要 TP > 1')")
     assert "当前重计算为 none" in page.inner_text("#hints")
     page.close()
+
+
+def test_page_fused_kernels_lower_the_peak(server, browser):
+    """The fused norm/SwiGLU box: the activations shrink (only the kernels' inputs are saved)
+    and the page shows the API's peak; the choice goes into the shared URL."""
+    base = {"model": "llama-3-8b", "gpu": "H100-SXM", "gpus": 8, "gbs": 8, "seq_len": 8192}
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(server + "/?model=llama-3-8b&gpu=H100-SXM&gpus=8&gbs=8&seq_len=8192")
+    _ready(page)
+    with page.expect_response("**/api/plan"):
+        page.check("input[name=fused_kernels]")
+    fused = _api({**base, "fused_kernels": True})
+    assert fused["memory"]["peak_bytes"] < _api(base)["memory"]["peak_bytes"]
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {fused['memory']['peak_bytes']}")
+    assert "fused_kernels=true" in page.url
+    page.close()

@@ -64,6 +64,9 @@ class Plan(BaseModel):
     seq_len: int | None = Field(default=None, ge=1, le=MAX_SEQ_LEN)
     recompute: Recompute = "none"
     recompute_layers: int | None = Field(default=None, ge=0)
+    fused_kernels: bool | None = Field(
+        default=None, description="fused norm and SwiGLU kernels that save only their inputs (Megatron's, "
+        "Liger Kernel's, Apex's); default: the framework's convention (on for megatron)")
     recompute_early_stop: bool | None = Field(
         default=None, description="non-reentrant checkpointing stops the recomputation before each block's last "
         "linear (PyTorch >= 2.1's default); default: the framework's convention (on for fsdp)")

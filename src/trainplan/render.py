@@ -62,6 +62,7 @@ def render_plan(data: dict) -> None:
             f"({bpp['weights']:g}+{bpp['grads']:g}+{bpp['master']:g}+{bpp['optimizer']:g} bytes/param) · "
             f"attention {tr['attention']}" + (" · fused loss" if tr["fused_loss"] else "")
             + (f" · gradients reduced in {tr['reduce_dtype']}" if tr.get("reduce_dtype") else "")
+            + (" · fused norm/SwiGLU" if tr.get("fused_kernels") and tr["framework"] != "megatron" else "")
             + (f" · {tr['finetune']} r={tr['lora_rank']}" if tr["finetune"] != "full" else ""))
     t = Table(title="Per-GPU memory by pipeline stage (GiB)", title_justify="left")
     for col in ("stage", "layers", "params", "grads", "optimizer", "activations", "other", "total"):

@@ -88,7 +88,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                      "backward_prefetch": p.backward_prefetch},
         "recipe": {"precision": p.precision, "optimizer": p.optimizer, "framework": p.framework,
                      "attention": p.attention, "fused_loss": p.fused_loss, "dropout": p.dropout,
-                     "reduce_dtype": p.reduce_dtype,
+                     "reduce_dtype": p.reduce_dtype, "fused_kernels": r.fused_kernels,
                      "finetune": p.finetune,
                      "bytes_per_param": {"weights": r.weight_bytes, "grads": r.grad_bytes,
                                          "master": r.master_bytes, "optimizer": r.optimizer_bytes},

@@ -189,7 +189,7 @@ def build_model(spec: ModelSpec, plan: Plan, device: str):
 
     from .models import DecoderLM
 
-    fused = plan.framework == "megatron"
+    fused = recipe(plan).fused_kernels  # the fused norm/SwiGLU stand-ins save only their inputs
     torch.manual_seed(0)
     model = DecoderLM(spec, attention=plan.attention, dropout=plan.dropout, recompute=plan.recompute,
                       fused=fused, fused_loss=plan.fused_loss,

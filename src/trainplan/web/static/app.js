@@ -39,7 +39,7 @@
     for (const [k, v] of Object.entries(state)) {
       if (k === "hf_config") continue;
       if (["model", "gpu", "recompute", "schedule", "precision", "optimizer", "attention", "cp_comm", "reduce_dtype", "framework"].includes(k)) body[k] = v;
-      else if (["sp", "sharp", "overlap_tp", "fused_loss", "recompute_early_stop"].includes(k)) body[k] = true;
+      else if (["sp", "sharp", "overlap_tp", "fused_loss", "recompute_early_stop", "fused_kernels"].includes(k)) body[k] = true;
       else body[k] = Number(v);
     }
     if (state.hf_config) {
