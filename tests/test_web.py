@@ -139,6 +139,24 @@ def _api(body):
     return client.post("/api/plan", json=body).json()
 
 
+def _open(browser, server, state: dict):
+    """A page opened on a shared URL holding `state`, ready."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(server + "/?" + "&".join(f"{k}={v}" for k, v in state.items()))
+    _ready(page)
+    return page
+
+
+def _tick_and_match_peak(page, base: dict, box: str) -> dict:
+    """Tick a checkbox: the page shows the API's peak for the plan with it, which is lower."""
+    with page.expect_response("**/api/plan"):
+        page.check(f"input[name={box}]")
+    ticked = _api({**base, box: True})
+    assert ticked["memory"]["peak_bytes"] < _api(base)["memory"]["peak_bytes"]
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {ticked['memory']['peak_bytes']}")
+    return ticked
+
+
 def test_page_choose_model_gpu_move_tp_and_zero(server, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(server + "/")
@@ -286,14 +304,8 @@ def test_page_kernel_choices_reach_the_plan(server, browser):
     the step, each to the API's figure; all go into the shared URL, and the fields read in
     Chinese too."""
     base = {"model": "llama-3-8b", "gpu": "A100-80GB-SXM", "gpus": 8, "gbs": 8, "seq_len": 8192, "zero": 3}
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(server + "/?model=llama-3-8b&gpu=A100-80GB-SXM&gpus=8&gbs=8&seq_len=8192&zero=3")
-    _ready(page)
-    with page.expect_response("**/api/plan"):
-        page.check("input[name=fused_loss]")
-    fused = _api({**base, "fused_loss": True})
-    assert fused["memory"]["peak_bytes"] < _api(base)["memory"]["peak_bytes"]
-    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {fused['memory']['peak_bytes']}")
+    page = _open(browser, server, base)
+    fused = _tick_and_match_peak(page, base, "fused_loss")
     with page.expect_response("**/api/plan"):
         page.select_option("select[name=attention]", "triton")
     _ready(page)
@@ -361,13 +373,7 @@ def test_page_fused_kernels_lower_the_peak(server, browser):
     """The fused norm/SwiGLU box: the activations shrink (only the kernels' inputs are saved)
     and the page shows the API's peak; the choice goes into the shared URL."""
     base = {"model": "llama-3-8b", "gpu": "H100-SXM", "gpus": 8, "gbs": 8, "seq_len": 8192}
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(server + "/?model=llama-3-8b&gpu=H100-SXM&gpus=8&gbs=8&seq_len=8192")
-    _ready(page)
-    with page.expect_response("**/api/plan"):
-        page.check("input[name=fused_kernels]")
-    fused = _api({**base, "fused_kernels": True})
-    assert fused["memory"]["peak_bytes"] < _api(base)["memory"]["peak_bytes"]
-    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {fused['memory']['peak_bytes']}")
+    page = _open(browser, server, base)
+    _tick_and_match_peak(page, base, "fused_kernels")
     assert "fused_kernels=true" in page.url
     page.close()
