@@ -99,7 +99,10 @@ PLAN_FIELDS = st.fixed_dictionaries({}, optional={
     "lora_targets": st.sampled_from(["q,v", "q,k,v,o,gate,up,down", "", "x"]),
     "tokens": st.one_of(st.none(), st.floats(-1, 1e15)), "price": st.one_of(st.none(), st.floats(-1, 100)),
     "pue": st.one_of(st.none(), st.floats(0, 3)), "gpu_mtbf_hours": st.one_of(st.none(), st.floats(0, 1e6), st.floats(1e-9, 1e-3)),
-    "checkpoint_gbs": st.one_of(st.none(), st.floats(0, 100)), "overlap_tp": st.booleans(),
+    "checkpoint_gbs": st.one_of(st.none(), st.floats(0, 100), st.just(5e-324)), "overlap_tp": st.booleans(),
+    "storage_gbs": st.one_of(st.none(), st.floats(0, 100), st.just(5e-324)),
+    "h2d_gbs": st.one_of(st.none(), st.floats(0, 100), st.just(5e-324)),
+    "tokenize_rate": st.one_of(st.none(), st.floats(0, 1e7), st.just(5e-324)),
     "overlap_dp": st.booleans(), "grid_kg_per_kwh": st.one_of(st.none(), st.floats(-1, 2)),
     "hf_config": st.one_of(st.none(), st.dictionaries(st.sampled_from(
         ["model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",

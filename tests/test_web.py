@@ -42,7 +42,7 @@ def test_api_plan_matches_cli_json():
     ({"gpu_profile": "/etc/hosts"}, "gpu_profile", "file paths are not accepted"),
     ({"hf_config": {"model_type": "bert"}}, "hf_config.model_type", "unsupported model_type"),
     ({"model": "llama-3-8b", "bogus": 1}, "bogus", "Extra inputs are not permitted"),
-    ({"model": "llama-3-8b", "storage_gbs": 0}, "storage_gbs", "greater than 0"),
+    ({"model": "llama-3-8b", "storage_gbs": 0}, "storage_gbs", "greater than or equal to 0.001"),
     ({"model": "llama-3-8b", "reduce_dtype": "fp8"}, "reduce_dtype", "'fp32', 'bf16' or 'fp16'"),
     ({"model": "llama-3-8b", "gpus": 8, "framework": "megatron", "reduce_dtype": "bf16"}, "reduce_dtype",
      "--grad-dtype bf16"),

@@ -103,17 +103,17 @@ class Plan(BaseModel):
     pue: float | None = Field(default=None, ge=1, le=5)
     grid_kg_per_kwh: float | None = Field(default=None, ge=0, le=5)
     gpu_mtbf_hours: float | None = Field(default=None, gt=0, le=1e9)
-    checkpoint_gbs: float | None = Field(default=None, gt=0, le=1e6, description="checkpoint write GB/s per node")
+    checkpoint_gbs: float | None = Field(default=None, ge=1e-3, le=1e6, description="checkpoint write GB/s per node")
     gpu_profile: str | None = Field(default=None, description="calibrated hardware profile (TOML)")
     sharp: bool = Field(default=False, description="in-network all-reduce (NVLS in a node, SHARP across nodes)")
     data_workers: int | None = Field(default=None, ge=1, le=4096, description="data-loader workers per data-parallel rank")
-    tokenize_rate: float | None = Field(default=None, gt=0, le=1e12,
+    tokenize_rate: float | None = Field(default=None, ge=1, le=1e12,
                                         description="tokens/s per worker when tokenizing on the fly (default: pre-tokenized)")
-    storage_gbs: float | None = Field(default=None, gt=0, le=1e6,
+    storage_gbs: float | None = Field(default=None, ge=1e-3, le=1e6,
                                       description="effective storage read GB/s per data-parallel rank (default: no limit)")
     data_bytes_per_token: float | None = Field(default=None, gt=0, le=1e6,
                                                description="bytes read from storage per token (default: 4 raw text, 2 or 4 token ids)")
-    h2d_gbs: float | None = Field(default=None, gt=0, le=1e6, description="host->device GB/s per GPU (default 25)")
+    h2d_gbs: float | None = Field(default=None, ge=1e-3, le=1e6, description="host->device GB/s per GPU (default 25)")
     prefetch: bool = Field(default=True, description="load the next batches while the step runs")
     overhead_gib: float | None = Field(default=None, ge=0, le=1024)
     fragmentation: float | None = Field(default=None, ge=0, le=1)
