@@ -49,7 +49,7 @@ def hf_config(spec: ModelSpec, attention: str):
     return cfg
 
 
-def build_hf_model(spec: ModelSpec, attention: str, recompute: str, device: str):
+def build_hf_model(spec: ModelSpec, attention: str, recompute: str, device: str, early_stop: bool = False):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -59,5 +59,6 @@ def build_hf_model(spec: ModelSpec, attention: str, recompute: str, device: str)
     model = AutoModelForCausalLM.from_config(hf_config(spec, attention)).to(device)
     model.train()
     if recompute == "full":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        # reentrant (transformers' default), or non-reentrant, which stops early (PyTorch >= 2.1)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": not early_stop})
     return model
