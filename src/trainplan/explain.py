@@ -138,7 +138,8 @@ def explain_time_lines(result: PlanResult) -> list[str]:
                     f"all-gather of {_t(coll['all_gather'])}")
         else:
             what = f"per step a gradient all-reduce of {_t(coll['all_reduce'])}"
-        overlap = "overlapped, compute beside them 18.9% slower" if p.overlap_dp else "not overlapped"
+        overlap = (f"overlapped, compute beside them {hw.overlap_slowdown:.1%} slower" if p.overlap_dp
+                   else "not overlapped")
         out.append(f"  + data parallel over {group} ranks: {what}, {overlap}: {_t(bd['dp_comm'])} exposed")
     out.append(f"  + optimizer {_t(bd['optimizer'])}" + (f" + waiting for data {_t(bd['data'])}" if bd["data"] else "")
                + f" = step {_t(result.time['step_s'])}")

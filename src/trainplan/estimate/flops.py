@@ -56,13 +56,13 @@ def layer_flops(model: ModelSpec) -> LayerFlops:
         return total
 
     dense_i, moe_i = model.first_layer(False), model.first_layer(True)
+    last = model.layer_linears(dense_i)[-1] if dense_i is not None else None  # the MLP's down projection
     qk = model.q_dim  # heads x qk head dim
     v = model.attn_out_dim  # heads x v head dim
     return LayerFlops(
         dense_gemm=gemm(dense_i) if dense_i is not None else 0.0,
         moe_gemm=gemm(moe_i) if moe_i is not None else 0.0,
-        dense_last=(2.0 * model.layer_linears(dense_i)[-1].fan_in * model.layer_linears(dense_i)[-1].fan_out
-                    if dense_i is not None else 0.0),
+        dense_last=2.0 * last.fan_in * last.fan_out if last is not None else 0.0,
         moe_last=(2.0 * model.hidden * model.shared_ffn_total
                   if moe_i is not None and not model.shared_expert_gate else 0.0),
         attn_per_key=2.0 * qk + 2.0 * v,
