@@ -188,8 +188,10 @@ def main() -> None:
              "catalog defaults per GPU (`conventions.toml [efficiency]`): measured best-shape matmul\n",
              "fractions (MAMF) times a training ratio, fitted once per architecture: "
              f"{conventions()['efficiency']['gemm_training_fraction_of_mamf']} on the Narayanan\n",
-             f"et al. rows (A100), {gemm_training_fraction('H100-SXM')} for Hopper on the Megatron-Core H100 rows; "
-             "every other table is\nheld out.\n\n"]
+             "et al. rows (A100); for Hopper, the main-loop rate of a fit to a measured H100 matmul table\n",
+             "(with each GEMM's write-back and kernel time, `estimate/gemm_shape.py`) times "
+             f"{gemm_training_fraction('H100-SXM')},\nfitted on the Megatron-Core H100 rows; "
+             "every other table is held out.\n\n"]
     lines = list(intro_text)
     summary = []
     allerr = []

@@ -78,6 +78,17 @@ def _t(seconds) -> str:
     return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.3g} ms"
 
 
+def gemm_terms(hw) -> str:
+    """What the GEMM rate is before: quantization, or an accelerator's fitted shape terms."""
+    from .estimate.gemm_shape import GemmShape
+
+    c = hw.gemm_curve
+    if isinstance(c, GemmShape):
+        return (f"in the main loop, x k / (k + {c.k0:,.0f}) for the output write-back, "
+                f"+ {c.overhead_s * 1e6:.1f} us per kernel")
+    return "before tile and wave quantization" + (" and the profile's measured residuals" if c else "")
+
+
 def explain_time_lines(result: PlanResult) -> list[str]:
     """The step's terms with the plan's numbers: one micro-batch on the slowest stage, by layer
     kind and part, then the pipeline, the data-parallel collectives and the optimizer."""
@@ -94,8 +105,7 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     kernel = {"flash": "FlashAttention-2", "sdpa": "SDPA", "triton": "FlashAttention in Triton",
               "eager": "materialised scores"}[p.attention]
     out = [f"Time of one micro-batch on stage {i} of {L.pp} (the slowest), {_n(tokens)} tokens per rank",
-           f"  rates: GEMMs at {hw.gemm_eff:.3f} of {hw.gemm_peak / 1e12:,.0f} TFLOP/s before tile and wave "
-           f"quantization; attention ({kernel}) at {float(flash_efficiency(hw, L.seq_len / L.cp)):.3f} of "
+           f"  rates: GEMMs at {hw.gemm_eff:.3f} of {hw.gemm_peak / 1e12:,.0f} TFLOP/s {gemm_terms(hw)}; attention ({kernel}) at {float(flash_efficiency(hw, L.seq_len / L.cp)):.3f} of "
            f"{hw.peak / 1e12:,.0f}; element-wise and loss traffic at {hw.hbm / 1e12:.2f} TB/s"]
     early = " (early stop: without the last linear)" if recipe(p).recompute_skips_last_linear and \
         p.recompute == "full" else ""

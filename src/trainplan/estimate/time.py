@@ -9,7 +9,9 @@ Compute per op is a roofline, max(FLOPs / (peak · efficiency), bytes / (HBM · 
 * GEMMs: efficiency = the accelerator's best achieved matmul fraction (MAMF / peak, or a
   calibrated profile) x tile quantization (dimensions padded to 128) x wave quantization
   (thread blocks padded to a multiple of the SM count) x an alignment penalty when the
-  innermost dimension is not a multiple of 8 elements (16 bytes). Backward = two GEMMs with
+  innermost dimension is not a multiple of 8 elements (16 bytes); on an accelerator with a
+  measured shape fit (gemm_shape.py: Hopper) the fitted main loop x its write-back share
+  k / (k + k0) + a fixed time per kernel, without wave quantization. Backward = two GEMMs with
   their own shapes: the input gradient (inner dimension the output width n) and the weight
   gradient (inner dimension the tokens).
 * FlashAttention: the causal half of the score FLOPs, over the head dimension the kernel pads
@@ -42,6 +44,7 @@ from . import comm
 from .data import data_report, step_with_data
 from .distinct import per_distinct
 from .flops import ATTN_BWD_EAGER, ATTN_BWD_FUSED, step_flops
+from .gemm_shape import GemmShape
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .recipe import recipe
 
@@ -58,8 +61,10 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
     else the documented defaults in conventions.toml [efficiency]."""
     eff = conventions()["efficiency"]
     name = layout.gpu.name
+    shape = eff["gemm_shape"].get(name)
     out = {
         "gemm": eff["gemm"][name] * gemm_training_fraction(name) if name in eff["gemm"] else eff["gemm_default"],
+        "gemm_shape": shape,
         "flash": eff["flash_attention"].get(name, eff["flash_attention_default"]),
         "flash_curve": eff["flash_attention_curve"].get(name),
         "hbm": eff["hbm"],
@@ -69,8 +74,12 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         "flash_head_dim_multiple": eff["flash_head_dim_multiple"],
         "overlap_slowdown": eff["overlap_compute_slowdown"],
     }
+    if shape:  # a fitted main-loop rate: its write-back and kernel time are priced apart
+        out["gemm"] = shape["mainloop"] * gemm_training_fraction(name)
     if profile:
         out.update({k: v for k, v in profile.items() if k in out})
+        if any(k in profile for k in ("gemm", "gemm_curve", "gemm_k_curve")):
+            out["gemm_shape"] = None  # GEMMs measured on this machine replace the catalog's fit
         if "gemm" in profile:
             # a profile's GEMM figure is the best measured matmul (like the catalog's MAMF):
             # training GEMMs reach the same share of it
@@ -117,6 +126,8 @@ class GemmResiduals:
 
     size: tuple | None = None
     depth: tuple | None = None
+    waves = True  # measured on top of tile and wave quantization
+    overhead_s = 0.0  # a kernel's fixed time is inside the measured fractions
 
     def __call__(self, m, n, k):
         r = 1.0
@@ -125,6 +136,13 @@ class GemmResiduals:
         if self.size is not None:
             r = r * np.interp(np.log2(m * n * k) / 3, *self.size)
         return r
+
+
+def gemm_shape(fit: dict | None, speedup: float = 1.0) -> GemmShape | None:
+    """An accelerator's fitted GEMM shape terms (conventions.toml [efficiency.gemm_shape]), for
+    a main loop `speedup` times the bf16 one it was fitted on (fp8): the same write-back then
+    costs that many more inner-dimension steps."""
+    return GemmShape(fit["k0"] * speedup, fit["overhead_us"] * 1e-6) if fit else None
 
 
 def gemm_residuals(profile: dict | None, sms: int) -> GemmResiduals | None:
@@ -184,20 +202,25 @@ def gemm_efficiency(m, n, k, peak_eff, sms, elem_bytes=2, curve=None):
     (MLE-P 'tile and wave quantization') times an alignment penalty for an innermost
     dimension that is not a multiple of 16 bytes (thonking.ai: > 2x slower), times, with a
     calibrated profile's `curve` (`GemmResiduals`), the measured residuals at the inner
-    dimension k and at the square size of equal work, (m·n·k)^(1/3), interpolated in log size."""
+    dimension k and at the square size of equal work, (m·n·k)^(1/3), interpolated in log size;
+    or, with an accelerator's fitted `GemmShape`, its write-back share k / (k + k0) in place
+    of wave quantization (gemm_shape.py)."""
     m, n, k = (np.maximum(np.asarray(x, dtype=float), 1) for x in (m, n, k))
     residual = 1.0 if curve is None else curve(m, n, k)
     tiles_m, tiles_n = np.ceil(m / TILE), np.ceil(n / TILE)
     tile_q = (m * n) / (tiles_m * tiles_n * TILE * TILE)
     tiles = tiles_m * tiles_n
-    wave_q = tiles / (np.ceil(tiles / sms) * sms)
+    wave_q = tiles / (np.ceil(tiles / sms) * sms) if curve is None or curve.waves else 1.0
     aligned = np.where((np.mod(k * elem_bytes, 16) == 0) & (np.mod(n * elem_bytes, 16) == 0), 1.0, 0.5)
     return peak_eff * tile_q * wave_q * aligned * residual
 
 
 def _gemm_time(m, n, k, count, peak, eff, sms, elem_bytes, curve=None):
+    """Seconds of `count` (m x k) @ (k x n) GEMMs issued as one kernel (a batched or grouped
+    GEMM: routed experts, attention heads), with its fixed time once when a fit gives one."""
     flops = 2.0 * m * n * k * count
-    return flops / (peak * gemm_efficiency(m, n, k, eff, sms, elem_bytes, curve))
+    overhead = 0.0 if curve is None else curve.overhead_s
+    return flops / (peak * gemm_efficiency(m, n, k, eff, sms, elem_bytes, curve)) + overhead
 
 
 @lru_cache(maxsize=1024)
@@ -290,7 +313,7 @@ class Hardware:
     attention_kernel: str  # the plan's attention (flash_head_dim pads by kernel)
     flash_head_dim_multiple: int
     overlap_slowdown: float  # compute slowdown beside overlapped data-parallel collectives
-    gemm_curve: GemmResiduals | None = None  # measured GEMM residuals (a calibrated profile's)
+    gemm_curve: GemmResiduals | GemmShape | None = None  # a profile's measured residuals, or the catalog's fit
     flash_curve: tuple | None = None  # FlashAttention fraction by log2 sequence length
 
 
@@ -305,12 +328,13 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
     if not gpu.scale_up_gbs:
         nvlink = nic
     sms = gpu.sms or 108  # A100's count for accelerators the catalog gives none
+    gpu_peak = gpu.peak("fp8") if plan.precision == "fp8" else peak
     return Hardware(
-        peak=peak, gemm_peak=gpu.peak("fp8") if plan.precision == "fp8" else peak,
+        peak=peak, gemm_peak=gpu_peak,
         peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
         sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
         latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
-        gemm_curve=gemm_residuals(profile, sms),
+        gemm_curve=gemm_residuals(profile, sms) or gemm_shape(e["gemm_shape"], gpu_peak / (gpu.peak("bf16") or peak)),
         flash_curve=flash_curve_points(e["flash_curve"]),
         attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"],
         overlap_slowdown=e["overlap_slowdown"])
