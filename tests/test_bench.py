@@ -76,12 +76,17 @@ def test_profile_round_trips_into_plan_and_search(results, tmp_path):
     loaded = load_profile(str(path))
     curve = loaded.pop("gemm_curve")
     depth = loaded.pop("gemm_k_curve")
+    if "gemm_shape" in eff:  # a CPU's timings may or may not follow the fitted form (gemm_shape_from)
+        assert loaded.pop("gemm_shape") == pytest.approx(
+            {k: eff["gemm_shape"][k] for k in ("mainloop", "k0", "overhead_us")}, rel=1e-5)
+    else:
+        assert "gemm_shape" not in loaded
     assert depth["k"] == [r["k"] for r in results["gemm_k"]]
     assert depth["fraction"] == pytest.approx([r["tflops"] / 312 for r in results["gemm_k"]], rel=1e-5)
     assert loaded.pop("flash_curve") == {"seq": eff["flash_curve"]["seq"],
                                          "fraction": pytest.approx(eff["flash_curve"]["fraction"], rel=1e-5)}
     assert loaded == pytest.approx({k: v for k, v in eff.items()
-                                    if k not in ("gemm_curve", "gemm_k_curve", "flash_curve")}, rel=1e-5)
+                                    if k not in ("gemm_curve", "gemm_k_curve", "flash_curve", "gemm_shape")}, rel=1e-5)
     bf16 = sorted((r for r in results["gemm"] if r["dtype"] == "bf16"), key=lambda r: r["n"])
     assert curve["n"] == [r["n"] for r in bf16]
     assert curve["fraction"] == pytest.approx([r["tflops"] / 312 for r in bf16], rel=1e-5)
@@ -502,3 +507,44 @@ def test_a_measured_inner_dimension_sweep_slows_short_k_gemms(tmp_path):
     bad.write_text("[efficiency]\ngemm = 0.8\n[gemm_k_curve]\nk = [512]\nfraction = [0.5]\n")
     with pytest.raises(PlanError, match="gemm_k_curve"):
         load_profile(str(bad))
+
+
+def test_a_profile_fits_the_gemm_shape_of_its_sweeps_and_the_time_model_uses_it(tmp_path):
+    """bench's square and inner-dimension sweeps, fitted as 2mnk / R + m·n·b + t0: sweeps timed
+    from OpenXLA's measured H100 table (benchmarks/data/h100_matmul_xla.toml: the squares 1024,
+    2048, 4096 and k = 256..4096 at m = n = 4096) give the catalog's Hopper fit back within the
+    rounding of that table, and a plan with the profile prices GEMMs with it."""
+    import tomllib
+    from pathlib import Path
+
+    from trainplan.bench.run import profile_from
+    from trainplan.estimate.gemm_shape import GemmShape
+    from trainplan.estimate.time import hardware
+    from trainplan.plan import conventions, resolve
+
+    table = tomllib.loads((Path(__file__).parents[1] / "benchmarks/data/h100_matmul_xla.toml").read_text())
+    rows = {(m, n, k): tf for m, n, k, tf in table["rows"]}
+    point = lambda m, n, k: {"m": m, "n": n, "k": k, "dtype": "bf16", "tflops": rows[m, n, k],  # noqa: E731
+                             "seconds": 2 * m * n * k / (rows[m, n, k] * 1e12)}
+    results = {"gpu": "H100-SXM", "machine": {"device": "cuda"},
+               "gemm": [point(s, s, s) for s in (1024, 2048, 4096)],
+               "gemm_k": [point(4096, 4096, k) for k in (256, 512, 1024, 2048, 4096)]}
+    shape = profile_from(results)["gemm_shape"]
+    catalog_fit = conventions()["efficiency"]["gemm_shape"]["H100-SXM"]
+    assert shape["mainloop"] == pytest.approx(catalog_fit["mainloop"], rel=0.02)
+    assert shape["k0"] == pytest.approx(catalog_fit["k0"], rel=0.15)
+    assert shape["overhead_us"] == pytest.approx(catalog_fit["overhead_us"], rel=0.2)
+    assert shape["points"] == 7 and shape["mean_error"] < 0.03
+    path = tmp_path / "h100.toml"
+    path.write_text("[efficiency]\ngemm = 0.79\n[gemm_shape]\n"
+                    + "".join(f"{k} = {shape[k]}\n" for k in ("mainloop", "k0", "overhead_us")))
+    layout = resolve(make_plan(model="llama-3-8b", gpu="A100-80GB-SXM", gpus=8, gpu_profile=str(path)))
+    curve = hardware(layout, load_profile(str(path))).gemm_curve
+    assert isinstance(curve, GemmShape) and curve.k0 == pytest.approx(shape["k0"])
+    assert curve.overhead_s == pytest.approx(shape["overhead_us"] * 1e-6)
+    for bad, field in (("mainloop = 0\nk0 = 148\noverhead_us = 6", "gemm_shape.mainloop"),
+                       ("mainloop = 0.9\nk0 = -1\noverhead_us = 6", "gemm_shape.k0"),
+                       ("mainloop = 0.9\nk0 = 148", "gemm_shape.overhead_us")):
+        path.write_text(f"[efficiency]\ngemm = 0.79\n[gemm_shape]\n{bad}\n")
+        with pytest.raises(PlanError, match=field):
+            load_profile(str(path))

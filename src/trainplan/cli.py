@@ -423,11 +423,16 @@ def bench(
 
     render_bench(results)
     if eff:
+        from .bench.run import CURVES
+
+        shape = eff.get("gemm_shape")
         typer.echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()
-                                                                   if k not in ("gemm_curve", "gemm_k_curve",
-                                                                                "flash_curve"))
+                                                                   if k not in CURVES)
                    + (f", GEMM curve over {len(eff['gemm_curve']['n'])} sizes" if "gemm_curve" in eff else "")
                    + (f" and {len(eff['gemm_k_curve']['k'])} inner dimensions" if "gemm_k_curve" in eff else "")
+                   + (f", GEMM shape fit (main loop {shape['mainloop']:.3f}, k0 {shape['k0']:.0f}, "
+                      f"{shape['overhead_us']:.1f} us per kernel, {100 * shape['mean_error']:.1f}% mean error)"
+                      if shape else "")
                    + (f", FlashAttention curve over {len(eff['flash_curve']['seq'])} sequence lengths"
                       if "flash_curve" in eff else ""))
     if plot:

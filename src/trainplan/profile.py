@@ -30,8 +30,30 @@ def load_profile(path: str) -> dict:
             data["gemm_curve"], dict) else "bf16", **_curve(data["gemm_curve"], "gemm_curve", "n")}
     if "gemm_k_curve" in data:
         out["gemm_k_curve"] = _curve(data["gemm_k_curve"], "gemm_k_curve", "k")
+    if "gemm_shape" in data:
+        out["gemm_shape"] = _shape(data["gemm_shape"])
     if "flash_curve" in data:
         out["flash_curve"] = _curve(data["flash_curve"], "flash_curve", "seq")
+    return out
+
+
+SHAPE_RULES = {"mainloop": (0.0, 1.5, "a fraction of the dense bf16 peak in (0, 1.5]"),
+               "k0": (0.0, 1e6, "inner-dimension steps in [0, 1e6)"),
+               "overhead_us": (0.0, 1e4, "microseconds in [0, 1e4)")}
+
+
+def _shape(table) -> dict:
+    """A fitted GEMM shape (estimate/gemm_shape.py): main loop, write-back k0, kernel time."""
+    if not isinstance(table, dict):
+        raise PlanError("gpu_profile", "gemm_shape must be a table with mainloop, k0 and overhead_us")
+    out = {}
+    for key, (low, high, rule) in SHAPE_RULES.items():
+        value = table.get(key)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and (
+            low < value <= high if key == "mainloop" else low <= value < high)
+        if not ok:
+            raise PlanError("gpu_profile", f"gemm_shape.{key} must be {rule}; got {value!r}")
+        out[key] = float(value)
     return out
 
 

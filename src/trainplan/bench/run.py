@@ -6,6 +6,8 @@ import datetime
 import platform
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import PlanError
 from . import (
     alignment,
@@ -119,7 +121,25 @@ def _gpu_spec(name: str):
     return catalog.gpu(name)  # names the field and lists the known accelerators when unknown
 
 
-CURVES = ("gemm_curve", "gemm_k_curve", "flash_curve")  # profile entries that are tables, not fractions
+CURVES = ("gemm_curve", "gemm_k_curve", "flash_curve", "gemm_shape")  # profile tables, not fractions
+
+
+def gemm_shape_from(points: list[dict], peak: float | None) -> dict | None:
+    """The GEMM shape fit (estimate/gemm_shape.py) of measured bf16 GEMMs, the square sweep and
+    the inner-dimension sweep together: main loop, write-back and kernel time. None with fewer
+    than four shapes or two inner dimensions, or when a term comes out negative (timings the
+    form does not describe, as on a CPU): the measured curves then stand alone."""
+    from ..estimate.gemm_shape import fit_gemm_shape, gemm_shape_seconds
+
+    points = list({(r["m"], r["n"], r["k"]): r for r in points}.values())  # a shape both sweeps ran, once
+    if not peak or len(points) < 4 or len({r["k"] for r in points}) < 2:
+        return None
+    m, n, k, t = (np.array([r[key] for r in points], dtype=float) for key in ("m", "n", "k", "seconds"))
+    fit = fit_gemm_shape(m, n, k, t, peak)
+    if not (0 < fit["mainloop"] <= 1.5 and fit["k0"] >= 0 and fit["overhead_us"] >= 0):
+        return None
+    error = np.abs(gemm_shape_seconds(m, n, k, peak, fit) / t - 1)
+    return {**{key: float(v) for key, v in fit.items()}, "points": len(points), "mean_error": float(error.mean())}
 
 
 def profile_from(results: dict) -> dict:
@@ -150,6 +170,9 @@ def profile_from(results: dict) -> dict:
     if len(depth) >= 2 and spec.peak("bf16"):
         eff["gemm_k_curve"] = {"m": depth[0]["m"], "n": depth[0]["n"], "k": [r["k"] for r in depth],
                                "fraction": [r["tflops"] * 1e12 / spec.peak("bf16") for r in depth]}
+    shape = gemm_shape_from([r for r in rows if r["dtype"] == "bf16"] + depth, spec.peak("bf16"))
+    if shape:
+        eff["gemm_shape"] = shape
     copy = [r for r in results.get("memory") or [] if r["kernel"] == "copy"]
     if copy:
         eff["hbm"] = copy[0]["gbs"] * 1e9 / (spec.hbm_tbs * 1e12)
@@ -196,6 +219,14 @@ def write_profile(results: dict, path: str) -> dict:
                   "# dimension k (the time model takes how it changes with k)",
                   "[gemm_k_curve]", f"k = {curve['k']}",
                   "fraction = [" + ", ".join(f"{x:.6g}" for x in curve["fraction"]) + "]", ""]
+    shape = eff.get("gemm_shape")
+    if shape:
+        lines += [f"# bf16 GEMM times over {shape['points']} shapes (both sweeps) fitted as 2mnk / R + m·n·b + t0:",
+                  "# the main loop's fraction of the dense peak, the output write-back as k0 extra inner",
+                  f"# steps, the fixed time per kernel; {100 * shape['mean_error']:.1f}% mean error. The time model",
+                  "# prices GEMMs with it.",
+                  "[gemm_shape]", f"mainloop = {shape['mainloop']:.6g}", f"k0 = {shape['k0']:.6g}",
+                  f"overhead_us = {shape['overhead_us']:.6g}", ""]
     curve = eff.get("flash_curve")
     if curve:
         lines += ["# SDPA (FlashAttention) forward + backward, causal: the measured fraction of the peak at",

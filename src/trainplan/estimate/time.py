@@ -74,11 +74,9 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         "flash_head_dim_multiple": eff["flash_head_dim_multiple"],
         "overlap_slowdown": eff["overlap_compute_slowdown"],
     }
-    if shape:  # a fitted main-loop rate: its write-back and kernel time are priced apart
-        out["gemm"] = shape["mainloop"] * gemm_training_fraction(name)
     if profile:
         out.update({k: v for k, v in profile.items() if k in out})
-        if any(k in profile for k in ("gemm", "gemm_curve", "gemm_k_curve")):
+        if "gemm_shape" not in profile and any(k in profile for k in ("gemm", "gemm_curve", "gemm_k_curve")):
             out["gemm_shape"] = None  # GEMMs measured on this machine replace the catalog's fit
         if "gemm" in profile:
             # a profile's GEMM figure is the best measured matmul (like the catalog's MAMF):
@@ -86,6 +84,8 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
             out["gemm"] = profile["gemm"] * gemm_training_fraction(name)
         if "flash" in profile and "flash_curve" not in profile:
             out["flash_curve"] = None  # a measured figure replaces the catalog's published curve
+    if out["gemm_shape"]:  # a fitted main-loop rate: its write-back and kernel time are priced apart
+        out["gemm"] = out["gemm_shape"]["mainloop"] * gemm_training_fraction(name)
     if layout.plan.attention == "triton":
         out["flash_curve"] = triton_attention_curve(out["flash"], out["flash_curve"], eff["flash_attention_triton"])
     return out
@@ -334,7 +334,7 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
         sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
         latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
-        gemm_curve=gemm_residuals(profile, sms) or gemm_shape(e["gemm_shape"], gpu_peak / (gpu.peak("bf16") or peak)),
+        gemm_curve=gemm_shape(e["gemm_shape"], gpu_peak / (gpu.peak("bf16") or peak)) or gemm_residuals(profile, sms),
         flash_curve=flash_curve_points(e["flash_curve"]),
         attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"],
         overlap_slowdown=e["overlap_slowdown"])
