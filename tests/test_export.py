@@ -128,12 +128,19 @@ def test_llama3_split_interleaves_in_torchtitan_but_not_megatron():
         resolve(make_plan(model="llama-3-70b", gpus=64, tp=8, pp=4, schedule="interleaved", vpp=3, gbs=256))
 
 
-def test_megatron_export_says_a_triton_plan_will_run_flash_attention_2():
-    """Megatron-LM has no Triton FlashAttention: the exported run uses FA2, and says so."""
-    lay = resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8, attention="triton"))
-    text = export(lay, "megatron")
-    assert "--use-flash-attn" in text and "# attention triton: Megatron-LM runs FlashAttention-2" in text
-    assert "# attention" not in export(resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)), "megatron")
+def test_megatron_export_names_the_attention_kernel_transformer_engine_will_run():
+    """Megatron-LM has no Triton FlashAttention, and its Transformer Engine picks FA2 before
+    Hopper and cuDNN attention from Hopper on: an export whose plan priced another kernel
+    says which one will run and how to match."""
+    def text(gpu, attention):
+        return export(resolve(make_plan(model="llama-3-8b", gpu=gpu, gpus=8, attention=attention)), "megatron")
+
+    assert "--use-flash-attn" in text("A100-80GB-SXM", "triton")
+    assert "# attention triton: Megatron-LM runs FlashAttention-2" in text("A100-80GB-SXM", "triton")
+    assert "# attention triton: Megatron-LM runs cuDNN attention" in text("H100-SXM", "triton")
+    assert "NVTE_FUSED_ATTN=0" in text("H100-SXM", "flash")
+    assert "NVTE_FLASH_ATTN=0" in text("A100-80GB-SXM", "cudnn")
+    assert "# attention" not in text("H100-SXM", "cudnn") and "# attention" not in text("A100-80GB-SXM", "flash")
 
 
 def test_torchtitan_context_parallel_exchange():

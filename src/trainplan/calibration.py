@@ -7,8 +7,9 @@ not give are chosen by one rule for all rows, never fitted per row:
 * recompute as published; where a source is silent (Megatron-Core): none, or selective if
   the plan does not fit in memory, then full;
 * 2019-2021 Megatron runs: fp16, materialised attention (pre-FlashAttention), gradient
-  all-reduce after the backward; 2024 Megatron-Core: bf16, FlashAttention, the published
-  overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention in Triton
+  all-reduce after the backward; 2024 Megatron-Core: bf16, cuDNN attention (Transformer
+  Engine prefers it to FlashAttention-2 on Hopper: conventions.toml
+  [efficiency.cudnn_attention_curve]), the published overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention in Triton
   (their benchmark script's attn_impl default), flash-attn's fused cross-entropy (MPT's
   loss_fn default), learned position embeddings (the published parameter counts grow with
   the sequence length), gradients reduce-scattered in bf16 (the tables' FSDP mixed precision
@@ -151,7 +152,7 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
         spec = _gpt(f"GPT {pb}B", h, a, L, V, s)
         layout, out, rc = _with_recompute_rule(
             spec, profiles, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=s, zero=1, sp=tp > 1,
-            framework="megatron", attention="flash", precision="bf16", overlap_tp=True, overlap_dp=True)
+            framework="megatron", attention="cudnn", precision="bf16", overlap_tp=True, overlap_dp=True)
         flops = megatron_model_flops(spec, tokens=gbs * s, seq=s, vocab_padded=layout.vocab_padded)
         pred = flops / out["time"]["step_s"] / g / 1e12
         label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, recompute {rc}"

@@ -102,7 +102,7 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     i = int(np.argmax(stage_s))
     at = lambda a: float(np.broadcast_to(np.asarray(a, dtype=float), (L.pp,))[i])  # noqa: E731
     tokens = L.mbs * L.seq_len / L.cp
-    kernel = {"flash": "FlashAttention-2", "sdpa": "SDPA", "triton": "FlashAttention in Triton",
+    kernel = {"flash": "FlashAttention-2", "sdpa": "SDPA", "triton": "FlashAttention in Triton", "cudnn": "cuDNN",
               "eager": "materialised scores"}[p.attention]
     out = [f"Time of one micro-batch on stage {i} of {L.pp} (the slowest), {_n(tokens)} tokens per rank",
            f"  rates: GEMMs at {hw.gemm_eff:.3f} of {hw.gemm_peak / 1e12:,.0f} TFLOP/s {gemm_terms(hw)}; attention ({kernel}) at {float(flash_efficiency(hw, L.seq_len / L.cp)):.3f} of "

@@ -423,10 +423,17 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                             f"(--grad-reduce-in-bf16 keeps the buffer in bf16)")
     if plan.framework == "megatron" and plan.zero == 2:
         warn("megatron_zero2", "Megatron-LM has no ZeRO-2 mode; bytes follow the generic ZeRO-2 rule")
-    if plan.attention in ("flash", "triton") and gpu.vendor == "NVIDIA" and gpu.peak("bf16") is None:
+    if plan.attention in ("flash", "triton", "cudnn") and gpu.vendor == "NVIDIA" and gpu.peak("bf16") is None:
         # FlashAttention-2 and its Triton kernel build for Ampere (sm80) and newer, the first with bf16 tensor cores
         warn("flash_needs_ampere", f"FlashAttention needs an Ampere or newer GPU; {gpu.name} would run PyTorch's "
              "SDPA fallback or materialised scores: plan with --attention sdpa or eager", gpu=gpu.name)
+    cudnn_curves = conv["efficiency"]["cudnn_attention_curve"]
+    if plan.attention == "cudnn" and gpu.name not in cudnn_curves:
+        warn("cudnn_unpublished", f"no published cuDNN attention speed for {gpu.name}: priced as FlashAttention-2",
+             gpu=gpu.name)
+    if plan.attention == "flash" and plan.framework == "megatron" and gpu.name in cudnn_curves:
+        warn("megatron_cudnn", f"Megatron-Core's Transformer Engine runs cuDNN attention on {gpu.name}, not "
+             "FlashAttention-2: plan with --attention cudnn to match", gpu=gpu.name)
     if plan.dropout > 0 and plan.attention == "eager" and plan.recompute == "none" and seq_len >= 8192:
         warn("eager_dropout_scores", "eager attention with dropout stores 5 bytes per attention score; "
              "use --attention flash or --recompute selective")

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ATTENTION = ("flash", "sdpa", "eager", "triton")
+ATTENTION = ("flash", "sdpa", "eager", "triton", "cudnn")
 ATTENTION_CODE = {name: i for i, name in enumerate(ATTENTION)}
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}

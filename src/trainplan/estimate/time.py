@@ -88,6 +88,8 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         out["gemm"] = out["gemm_shape"]["mainloop"] * gemm_training_fraction(name)
     if layout.plan.attention == "triton":
         out["flash_curve"] = triton_attention_curve(out["flash"], out["flash_curve"], eff["flash_attention_triton"])
+    if layout.plan.attention == "cudnn" and name in eff["cudnn_attention_curve"]:
+        out["flash_curve"] = eff["cudnn_attention_curve"][name]  # published; a profile measures SDPA's FA2
     return out
 
 
@@ -104,10 +106,13 @@ def flash_head_dim(d, kernel: str, multiple: int):
     """The head dimension a FlashAttention kernel computes for a head of `d`, padded columns
     included: FA2 is compiled for multiples of `multiple` (conventions.toml
     flash_head_dim_multiple); the Triton kernel's tiles span the next power of two, at least 16
-    (flash_attn_triton.py: BLOCK_HEADDIM = max(next_power_of_2(d), 16))."""
+    (flash_attn_triton.py: BLOCK_HEADDIM = max(next_power_of_2(d), 16)); cuDNN's attention is
+    priced at the head dimension as given (no published padding rule)."""
     d = np.maximum(np.asarray(d, dtype=float), 1.0)
     if kernel == "triton":
         return np.maximum(2.0 ** np.ceil(np.log2(d)), 16.0)
+    if kernel == "cudnn":
+        return d
     return np.ceil(d / multiple) * multiple
 
 

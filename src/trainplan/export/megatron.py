@@ -6,6 +6,7 @@ import shlex
 
 from ..errors import PlanError
 from ..estimate.recipe import recipe
+from ..plan import conventions
 
 
 def megatron_args(layout) -> str:
@@ -78,9 +79,18 @@ def megatron_args(layout) -> str:
     if p.recompute == "full" and recipe(p).recompute_skips_last_linear:
         notes.append("# recompute full: Megatron-LM re-runs every checkpointed layer whole; plan with "
                      "--no-recompute-early-stop to match")
+    hopper_cudnn = layout.gpu.name in conventions()["efficiency"]["cudnn_attention_curve"]
     if p.attention == "triton":
-        notes.append("# attention triton: Megatron-LM runs FlashAttention-2 (--use-flash-attn), 2-3.5x "
-                     "the Triton kernel's speed (Dao 2023, Fig. 4d); plan with --attention flash to match")
+        kernel, option = ("cuDNN attention (Transformer Engine's choice here)", "cudnn") if hopper_cudnn else \
+            ("FlashAttention-2 (--use-flash-attn)", "flash")
+        notes.append(f"# attention triton: Megatron-LM runs {kernel}, 2-3.5x the speed of the Triton kernel "
+                     f"(Dao 2023, Fig. 4d); plan with --attention {option} to match")
+    if p.attention == "flash" and hopper_cudnn:
+        notes.append(f"# attention flash: Transformer Engine prefers cuDNN attention on {layout.gpu.name}; "
+                     "set NVTE_FUSED_ATTN=0 to run FlashAttention-2")
+    if p.attention == "cudnn" and not hopper_cudnn:
+        notes.append(f"# attention cudnn: Transformer Engine prefers FlashAttention-2 on {layout.gpu.name}; "
+                     "set NVTE_FLASH_ATTN=0 to run cuDNN attention")
     if p.stage_layers is not None or len(set(layout.stage_layers)) > 1:
         notes.append(f"# uneven pipeline split {layout.stage_layers}: set --decoder-first-pipeline-num-layers "
                      "and --decoder-last-pipeline-num-layers accordingly")
