@@ -148,6 +148,11 @@ class Attention(nn.Module):
             scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
             probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
             return F.dropout(probs, p, self.training) @ v
+        if self.attention == "cudnn" and q.is_cuda:  # the kernel the plan priced, not SDPA's first choice
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=kvh != a)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=kvh != a)
 
 
