@@ -149,16 +149,16 @@ def test_interleaving_and_more_micro_batches_shrink_the_bubble():
 
 
 def test_published_runs_table_is_complete():
-    """Every published row (111, from seven tables: MosaicML's whole H100 BF16 table holds the 9
-    rows of its selection again) is turned into a plan and predicted."""
+    """Every published row (170, from eight tables: MosaicML's whole H100 and A100 tables hold the
+    9 and 16 rows of their selections again) is turned into a plan and predicted."""
     from pathlib import Path
 
     from trainplan.calibration import rows
 
     data = rows(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.toml")
-    assert len(data) == 111
+    assert len(data) == 170
     assert {r["source"] for r in data} == {"narayanan2021", "megatron_core_h100", "megatron_single_node", "mosaicml_h100",
-                                           "mosaicml_h100_full", "mosaicml_a100", "llama3_405b"}
+                                           "mosaicml_h100_full", "mosaicml_a100", "mosaicml_a100_full", "llama3_405b"}
     assert all(np.isfinite(r["predicted"]) and r["predicted"] > 0 for r in data)
 
 

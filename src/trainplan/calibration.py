@@ -167,7 +167,7 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
         t = evaluate_layout(layout)["time"]
         label = f"{system}: h {h}, {L} layers, MP {mp}, {g} GPUs"
         return dict(source=table, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)
-    if table in ("mosaicml_h100", "mosaicml_h100_full", "mosaicml_a100"):
+    if table.startswith("mosaicml_"):
         name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row
         spec, kw = mosaicml_setup(cfg, row, attention=attention)
         layout = resolve(_plan(profiles, **kw), spec)
