@@ -26,6 +26,7 @@ TITLES = {
     "megatron_single_node": "Megatron-LM v1/v2 GPT-2 cases (V100 / A100, iteration time)",
     "mosaicml_h100": "MosaicML llm-foundry (H100, FSDP, tokens/s per GPU)",
     "mosaicml_h100_full": "MosaicML llm-foundry, the whole H100 BF16 table (H100, FSDP, tokens/s per GPU)",
+    "mosaicml_h100_fp8": "MosaicML llm-foundry, the H100 FP8 table (Transformer Engine fp8, FSDP, tokens/s per GPU)",
     "mosaicml_a100": "MosaicML llm-foundry (A100 80GB, FSDP, tokens/s per GPU)",
     "mosaicml_a100_full": "MosaicML llm-foundry, the whole A100 80GB amp_bf16 table (FSDP, tokens/s per GPU)",
     "llama3_405b": "Llama 3 405B (H100, 4D parallelism, model TFLOP/s per GPU)",

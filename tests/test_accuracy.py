@@ -217,3 +217,23 @@ def test_every_published_mosaicml_run_fits_in_80_gb():
         full = [np.max(estimate_memory(layout := resolve(make_plan(**kw), spec))["total"]) / layout.gpu.capacity_bytes
                 for spec, kw in (mosaicml_setup(table, row) for row in table["rows"])]
         assert len(full) == count and max(full) == pytest.approx(75.3 / 80, abs=0.002)
+
+
+def test_held_out_mosaicml_h100_fp8_rows(published):
+    """MosaicML's H100 FP8 table (held out; Transformer Engine fp8 linear layers, 350M-3B, 512 to
+    32,768 tokens): 5.8% mean, 11.3% worst in docs/accuracy.md; bounds one point above. fp8
+    recipes keep attention and the head 16-bit: MPT-3B at 32K tokens ran 5,856 tokens/s per GPU
+    in fp8 and 5,873 in bf16 (attention-bound), and the model puts the two within 10% of each
+    other (priced at the fp8 peak, attention made the fp8 run 1.9x faster)."""
+    import tomllib
+
+    from trainplan.calibration import _compare
+
+    e = np.abs(errors(published, "mosaicml_h100_fp8"))
+    assert len(e) == 10 and e.mean() <= 0.068 and e.max() <= 0.123
+    data = tomllib.loads(DATA.read_text())
+    fp8 = _compare("mosaicml_h100_fp8", data["mosaicml_h100_fp8"], data["mosaicml_h100_fp8"]["rows"][0], {})
+    bf16_row = next(r for r in data["mosaicml_h100_full"]["rows"] if r[0] == "3b" and r[4] == 32768)
+    bf16 = _compare("mosaicml_h100_full", data["mosaicml_h100_full"], bf16_row, {})
+    assert (fp8["published"], bf16["published"]) == (5856, 5873)
+    assert fp8["predicted"] / bf16["predicted"] == pytest.approx(1.0, abs=0.10)

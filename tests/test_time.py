@@ -149,16 +149,17 @@ def test_interleaving_and_more_micro_batches_shrink_the_bubble():
 
 
 def test_published_runs_table_is_complete():
-    """Every published row (170, from eight tables: MosaicML's whole H100 and A100 tables hold the
+    """Every published row (180, from nine tables: MosaicML's whole H100 and A100 tables hold the
     9 and 16 rows of their selections again) is turned into a plan and predicted."""
     from pathlib import Path
 
     from trainplan.calibration import rows
 
     data = rows(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.toml")
-    assert len(data) == 170
+    assert len(data) == 180
     assert {r["source"] for r in data} == {"narayanan2021", "megatron_core_h100", "megatron_single_node", "mosaicml_h100",
-                                           "mosaicml_h100_full", "mosaicml_a100", "mosaicml_a100_full", "llama3_405b"}
+                                           "mosaicml_h100_full", "mosaicml_h100_fp8", "mosaicml_a100", "mosaicml_a100_full",
+                                           "llama3_405b"}
     assert all(np.isfinite(r["predicted"]) and r["predicted"] > 0 for r in data)
 
 
@@ -245,7 +246,7 @@ def test_published_rows_take_a_calibrated_profile_for_their_accelerator_only(tmp
     profile.write_text("[efficiency]\ngemm = 0.4015\n")  # half of H100's MAMF fraction 0.803
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published_runs.toml"
     default, calibrated = rows(path), rows(path, {"H100-SXM": str(profile)})
-    h100 = {"megatron_core_h100", "mosaicml_h100", "mosaicml_h100_full", "llama3_405b"}
+    h100 = {"megatron_core_h100", "mosaicml_h100", "mosaicml_h100_full", "mosaicml_h100_fp8", "llama3_405b"}
     for d, c in zip(default, calibrated, strict=True):
         if d["source"] in h100:
             assert c["predicted"] < 0.95 * d["predicted"]  # attention-bound long sequences slow least (0.90)

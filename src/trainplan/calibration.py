@@ -119,9 +119,9 @@ def mosaicml_setup(cfg: dict, row: list, attention: str = "triton") -> tuple[Mod
     spec = ModelSpec(name=f"MPT-{name}", source="llm-foundry", layers=L, hidden=d, heads=a, ffn=4 * d,
                      mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
                      max_position=seq, fused_qkv=True)
-    return spec, dict(gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision="bf16", mbs=mb, gbs=gbs,
-                      seq_len=seq, attention=attention, fused_loss=True, reduce_dtype="bf16", backward_prefetch="post",
-                      recompute="full" if ckpt else "none")
+    return spec, dict(gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision=cfg.get("precision", "bf16"),
+                      mbs=mb, gbs=gbs, seq_len=seq, attention=attention, fused_loss=True, reduce_dtype="bf16",
+                      backward_prefetch="post", recompute="full" if ckpt else "none")
 
 
 def llama3_setup(cfg: dict, row: list) -> dict:

@@ -86,6 +86,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
             out["flash_curve"] = None  # a measured figure replaces the catalog's published curve
     if out["gemm_shape"]:  # a fitted main-loop rate: its write-back and kernel time are priced apart
         out["gemm"] = out["gemm_shape"]["mainloop"] * gemm_training_fraction(name)
+    out["gemm_16"] = out["gemm"]
     if layout.plan.precision == "fp8" and layout.gpu.peak("fp8") and name in eff["gemm_fp8"] and name in eff["gemm"]:
         # fp8 GEMMs reach a smaller share of their (twice as high) peak: the published MAMF ratio
         out["gemm"] *= eff["gemm_fp8"][name] / eff["gemm"][name]
@@ -308,8 +309,8 @@ def last_linear_time(g: LayerGemms, tokens, tp, peak, eff, sms, elem_bytes, curv
 class Hardware:
     """The accelerator as the time model sees it (achieved rates, bytes/s and FLOP/s)."""
 
-    peak: float  # dense FLOP/s of the compute dtype
-    gemm_peak: float  # GEMM FLOP/s (fp8 when the recipe is fp8)
+    peak: float  # dense FLOP/s of the compute dtype (bf16 under fp8: attention and the head stay 16-bit)
+    gemm_peak: float  # the layers' GEMM FLOP/s (fp8 when the recipe is fp8)
     peak_dense: float  # the MFU denominator
     sms: int
     hbm: float
@@ -323,12 +324,21 @@ class Hardware:
     overlap_slowdown: float  # compute slowdown beside overlapped data-parallel collectives
     gemm_curve: GemmResiduals | GemmShape | None = None  # a profile's measured residuals, or the catalog's fit
     flash_curve: tuple | None = None  # FlashAttention fraction by log2 sequence length
+    eff_16: float | None = None  # 16-bit GEMMs (the head, materialised attention) under an fp8 recipe
+    curve_16: GemmResiduals | GemmShape | None = None
+
+    @property
+    def gemm16(self) -> tuple:
+        """(efficiency, curve) of the 16-bit GEMMs: the layers' own unless the recipe is fp8."""
+        return (self.gemm_eff, self.gemm_curve) if self.eff_16 is None else (self.eff_16, self.curve_16)
 
 
 def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
     plan, gpu = layout.plan, layout.gpu
     e = efficiencies(layout, profile)
-    dtype = "bf16" if plan.precision == "fp8" and gpu.peak("fp8") is None else plan.precision
+    # fp8 recipes (Transformer Engine's) run the layers' GEMMs in fp8; attention, the output
+    # head and everything else stay 16-bit
+    dtype = "bf16" if plan.precision == "fp8" else plan.precision
     dtype = "tf32" if dtype == "fp32" and gpu.peak("tf32") else dtype
     peak = gpu.peak(dtype) or gpu.peak("bf16")
     nvlink = gpu.scale_up_gbs / 2 * 1e9 * e["nvlink"]
@@ -336,16 +346,19 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
     if not gpu.scale_up_gbs:
         nvlink = nic
     sms = gpu.sms or 108  # A100's count for accelerators the catalog gives none
-    gpu_peak = gpu.peak("fp8") if plan.precision == "fp8" else peak
+    fp8 = plan.precision == "fp8" and gpu.peak("fp8") is not None
+    gpu_peak = gpu.peak("fp8") if fp8 else peak
+    curve = gemm_shape(e["gemm_shape"], gpu_peak / (gpu.peak("bf16") or peak)) or gemm_residuals(profile, sms)
     return Hardware(
         peak=peak, gemm_peak=gpu_peak,
         peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
         sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
         latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
-        gemm_curve=gemm_shape(e["gemm_shape"], gpu_peak / (gpu.peak("bf16") or peak)) or gemm_residuals(profile, sms),
-        flash_curve=flash_curve_points(e["flash_curve"]),
+        gemm_curve=curve, flash_curve=flash_curve_points(e["flash_curve"]),
         attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"],
-        overlap_slowdown=e["overlap_slowdown"])
+        overlap_slowdown=e["overlap_slowdown"],
+        eff_16=e["gemm_16"] if fp8 else None,
+        curve_16=(gemm_shape(e["gemm_shape"]) or gemm_residuals(profile, sms)) if fp8 else None)
 
 
 # ---- the step: one formula, numbers or arrays (DESIGN §2) ---------------------------------
@@ -390,8 +403,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     heads_local = model.heads / tp
     qk = model.q_dim / model.heads
     vd = model.attn_out_dim / model.heads
-    attn_eager = 2 * _gemm_time(seq, seq, qk, mbs * heads_local / cp, hw.peak, hw.gemm_eff, hw.sms, elem,
-                                hw.gemm_curve) \
+    eff16, curve16 = hw.gemm16
+    attn_eager = 2 * _gemm_time(seq, seq, qk, mbs * heads_local / cp, hw.peak, eff16, hw.sms, elem, curve16) \
         + (mbs * heads_local * seq * seq / cp) * elem * 4 / hw.hbm  # softmax in and out, mask
     # FlashAttention: the causal half of 2·s·(qk + v) per token and head, at its efficiency
     # for the s/cp tokens one kernel call spans (a context-parallel ring computes s/cp blocks),
@@ -450,7 +463,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                                                 comm.group_busbw(2, tp * cp * dp, gpn, hw.nvlink, hw.nic),
                                                 hw.latency), 0.0)
     # the output head's GEMM forward and its two backward GEMMs, and the loss's passes over the logits
-    head = 3 * _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve) \
+    eff16, curve16 = hw.gemm16
+    head = 3 * _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, eff16, hw.sms, elem, curve16) \
         + tokens * vocab_padded / tp * (r.loss_traffic_bytes + r.loss_backward_bytes) / hw.hbm
     embed_fwd = tokens * h * elem * 2 / hw.hbm
 
