@@ -584,3 +584,22 @@ def test_fp8_gemms_reach_the_published_share_of_the_fp8_peak():
     assert fp8.gemm_eff / bf16.gemm_eff == pytest.approx(0.709 / 0.803)
     assert fp8.gemm_peak * fp8.gemm_eff / (bf16.gemm_peak * bf16.gemm_eff) == pytest.approx(1979 / 989 * 0.883, rel=1e-3)
     assert hw("B200", "fp8").gemm_eff / hw("B200", "bf16").gemm_eff == pytest.approx(0.763 / 0.776)
+
+
+def test_hopper_attention_forward_and_recompute_take_the_published_forward_speed():
+    """Shah et al. 2024 (Figs. 5-6, H100, causal, head dim 128, 4k tokens) give FA2's forward
+    alone, 319 TFLOP/s, and forward + backward, 281: a forward, and the attention forward a
+    selective recompute re-runs, take 319; the backward the rest of the same total. cuDNN:
+    518 forward, 447.5 forward + backward. Llama 3 8B, 4,096 tokens: 2 x 4096^2/2 x 32 heads
+    x 2 x 128 FLOPs per layer forward."""
+    from trainplan.estimate.time import step_derivation
+
+    flops = 0.5 * 4096 * 4096 * 32 * 2 * 256
+    for attention, forward, total in (("flash", 319, 281), ("cudnn", 518, 447.5)):
+        layout = resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8, recompute="selective",
+                                   attention=attention))
+        layer = step_derivation(layout)["detail"]["layer"]["dense"]
+        assert float(layer["attention_forward"]) == pytest.approx(flops / (forward * 1e12), rel=0.005)
+        assert float(layer["recompute"]) == float(layer["attention_forward"])
+        assert float(layer["attention_forward"] + layer["attention_backward"]) == pytest.approx(
+            3.5 * flops / (total * 1e12), rel=0.005)

@@ -67,6 +67,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         "gemm_shape": shape,
         "flash": eff["flash_attention"].get(name, eff["flash_attention_default"]),
         "flash_curve": eff["flash_attention_curve"].get(name),
+        "flash_forward_curve": eff["flash_attention_forward_curve"].get(name),
         "hbm": eff["hbm"],
         "nvlink": eff["nvlink_ring"],
         "nic": eff["nic"],
@@ -84,6 +85,8 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
             out["gemm"] = profile["gemm"] * gemm_training_fraction(name)
         if "flash" in profile and "flash_curve" not in profile:
             out["flash_curve"] = None  # a measured figure replaces the catalog's published curve
+        if "flash" in profile or "flash_curve" in profile:
+            out["flash_forward_curve"] = None  # the published split belongs to the published total
     if out["gemm_shape"]:  # a fitted main-loop rate: its write-back and kernel time are priced apart
         out["gemm"] = out["gemm_shape"]["mainloop"] * gemm_training_fraction(name)
     out["gemm_16"] = out["gemm"]
@@ -92,8 +95,10 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         out["gemm"] *= eff["gemm_fp8"][name] / eff["gemm"][name]
     if layout.plan.attention == "triton":
         out["flash_curve"] = triton_attention_curve(out["flash"], out["flash_curve"], eff["flash_attention_triton"])
+        out["flash_forward_curve"] = None  # its forward alone is not published
     if layout.plan.attention == "cudnn" and name in eff["cudnn_attention_curve"]:
         out["flash_curve"] = eff["cudnn_attention_curve"][name]  # published; a profile measures SDPA's FA2
+        out["flash_forward_curve"] = eff["cudnn_attention_forward_curve"].get(name)
     return out
 
 
@@ -197,13 +202,15 @@ def _log_curve(x: tuple, y: tuple) -> tuple[tuple[float, ...], tuple[float, ...]
     return tuple(np.log2(np.asarray(x, dtype=float)).tolist()), tuple(map(float, y))
 
 
-def flash_efficiency(hw: Hardware, seq):
-    """FlashAttention's achieved fraction of peak for kernel calls over `seq` tokens: the
-    measured curve log-interpolated (flat beyond its ends), else the single figure. Short
-    sequences give each thread block fewer key blocks to amortise its start over."""
-    if hw.flash_curve is None:
+def flash_efficiency(hw: Hardware, seq, forward: bool = False):
+    """FlashAttention's achieved fraction of peak for kernel calls over `seq` tokens, forward +
+    backward (or, `forward`, the forward alone where published): the measured curve
+    log-interpolated (flat beyond its ends), else the single figure. Short sequences give each
+    thread block fewer key blocks to amortise its start over."""
+    curve = hw.flash_fwd_curve if forward and hw.flash_fwd_curve is not None else hw.flash_curve
+    if curve is None:
         return hw.flash_eff
-    return np.interp(np.log2(np.maximum(np.asarray(seq, dtype=float), 1.0)), *hw.flash_curve)
+    return np.interp(np.log2(np.maximum(np.asarray(seq, dtype=float), 1.0)), *curve)
 
 
 def gemm_efficiency(m, n, k, peak_eff, sms, elem_bytes=2, curve=None):
@@ -324,6 +331,7 @@ class Hardware:
     overlap_slowdown: float  # compute slowdown beside overlapped data-parallel collectives
     gemm_curve: GemmResiduals | GemmShape | None = None  # a profile's measured residuals, or the catalog's fit
     flash_curve: tuple | None = None  # FlashAttention fraction by log2 sequence length
+    flash_fwd_curve: tuple | None = None  # its forward alone, where published
     eff_16: float | None = None  # 16-bit GEMMs (the head, materialised attention) under an fp8 recipe
     curve_16: GemmResiduals | GemmShape | None = None
 
@@ -355,6 +363,7 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
         latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
         gemm_curve=curve, flash_curve=flash_curve_points(e["flash_curve"]),
+        flash_fwd_curve=flash_curve_points(e["flash_forward_curve"]),
         attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"],
         overlap_slowdown=e["overlap_slowdown"],
         eff_16=e["gemm_16"] if fp8 else None,
@@ -410,8 +419,16 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # for the s/cp tokens one kernel call spans (a context-parallel ring computes s/cp blocks),
     # over the head dimensions the kernel pads to
     qk_run, vd_run = (flash_head_dim(d, hw.attention_kernel, hw.flash_head_dim_multiple) for d in (qk, vd))
-    attn_flash = 0.5 * tokens * seq * heads_local * 2 * (qk_run + vd_run) / (hw.peak * flash_efficiency(hw, seq / cp))
-    attn = np.where(eager, attn_eager, attn_flash)
+    attn_flops = 0.5 * tokens * seq * heads_local * 2 * (qk_run + vd_run)
+    attn_flash = attn_flops / (hw.peak * flash_efficiency(hw, seq / cp))
+    attn_bwd = np.where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
+    # forward + backward at the kernel's combined efficiency; where its forward alone is
+    # published (Hopper FA2 and cuDNN) the forward, and a recomputed forward, take that speed
+    # and the backward the rest of the same total
+    attn_total = np.where(eager, attn_eager, attn_flash) * (1 + attn_bwd)
+    attn = np.where(eager, attn_eager, attn_flash if hw.flash_fwd_curve is None else
+                    attn_flops / (hw.peak * flash_efficiency(hw, seq / cp, forward=True)))
+    attn_backward = attn_total - attn
     # norms, residual adds and dropout see the full hidden width of every token, or 1/t of the
     # tokens under sequence parallelism (Korthikanti et al. 2022 §4.2.2); the MLP activation
     # and RoPE work on the TP-sharded width
@@ -419,7 +436,6 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     elem_elems = ((10 * h + 6 * h * (f(dropout) > 0)) / hidden_shard + model.mlp_matrices * model.ffn / tp
                   + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0))
     elementwise = tokens * elem_elems * elem / hw.hbm
-    attn_bwd = np.where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
     # A non-reentrant checkpoint with early stop ends a dense block's recomputation before its
     # last linear (flops.py): that GEMM, and the TP collective after it, are not re-run.
     skip = float(r.recompute_skips_last_linear)
@@ -432,9 +448,9 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     for kind in gemm:
         fwd = gemm[kind] + attn + elementwise
         recomputed = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
-        compute[kind] = fwd + gemm_bwd[kind] + attn_bwd * attn + 2 * elementwise + recomputed
+        compute[kind] = fwd + gemm_bwd[kind] + attn_backward + 2 * elementwise + recomputed
         layer[kind] = {"gemm_forward": gemm[kind], "gemm_backward": gemm_bwd[kind], "attention_forward": attn,
-                       "attention_backward": attn_bwd * attn, "elementwise_forward": elementwise,
+                       "attention_backward": attn_backward, "elementwise_forward": elementwise,
                        "elementwise_backward": 2 * elementwise, "recompute": recomputed, "total": compute[kind]}
 
     # -- communication per layer and micro-batch
