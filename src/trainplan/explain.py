@@ -104,9 +104,13 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     tokens = L.mbs * L.seq_len / L.cp
     kernel = {"flash": "FlashAttention-2", "sdpa": "SDPA", "triton": "FlashAttention in Triton", "cudnn": "cuDNN",
               "eager": "materialised scores"}[p.attention]
+    call = L.seq_len / L.cp
+    forward = "" if hw.flash_fwd_curve is None or p.attention == "eager" else \
+        f" (forward {float(flash_efficiency(hw, call, forward=True)):.3f})"
     out = [f"Time of one micro-batch on stage {i} of {L.pp} (the slowest), {_n(tokens)} tokens per rank",
-           f"  rates: GEMMs at {hw.gemm_eff:.3f} of {hw.gemm_peak / 1e12:,.0f} TFLOP/s {gemm_terms(hw)}; attention ({kernel}) at {float(flash_efficiency(hw, L.seq_len / L.cp)):.3f} of "
-           f"{hw.peak / 1e12:,.0f}; element-wise and loss traffic at {hw.hbm / 1e12:.2f} TB/s"]
+           f"  rates: GEMMs at {hw.gemm_eff:.3f} of {hw.gemm_peak / 1e12:,.0f} TFLOP/s {gemm_terms(hw)}; attention "
+           f"({kernel}) at {float(flash_efficiency(hw, call)):.3f}{forward} of {hw.peak / 1e12:,.0f}; element-wise "
+           f"and loss traffic at {hw.hbm / 1e12:.2f} TB/s"]
     early = " (early stop: without the last linear)" if recipe(p).recompute_skips_last_linear and \
         p.recompute == "full" else ""
     for kind, count in (("dense", L.stage_dense_layers[i]), ("moe", L.stage_moe_layers[i])):
