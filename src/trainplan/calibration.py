@@ -9,8 +9,9 @@ not give are chosen by one rule for all rows, never fitted per row:
 * 2019-2021 Megatron runs: fp16, materialised attention (pre-FlashAttention), gradient
   all-reduce after the backward; 2024 Megatron-Core: bf16, cuDNN attention (Transformer
   Engine prefers it to FlashAttention-2 on Hopper: conventions.toml
-  [efficiency.cudnn_attention_curve]), the published overlap flags; MosaicML: bf16 autocast under FSDP FULL_SHARD, FlashAttention in Triton
-  (their benchmark script's attn_impl default), flash-attn's fused cross-entropy (MPT's
+  [efficiency.cudnn_attention_curve]), the published overlap flags; MosaicML: bf16 autocast
+  (fp8 for their FP8 table: Transformer Engine linears) under FSDP FULL_SHARD, FlashAttention in
+  Triton (their benchmark script's attn_impl default), flash-attn's fused cross-entropy (MPT's
   loss_fn default), learned position embeddings (the published parameter counts grow with
   the sequence length), gradients reduce-scattered in bf16 (the tables' FSDP mixed precision
   "DEFAULT" set no reduce_dtype before Composer PR #2628 of October 2023, and FSDP then

@@ -42,19 +42,25 @@ SHAPE_RULES = {"mainloop": (0.0, 1.5, "a fraction of the dense bf16 peak in (0, 
                "overhead_us": (0.0, 1e4, "microseconds in [0, 1e4)")}
 
 
-def _shape(table) -> dict:
-    """A fitted GEMM shape (estimate/gemm_shape.py): main loop, write-back k0, kernel time."""
+def gemm_shape_problem(table) -> str | None:
+    """What makes a fitted GEMM shape (estimate/gemm_shape.py: main loop, write-back k0, kernel
+    time) unusable, or None: the rule a profile's [gemm_shape] and a bench fit both meet."""
     if not isinstance(table, dict):
-        raise PlanError("gpu_profile", "gemm_shape must be a table with mainloop, k0 and overhead_us")
-    out = {}
+        return "gemm_shape must be a table with mainloop, k0 and overhead_us"
     for key, (low, high, rule) in SHAPE_RULES.items():
         value = table.get(key)
         ok = isinstance(value, int | float) and not isinstance(value, bool) and (
             low < value <= high if key == "mainloop" else low <= value < high)
         if not ok:
-            raise PlanError("gpu_profile", f"gemm_shape.{key} must be {rule}; got {value!r}")
-        out[key] = float(value)
-    return out
+            return f"gemm_shape.{key} must be {rule}; got {value!r}"
+    return None
+
+
+def _shape(table) -> dict:
+    problem = gemm_shape_problem(table)
+    if problem:
+        raise PlanError("gpu_profile", problem)
+    return {key: float(table[key]) for key in SHAPE_RULES}
 
 
 def _curve(table, name: str, x: str) -> dict:

@@ -127,19 +127,18 @@ CURVES = ("gemm_curve", "gemm_k_curve", "flash_curve", "gemm_shape")  # profile 
 def gemm_shape_from(points: list[dict], peak: float | None) -> dict | None:
     """The GEMM shape fit (estimate/gemm_shape.py) of measured bf16 GEMMs, the square sweep and
     the inner-dimension sweep together: main loop, write-back and kernel time. None with fewer
-    than four shapes or two inner dimensions, or when a term comes out negative (timings the
-    form does not describe, as on a CPU): the measured curves then stand alone."""
-    from ..estimate.gemm_shape import fit_gemm_shape, gemm_shape_seconds
+    than four shapes or two inner dimensions, or when the fit breaks a profile's rules (a
+    negative term: timings the form does not describe, as on a CPU): the measured curves then
+    stand alone."""
+    from ..estimate.gemm_shape import fit_gemm_shape
+    from ..profile import gemm_shape_problem
 
     points = list({(r["m"], r["n"], r["k"]): r for r in points}.values())  # a shape both sweeps ran, once
     if not peak or len(points) < 4 or len({r["k"] for r in points}) < 2:
         return None
     m, n, k, t = (np.array([r[key] for r in points], dtype=float) for key in ("m", "n", "k", "seconds"))
-    fit = fit_gemm_shape(m, n, k, t, peak)
-    if not (0 < fit["mainloop"] <= 1.5 and fit["k0"] >= 0 and fit["overhead_us"] >= 0):
-        return None
-    error = np.abs(gemm_shape_seconds(m, n, k, peak, fit) / t - 1)
-    return {**{key: float(v) for key, v in fit.items()}, "points": len(points), "mean_error": float(error.mean())}
+    fit = {key: float(v) for key, v in fit_gemm_shape(m, n, k, t, peak).items()}
+    return None if gemm_shape_problem(fit) else {**fit, "points": len(points)}
 
 
 def profile_from(results: dict) -> dict:

@@ -36,15 +36,13 @@ class GemmShape:
 
 def fit_gemm_shape(m, n, k, seconds, peak: float) -> dict:
     """(mainloop fraction of `peak`, k0, overhead µs) that minimise the squared relative error
-    of 2mnk/R + m·n·b + t0 over measured GEMM times: linear least squares in (1/R, b, t0)."""
+    of 2mnk/R + m·n·b + t0 over measured GEMM times (linear least squares in 1/R, b, t0), and
+    the fit's mean and worst relative error over those times."""
     m, n, k, t = (np.asarray(x, dtype=float) for x in (m, n, k, seconds))
     design = np.stack([2 * m * n * k, m * n, np.ones_like(t)], axis=1) / t[:, None]
-    (inv_rate, per_output, overhead), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    terms, *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    inv_rate, per_output, overhead = terms
+    error = np.abs(design @ terms - 1)  # predicted / measured - 1
     rate = 1.0 / inv_rate
-    return {"mainloop": rate / peak, "k0": per_output * rate / 2, "overhead_us": overhead * 1e6}
-
-
-def gemm_shape_seconds(m, n, k, peak: float, shape: dict):
-    """Predicted seconds of one (m x k) @ (k x n) GEMM at a fitted shape's own rates."""
-    m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
-    return 2 * m * n * k / (peak * shape["mainloop"]) * (k + shape["k0"]) / k + shape["overhead_us"] * 1e-6
+    return {"mainloop": rate / peak, "k0": per_output * rate / 2, "overhead_us": overhead * 1e6,
+            "mean_error": float(error.mean()), "worst_error": float(error.max())}

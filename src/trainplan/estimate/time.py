@@ -356,18 +356,17 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
     sms = gpu.sms or 108  # A100's count for accelerators the catalog gives none
     fp8 = plan.precision == "fp8" and gpu.peak("fp8") is not None
     gpu_peak = gpu.peak("fp8") if fp8 else peak
-    curve = gemm_shape(e["gemm_shape"], gpu_peak / (gpu.peak("bf16") or peak)) or gemm_residuals(profile, sms)
+    curve_at = lambda speedup: gemm_shape(e["gemm_shape"], speedup) or gemm_residuals(profile, sms)  # noqa: E731
     return Hardware(
         peak=peak, gemm_peak=gpu_peak,
         peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
         sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
         latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
-        gemm_curve=curve, flash_curve=flash_curve_points(e["flash_curve"]),
+        gemm_curve=curve_at(gpu_peak / (gpu.peak("bf16") or peak)), flash_curve=flash_curve_points(e["flash_curve"]),
         flash_fwd_curve=flash_curve_points(e["flash_forward_curve"]),
         attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"],
         overlap_slowdown=e["overlap_slowdown"],
-        eff_16=e["gemm_16"] if fp8 else None,
-        curve_16=(gemm_shape(e["gemm_shape"]) or gemm_residuals(profile, sms)) if fp8 else None)
+        eff_16=e["gemm_16"] if fp8 else None, curve_16=curve_at(1.0) if fp8 else None)
 
 
 # ---- the step: one formula, numbers or arrays (DESIGN §2) ---------------------------------
