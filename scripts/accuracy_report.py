@@ -170,9 +170,9 @@ def _by_sequence(data: list[dict], source: str) -> str:
     short = [e for s, e, _ in rs if s == 2048]
     return (f"On the whole H100 table {len(slow)} of the {len(long)} rows at 8K tokens and more (attention-heavy,\n"
             f"FlashAttention in Triton) are predicted too slow, by {np.mean(slow):+.1%} on average "
-            f"({min(slow):+.0%} to {max(slow):+.0%})" + (f"\n(otherwise {others})" if others else "")
-            + f", and the {len(short)} rows at 2K are off by {np.mean(short):+.1%} ({min(short):+.0%} to "
-            f"{max(short):+.0%}).\nThe Triton kernel's published share of FA2, measured on an A100 up to 16K "
+            f"({min(slow):+.1%} to {max(slow):+.1%})" + (f"\n(otherwise {others})" if others else "")
+            + f", and the {len(short)} rows at 2K are off by {np.mean(short):+.1%} ({min(short):+.1%} to "
+            f"{max(short):+.1%}).\nThe Triton kernel's published share of FA2, measured on an A100 up to 16K "
             "tokens, prices it too\nslow on H100 at long sequences; a measured H100 curve (`trainplan bench "
             "attention`) would settle it.")
 
@@ -248,8 +248,8 @@ def main() -> None:
             "within a few per cent of the large models'. The model is also too slow for TP 8 without\n",
             "pipelining (its data-parallel reduction crosses one NIC per GPU). MosaicML's benchmarks ran FlashAttention in Triton (their benchmark script's\n",
             "attn_impl default), which the model prices at its published share of FlashAttention-2 (Dao\n",
-            "2023, Fig. 4d); with FlashAttention-2 instead their rows at 32K-64K tokens would be 20-90% too\n",
-            "fast. Their loss is flash-attn's fused cross-entropy (llm-foundry's loss_fn default), which keeps\n",
+            "2023, Fig. 4d; its forward, and so its recomputation, at the forward's own share, Fig. 5d);\n",
+            "with FlashAttention-2 instead their rows at 32K-64K tokens would be 20-90% too fast. Their loss is flash-attn's fused cross-entropy (llm-foundry's loss_fn default), which keeps\n",
             "the bf16 logits: with PyTorch's fp32 loss the memory model would put 6 of the 25 runs over 80 GiB.\n",
             "Their gradients are reduce-scattered in bf16 (Composer's FSDP mixed precision \"DEFAULT\" set\n",
             "no reduce_dtype until October 2023, so FSDP reduced in the bf16 parameter dtype), and their\n",

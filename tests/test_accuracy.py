@@ -127,23 +127,23 @@ def test_hopper_cudnn_attention_is_the_published_causal_forward_backward():
 
 def test_h100_tables_do_not_regress(published):
     """H100 (docs/accuracy.md): Megatron-Core (the table Hopper's GEMM ratio is fitted on)
-    7.7% mean; held out, Llama 3 405B 9.3%, MosaicML 8.6% and MosaicML's whole H100 BF16 table
-    (52 rows) 7.4%. Bounds one point above."""
-    for source, bound in (("megatron_core_h100", 0.087), ("llama3_405b", 0.103), ("mosaicml_h100", 0.096),
-                          ("mosaicml_h100_full", 0.084)):
+    7.7% mean; held out, Llama 3 405B 9.3%, MosaicML 8.4% and MosaicML's whole H100 BF16 table
+    (52 rows) 7.0%. Bounds one point above."""
+    for source, bound in (("megatron_core_h100", 0.087), ("llama3_405b", 0.103), ("mosaicml_h100", 0.094),
+                          ("mosaicml_h100_full", 0.080)):
         assert np.abs(errors(published, source)).mean() <= bound, source
 
 
 def test_held_out_mosaicml_a100_rows(published):
     """MosaicML's A100 80GB rows (held out; every MPT size from 125M to 30B at sequence 2,048
-    and at its longest, up to 65,536, FSDP, FlashAttention in Triton): 6.4% mean, 27.0% worst
+    and at its longest, up to 65,536, FSDP, FlashAttention in Triton): 5.5% mean, 28.6% worst
     (MPT-30B at 8K) in docs/accuracy.md; bounds one point above. With FlashAttention-2 in
     place of the Triton kernel the rows at 32K-64K tokens would be predicted 20-90% too fast."""
     e = np.abs(errors(published, "mosaicml_a100"))
-    assert len(e) == 16 and e.mean() <= 0.074 and e.max() <= 0.280
-    # the whole amp_bf16 table (59 runs, 512 to 65,536 tokens): 5.6% mean, the same worst row
+    assert len(e) == 16 and e.mean() <= 0.065 and e.max() <= 0.296
+    # the whole amp_bf16 table (59 runs, 512 to 65,536 tokens): 5.2% mean, the same worst row
     e = np.abs(errors(published, "mosaicml_a100_full"))
-    assert len(e) == 59 and e.mean() <= 0.066 and e.max() <= 0.280
+    assert len(e) == 59 and e.mean() <= 0.062 and e.max() <= 0.296
 
     import tomllib
 
@@ -177,6 +177,25 @@ def test_triton_flash_attention_is_its_published_share_of_fa2():
     h100_fa2, h100_triton = (flash_efficiency(hardware(resolve(make_plan(**{**kw, "gpu": "H100-SXM"}, attention=a))), seq)
                              for a in ("flash", "triton"))
     assert h100_triton == pytest.approx(h100_fa2 * triton / fa2, abs=0.0005)
+
+
+def test_triton_flash_attention_forward_runs_at_its_published_forward_speed():
+    """The Triton kernel's forward alone, causal, head dim 128, on the same A100 (Dao 2023,
+    Fig. 5d): 63/70/115/115/111/111 TFLOP/s at 512..16k. A Triton plan on an A100 prices a
+    forward (and a recomputed one) at those figures and the backward at the rest of the
+    forward + backward total (Fig. 4d): from 2k the backward is the slower part (71 TFLOP/s at
+    4k), as the paper says (FA2 is 1.3-1.5x the Triton kernel in the forward, about 2x in the
+    backward)."""
+    from trainplan.estimate.time import flash_efficiency, hardware
+    from trainplan.plan import make_plan, resolve
+
+    forward = np.array([63, 70, 115, 115, 111, 111])
+    both = np.array([28, 61, 74, 80, 83, 92])
+    seq = np.array([512, 1024, 2048, 4096, 8192, 16384])
+    a100 = hardware(resolve(make_plan(model="llama-3-8b", gpu="A100-80GB-SXM", gpus=8, attention="triton")))
+    assert flash_efficiency(a100, seq, forward=True) * 312 == pytest.approx(forward, abs=0.5)
+    backward = 2.5 / (3.5 / both - 1 / forward)  # TFLOP/s of the rest of the total
+    assert np.all(backward[2:] < forward[2:]) and backward[3] == pytest.approx(71.4, abs=0.5)
 
 
 def test_hopper_fa2_curve_agrees_with_fa2_papers_own_h100_figure():
@@ -221,7 +240,7 @@ def test_every_published_mosaicml_run_fits_in_80_gb():
 
 def test_held_out_mosaicml_h100_fp8_rows(published):
     """MosaicML's H100 FP8 table (held out; Transformer Engine fp8 linear layers, 350M-3B, 512 to
-    32,768 tokens): 5.8% mean, 11.3% worst in docs/accuracy.md; bounds one point above. fp8
+    32,768 tokens): 5.4% mean, 11.3% worst in docs/accuracy.md; bounds one point above. fp8
     recipes keep attention and the head 16-bit: MPT-3B at 32K tokens ran 5,856 tokens/s per GPU
     in fp8 and 5,873 in bf16 (attention-bound), and the model puts the two within 10% of each
     other (priced at the fp8 peak, attention made the fp8 run 1.9x faster)."""
@@ -230,7 +249,7 @@ def test_held_out_mosaicml_h100_fp8_rows(published):
     from trainplan.calibration import _compare
 
     e = np.abs(errors(published, "mosaicml_h100_fp8"))
-    assert len(e) == 10 and e.mean() <= 0.068 and e.max() <= 0.123
+    assert len(e) == 10 and e.mean() <= 0.064 and e.max() <= 0.123
     data = tomllib.loads(DATA.read_text())
     fp8 = _compare("mosaicml_h100_fp8", data["mosaicml_h100_fp8"], data["mosaicml_h100_fp8"]["rows"][0], {})
     bf16_row = next(r for r in data["mosaicml_h100_full"]["rows"] if r[0] == "3b" and r[4] == 32768)

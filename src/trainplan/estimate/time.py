@@ -94,21 +94,24 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         # fp8 GEMMs reach a smaller share of their (twice as high) peak: the published MAMF ratio
         out["gemm"] *= eff["gemm_fp8"][name] / eff["gemm"][name]
     if layout.plan.attention == "triton":
-        out["flash_curve"] = triton_attention_curve(out["flash"], out["flash_curve"], eff["flash_attention_triton"])
-        out["flash_forward_curve"] = None  # its forward alone is not published
+        fa2, triton = (out["flash"], out["flash_curve"]), eff["flash_attention_triton"]
+        out["flash_curve"] = triton_attention_curve(*fa2, triton)
+        out["flash_forward_curve"] = triton_attention_curve(*fa2, triton, forward=True)
     if layout.plan.attention == "cudnn" and name in eff["cudnn_attention_curve"]:
         out["flash_curve"] = eff["cudnn_attention_curve"][name]  # published; a profile measures SDPA's FA2
         out["flash_forward_curve"] = eff["cudnn_attention_forward_curve"].get(name)
     return out
 
 
-def triton_attention_curve(flash: float, flash_curve: dict | None, triton: dict) -> dict:
-    """FlashAttention in Triton by sequence length: the FA2 efficiency (its curve, else its
-    single figure) at each length the published Triton/FA2 ratio was measured at, times that
-    ratio (conventions.toml [efficiency.flash_attention_triton])."""
+def triton_attention_curve(flash: float, flash_curve: dict | None, triton: dict, forward: bool = False) -> dict:
+    """FlashAttention in Triton by sequence length: the FA2 forward + backward efficiency (its
+    curve, else its single figure) at each length the published Triton/FA2 ratio was measured
+    at, times that ratio; `forward`, the Triton forward alone over the same FA2 figure
+    (conventions.toml [efficiency.flash_attention_triton])."""
     seq = np.asarray(triton["seq"], dtype=float)
     fa2 = np.interp(np.log2(seq), *flash_curve_points(flash_curve)) if flash_curve else np.full(seq.shape, flash)
-    return {"seq": triton["seq"], "fraction": (fa2 * np.asarray(triton["ratio"])).tolist()}
+    ratio = triton["forward_ratio" if forward else "ratio"]
+    return {"seq": triton["seq"], "fraction": (fa2 * np.asarray(ratio)).tolist()}
 
 
 def flash_head_dim(d, kernel: str, multiple: int):
@@ -422,8 +425,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     attn_flash = attn_flops / (hw.peak * flash_efficiency(hw, seq / cp))
     attn_bwd = np.where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
     # forward + backward at the kernel's combined efficiency; where its forward alone is
-    # published (Hopper FA2 and cuDNN) the forward, and a recomputed forward, take that speed
-    # and the backward the rest of the same total
+    # published (Hopper FA2, cuDNN, the Triton kernel) the forward, and a recomputed forward,
+    # take that speed and the backward the rest of the same total
     attn_total = np.where(eager, attn_eager, attn_flash) * (1 + attn_bwd)
     attn = np.where(eager, attn_eager, attn_flash if hw.flash_fwd_curve is None else
                     attn_flops / (hw.peak * flash_efficiency(hw, seq / cp, forward=True)))
