@@ -256,3 +256,30 @@ def test_held_out_mosaicml_h100_fp8_rows(published):
     bf16 = _compare("mosaicml_h100_full", data["mosaicml_h100_full"], bf16_row, {})
     assert (fp8["published"], bf16["published"]) == (5856, 5873)
     assert fp8["predicted"] / bf16["predicted"] == pytest.approx(1.0, abs=0.10)
+
+
+def test_plans_report_the_error_of_the_published_runs_behind_them(published):
+    """`plan` reports beside its step time how far the published comparison says to trust it:
+    catalog/accuracy.toml, written by scripts/accuracy_report.py, holds each accelerator's runs
+    (each counted once: 74 on H100, 69 on A100 80GB) and their mean and worst absolute error,
+    the same figures docs/accuracy.md shows. H200 and H800 take the H100's efficiency defaults
+    and report its runs; an accelerator without its own measured defaults, or with no compared
+    runs, reports none, and a plan priced from a profile says so."""
+    from trainplan.calibration import errors_by_gpu
+    from trainplan.estimate.accuracy import prediction_accuracy, published_errors
+    from trainplan.plan import make_plan
+    from trainplan.report import evaluate, to_json
+
+    assert published_errors() == errors_by_gpu(published)  # regenerate: scripts/accuracy_report.py
+    h100 = published_errors()["H100-SXM"]
+    assert h100["runs"] == 9 + 52 + 10 + 3 and published_errors()["A100-80GB-SXM"]["runs"] == 10 + 59
+    assert h100["mean_abs_error"] == pytest.approx(np.mean(np.abs(
+        [r["predicted"] / r["published"] - 1 for r in published
+         if r["gpu"] == "H100-SXM" and r["source"] not in ("mosaicml_h100",)])), abs=1e-4)
+    for gpu in ("H200-SXM", "H800-SXM"):
+        assert prediction_accuracy(gpu) == {"compared_on": "H100-SXM", "basis": "shared defaults", **h100}
+    for gpu in ("B200", "A100-PCIe-80GB", "L4", "MI300X"):
+        assert prediction_accuracy(gpu) == {"compared_on": None, "basis": "none"}
+    assert prediction_accuracy("H100-SXM", profiled=True)["basis"] == "profile"
+    out = to_json(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)))
+    assert out["time"]["accuracy"] == {"compared_on": "H100-SXM", "basis": "published runs", **h100}

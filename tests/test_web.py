@@ -390,3 +390,22 @@ def test_page_fused_kernels_lower_the_peak(server, browser):
     _tick_and_match_peak(page, base, "fused_kernels")
     assert "fused_kernels=true" in page.url
     page.close()
+
+
+def test_page_says_how_far_to_trust_the_step(server, browser):
+    """Under the speed figures the page reports the published comparison behind them, as the API
+    carries it: on H200 the H100 runs whose defaults it shares, with their mean and worst error;
+    on B200 that no published run is compared yet; in both languages."""
+    a = _api({"model": "llama-3-8b", "gpu": "H200-SXM", "gpus": 8})["time"]["accuracy"]
+    assert a["compared_on"] == "H100-SXM" and a["runs"] == 74
+    page = _open(browser, server, {"model": "llama-3-8b", "gpu": "H200-SXM", "gpus": 8})
+    text = page.inner_text("#accuracy")
+    assert "74 published runs on H100-SXM, whose efficiency defaults H200-SXM shares" in text
+    assert f"{100 * a['mean_abs_error']:.1f}% mean error, {100 * a['worst_abs_error']:.1f}% worst" in text
+    page.click("#lang")
+    page.wait_for_function("document.querySelector('#accuracy').innerText.startsWith('准确度')")
+    assert f"平均误差 {100 * a['mean_abs_error']:.1f}%" in page.inner_text("#accuracy")
+    page.close()
+    page = _open(browser, server, {"model": "llama-3-8b", "gpu": "B200", "gpus": 8})
+    assert "no published run on B200 compared yet" in page.inner_text("#accuracy")
+    page.close()

@@ -46,6 +46,7 @@ from .estimate.memory import estimate_memory
 from .estimate.time import step_time
 from .plan import make_plan, resolve
 from .profile import load_profile
+from .specs import catalog
 from .specs.model import ModelSpec
 
 
@@ -82,6 +83,23 @@ def rows(path: str | Path, profiles: dict[str, str] | None = None) -> list[dict]
     calibrated profile (`trainplan bench --profile`) used instead of its catalog defaults."""
     data = tomllib.loads(Path(path).read_text())
     return [_compare(table, cfg, row, profiles or {}) for table, cfg in data.items() for row in cfg["rows"]]
+
+
+# tables that are selections of another table's rows: counted once, in the whole table
+SELECTIONS = ("mosaicml_h100", "mosaicml_a100")
+
+
+def errors_by_gpu(data: list[dict]) -> dict:
+    """Each accelerator's published runs (selections counted once) against their predictions,
+    as docs/accuracy.md counts them (predicted / published - 1 on the figure each source
+    measured): {gpu: {runs, mean_abs_error, worst_abs_error}}."""
+    out = {}
+    for gpu in sorted({r["gpu"] for r in data}):
+        e = np.abs([r["predicted"] / r["published"] - 1 for r in data
+                    if r["gpu"] == gpu and r["source"] not in SELECTIONS])
+        out[catalog.gpu(gpu).name] = {"runs": int(e.size), "mean_abs_error": round(float(e.mean()), 4),
+                    "worst_abs_error": round(float(e.max()), 4)}
+    return out
 
 
 def megatron_model_flops(model: ModelSpec, *, tokens: int, seq: int, vocab_padded: int) -> float:
@@ -146,7 +164,8 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
         flops = 96 * gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
         pred = flops / t["step_s"] / g / 1e12
         label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, {g} GPUs"
-        return dict(source=table, label=label, metric="TFLOP/s per GPU (96-count)", published=pub, predicted=pred)
+        return dict(source=table, gpu=cfg["gpu"], label=label, metric="TFLOP/s per GPU (96-count)", published=pub,
+                    predicted=pred)
     if table == "megatron_core_h100":
         pb, a, h, L, tp, pp, g, gbs, pub = row
         s, V = 4096, 131072
@@ -157,7 +176,8 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
         flops = megatron_model_flops(spec, tokens=gbs * s, seq=s, vocab_padded=layout.vocab_padded)
         pred = flops / out["time"]["step_s"] / g / 1e12
         label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, recompute {rc}"
-        return dict(source=table, label=label, metric="TFLOP/s per GPU (model)", published=pub, predicted=pred)
+        return dict(source=table, gpu=cfg["gpu"], label=label, metric="TFLOP/s per GPU (model)", published=pub,
+                    predicted=pred)
     if table == "megatron_single_node":
         h, a, L, mp, g, system, gbs, ms, tf = row
         spec = _gpt(f"GPT h{h}", h, a, L, 50257, 1024)
@@ -167,14 +187,14 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
                                    overlap_dp=False, gpus_per_node=16 if system == "V100" else 8), spec)
         t = evaluate_layout(layout)["time"]
         label = f"{system}: h {h}, {L} layers, MP {mp}, {g} GPUs"
-        return dict(source=table, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)
+        return dict(source=table, gpu=gpu, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)
     if table.startswith("mosaicml_"):
         name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row
         spec, kw = mosaicml_setup(cfg, row, attention=attention)
         layout = resolve(_plan(profiles, **kw), spec)
         t = evaluate_layout(layout)["time"]
         label = f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"
-        return dict(source=table, label=label, metric="tokens/s per GPU", published=tok,
+        return dict(source=table, gpu=cfg["gpu"], label=label, metric="tokens/s per GPU", published=tok,
                     predicted=t["tokens_per_s"] / g)
     if table == "llama3_405b":
         g, tp, cp, pp, dp, seq, pub = row
@@ -183,5 +203,6 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
         flops = palm_model_flops(layout.model, tokens=layout.gbs * seq, seq=seq)
         pred = flops / evaluate_layout(layout)["time"]["step_s"] / g / 1e12
         label = f"Llama 3 405B, TP {tp} CP {cp} PP {pp} DP {dp}, {g:,} GPUs, s {seq:,}"
-        return dict(source=table, label=label, metric="TFLOP/s per GPU (model)", published=pub, predicted=pred)
+        return dict(source=table, gpu=cfg["gpu"], label=label, metric="TFLOP/s per GPU (model)", published=pub,
+                    predicted=pred)
     raise ValueError(table)

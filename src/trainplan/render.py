@@ -156,11 +156,25 @@ def _dur(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms"
 
 
+def accuracy_sentence(a: dict, gpu: str) -> str:
+    """How far the step time is to be trusted, in words (estimate/accuracy.py)."""
+    if a["basis"] == "profile":
+        return "accuracy: priced from a measured profile (docs/accuracy.md compares the catalog defaults)"
+    if a["compared_on"] is None:
+        return (f"accuracy: no published run on {gpu} compared yet; its efficiencies are catalog defaults "
+                "(measure them: trainplan bench --profile)")
+    shares = "" if a["compared_on"] == gpu else f", whose efficiency defaults {gpu} shares,"
+    return (f"accuracy: {a['runs']} published runs on {a['compared_on']}{shares} predicted with "
+            f"{a['mean_abs_error']:.1%} mean error, {a['worst_abs_error']:.1%} worst (docs/accuracy.md)")
+
+
 def render_time(c: Console, data: dict) -> None:
     t, tr = data["time"], data["training"]
     c.print(f"[bold]step[/] {_dur(t['step_s'])} · {t['tokens_per_s']:,.0f} tokens/s · "
             f"{t['tflops_per_gpu']:,.0f} TFLOP/s per GPU · MFU {t['mfu']:.1%} (HFU {t['hfu']:.1%}) · "
             f"bubble {t['bubble_fraction']:.1%} · {t['bottleneck']}")
+    if "accuracy" in t:
+        c.print("  " + accuracy_sentence(t["accuracy"], data["gpu"]["name"]))
     b = t["breakdown_s"]
     total = sum(b.values()) or 1.0
     c.print("  where the step goes: " + ", ".join(f"{k.replace('_', ' ')} {v / total:.0%}"

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .estimate.accuracy import prediction_accuracy
 from .estimate.memory import estimate_memory, max_micro_batch
 from .estimate.recipe import recipe
 from .plan import Layout, Plan, resolve
@@ -105,8 +106,9 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
         },
         **({"compute": {"model_flops_per_step": result.time["model_flops_per_step"],
                         "hardware_flops_per_step": result.time["hardware_flops_per_step"]},
-            "time": {k: v for k, v in result.time.items()
-                     if k not in ("model_flops_per_step", "hardware_flops_per_step")},
+            "time": {**{k: v for k, v in result.time.items()
+                        if k not in ("model_flops_per_step", "hardware_flops_per_step")},
+                     "accuracy": prediction_accuracy(L.gpu.name, profiled=bool(p.gpu_profile))},
             "training": result.training} if result.time else {}),
         "warnings": list(L.warnings),
         "warning_details": list(L.warning_details),

@@ -163,6 +163,7 @@
     $("speed").innerHTML = [[t("step"), dur(tm.step_s)], [t("tokens_s"), fmt(tm.tokens_per_s, 0)],
       [t("tflops"), fmt(tm.tflops_per_gpu, 0)], [t("mfu"), pct(tm.mfu)], [t("bubble"), pct(tm.bubble_fraction)],
       [t("max_mbs"), mem.max_mbs]].map(([k, v]) => `<span>${k}: <b>${v}</b></span>`).join("");
+    $("accuracy").textContent = accuracyText(tm.accuracy, d.gpu.name);
     const colours = { compute: "#4c9be8", tp_comm: "#e74c3c", pp_comm: "#f39c12", dp_comm: "#8e44ad",
       ep_comm: "#16a085", cp_comm: "#d35400", bubble: "#bdc3c7", optimizer: "#7f8c8d", data: "#2c3e50" };
     const total = Object.values(tm.breakdown_s).reduce((a, b) => a + b, 0) || 1;
@@ -176,6 +177,15 @@
       .map(([k, v]) => `<span>${k}: <b>${v}</b></span>`).join("");
     renderTimeline(d.timeline);
     renderHints(d);
+  }
+
+  // How far to trust the step time: the error on published runs (docs/accuracy.md)
+  function accuracyText(a, gpu) {
+    if (!a) return "";
+    if (a.basis === "profile") return t("acc_profile");
+    if (a.compared_on === null) return t("acc_none", { gpu });
+    const vars = { runs: a.runs, on: a.compared_on, gpu, mean: pct(a.mean_abs_error), worst: pct(a.worst_abs_error) };
+    return t(a.compared_on === gpu ? "acc_runs" : "acc_shared", vars);
   }
 
   function renderTimeline(tl) {
