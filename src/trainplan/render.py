@@ -208,6 +208,8 @@ def render_search(data: dict) -> None:
                   f"{tm['mfu']:.1%}", f"{mem['peak_bytes'] / GiB:.1f}", f"{mem['headroom_bytes'] / GiB:.1f}",
                   tm["bottleneck"], f"{per_m:.3f}" if per_m is not None else "—")
     c.print(t)
+    if data["best"] and "accuracy" in data["best"][0]["time"]:
+        c.print(accuracy_sentence(data["best"][0]["time"]["accuracy"], data["best"][0]["gpu"]["name"]))
 
 
 def render_pareto(data: dict) -> None:
