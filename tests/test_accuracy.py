@@ -283,3 +283,12 @@ def test_plans_report_the_error_of_the_published_runs_behind_them(published):
     assert prediction_accuracy("H100-SXM", profiled=True)["basis"] == "profile"
     out = to_json(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)))
     assert out["time"]["accuracy"] == {"compared_on": "H100-SXM", "basis": "published runs", **h100}
+    # the catalog listing carries the same figures per accelerator
+    import json
+
+    from typer.testing import CliRunner
+
+    from trainplan.cli import app
+
+    listing = {g["name"]: g["accuracy"] for g in json.loads(CliRunner().invoke(app, ["gpus", "--json"]).output)}
+    assert listing["H800-SXM"]["compared_on"] == "H100-SXM" and listing["MI300X"]["compared_on"] is None

@@ -477,10 +477,11 @@ def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 @app.command()
 def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List the accelerator catalog."""
+    """List the accelerator catalog, with the time model's error on each one's published runs."""
+    from .estimate.accuracy import prediction_accuracy
     from .specs import catalog
 
-    rows = [g.model_dump() for g in catalog.gpus()]
+    rows = [{**g.model_dump(), "accuracy": prediction_accuracy(g.name)} for g in catalog.gpus()]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

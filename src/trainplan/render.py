@@ -111,15 +111,20 @@ def render_models(rows: list[dict]) -> None:
 
 def render_gpus(rows: list[dict]) -> None:
     t = Table(title="Accelerator catalog (dense TFLOP/s)")
-    for col in ("name", "memory GiB", "HBM TB/s", "bf16", "fp16", "fp8", "fp32", "scale-up GB/s", "NIC Gb/s", "TDP W", "$/h"):
+    for col in ("name", "memory GiB", "HBM TB/s", "bf16", "fp16", "fp8", "fp32", "scale-up GB/s", "NIC Gb/s", "TDP W", "$/h",
+                "time error"):
         t.add_column(col, justify="left" if col == "name" else "right")
     for r in rows:
-        pk = r["peak_tflops"]
+        pk, acc = r["peak_tflops"], r.get("accuracy") or {}
         t.add_row(r["name"], f"{r['memory_gib']:g}", f"{r['hbm_tbs']:g}",
                   *(f"{pk[k]:g}" if k in pk else "—" for k in ("bf16", "fp16", "fp8", "fp32")),
                   f"{r['scale_up_gbs']:g}", f"{r['nic_gbps']:g}", f"{r['tdp_w']:g}",
-                  f"{r['price_usd_per_hour']:.2f}" if r["price_usd_per_hour"] is not None else "—")
-    _console().print(t)
+                  f"{r['price_usd_per_hour']:.2f}" if r["price_usd_per_hour"] is not None else "—",
+                  f"{acc['mean_abs_error']:.1%} ({acc['runs']})" if acc.get("compared_on") else "—")
+    c = _console()
+    c.print(t)
+    c.print("time error: mean absolute error of the predicted speed on published runs (their number), on that "
+            "accelerator or one whose efficiency defaults it shares (docs/accuracy.md)")
 
 
 def render_validation(data: dict) -> None:
