@@ -169,7 +169,8 @@ def accuracy_sentence(a: dict, gpu: str) -> str:
         return (f"accuracy: no published run on {gpu} compared yet; its efficiencies are catalog defaults "
                 "(measure them: trainplan bench --profile)")
     shares = "" if a["compared_on"] == gpu else f", whose efficiency defaults {gpu} shares,"
-    return (f"accuracy: {a['runs']} published runs on {a['compared_on']}{shares} predicted with "
+    fitted = f" ({a['fitted_runs']} fitted on)" if a.get("fitted_runs") else ""
+    return (f"accuracy: {a['runs']} published runs{fitted} on {a['compared_on']}{shares} predicted with "
             f"{a['mean_abs_error']:.1%} mean error, {a['worst_abs_error']:.1%} worst (docs/accuracy.md)")
 
 

@@ -184,7 +184,8 @@
     if (!a) return "";
     if (a.basis === "profile") return t("acc_profile");
     if (a.compared_on === null) return t("acc_none", { gpu });
-    const vars = { runs: a.runs, on: a.compared_on, gpu, mean: pct(a.mean_abs_error), worst: pct(a.worst_abs_error) };
+    const fitted = a.fitted_runs ? t("acc_fitted", { n: a.fitted_runs }) : "";
+    const vars = { runs: a.runs, fitted, on: a.compared_on, gpu, mean: pct(a.mean_abs_error), worst: pct(a.worst_abs_error) };
     return t(a.compared_on === gpu ? "acc_runs" : "acc_shared", vars);
   }
 
