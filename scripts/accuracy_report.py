@@ -27,6 +27,7 @@ TITLES = {
     "megatron_single_node": "Megatron-LM v1/v2 GPT-2 cases (V100 / A100, iteration time)",
     "mosaicml_h100": "MosaicML llm-foundry (H100, FSDP, tokens/s per GPU)",
     "mosaicml_h100_full": "MosaicML llm-foundry, the whole H100 BF16 table (H100, FSDP, tokens/s per GPU)",
+    "mosaicml_h100_large": "MosaicML llm-foundry, the H100 BF16 large-scale table (128-512 GPUs, FSDP, tokens/s per GPU)",
     "mosaicml_h100_fp8": "MosaicML llm-foundry, the H100 FP8 table (Transformer Engine fp8, FSDP, tokens/s per GPU)",
     "mosaicml_a100": "MosaicML llm-foundry (A100 80GB, FSDP, tokens/s per GPU)",
     "mosaicml_a100_full": "MosaicML llm-foundry, the whole A100 80GB amp_bf16 table (FSDP, tokens/s per GPU)",
@@ -178,6 +179,22 @@ def _by_sequence(data: list[dict], source: str) -> str:
             "attention`) would settle it.")
 
 
+def _scaling(data: list[dict], source: str) -> str:
+    """How one table's throughput per GPU falls from its fewest to its most GPUs, per model,
+    published against predicted, as a sentence."""
+    runs = {}
+    for r in data:
+        if r["source"] == source:
+            name, gpus = re.match(r"MPT-(\S+), s \d+, (\d+) GPUs", r["label"]).groups()
+            runs.setdefault(name, {})[int(gpus)] = r
+    drops = {name: [by[max(by)][k] / by[min(by)][k] - 1 for k in ("published", "predicted")] for name, by in runs.items()}
+    lo, hi = min(min(by) for by in runs.values()), max(max(by) for by in runs.values())
+    return (f"On the large-scale H100 table the throughput per GPU falls from {lo} to {hi} GPUs by "
+            + ", ".join(f"{-p:.1%} ({name})" for name, (p, _) in drops.items())
+            + "; predicted, with NCCL's ring latency paid by each of FSDP's per-layer collectives, by "
+            + ", ".join(f"{-q:.1%}" for _, q in drops.values()) + ".")
+
+
 def _checkpointing_split(data: list[dict], source: str) -> str:
     """How one table's rows with and without activation checkpointing fare, as a sentence."""
     rs = [r for r in data if r["source"] == source]
@@ -257,6 +274,7 @@ def main() -> None:
             "no reduce_dtype until October 2023, so FSDP reduced in the bf16 parameter dtype), and their\n",
             "backward gathers wait in the open (Composer's default backward_prefetch, BACKWARD_POST).\n",
             _single_step_rows(data, "mosaicml_h100_full") + "\n" + _by_sequence(data, "mosaicml_h100_full") + "\n"
+            + _scaling(data, "mosaicml_h100_large") + "\n"
             + _checkpointing_split(data, "mosaicml_a100") + "\n",
             "The held-out Llama 3 405B rows are off by "
             + ", ".join(f"{r['predicted'] / r['published'] - 1:+.0%}" for r in llama[:2])

@@ -127,16 +127,18 @@ def test_hopper_cudnn_attention_is_the_published_causal_forward_backward():
 
 def test_h100_tables_do_not_regress(published):
     """H100 (docs/accuracy.md): Megatron-Core (the table Hopper's GEMM ratio is fitted on)
-    7.7% mean; held out, Llama 3 405B 9.3%, MosaicML 8.4% and MosaicML's whole H100 BF16 table
-    (52 rows) 7.0%. Bounds one point above."""
-    for source, bound in (("megatron_core_h100", 0.087), ("llama3_405b", 0.103), ("mosaicml_h100", 0.094),
-                          ("mosaicml_h100_full", 0.080)):
+    7.7% mean; held out, Llama 3 405B 8.7%, MosaicML 8.0%, MosaicML's whole H100 BF16 table
+    (52 rows) 6.8% and its large-scale table (18 rows, 128-512 GPUs) 4.4%, 13.1% worst.
+    Bounds one point above."""
+    for source, bound in (("megatron_core_h100", 0.087), ("llama3_405b", 0.097), ("mosaicml_h100", 0.090),
+                          ("mosaicml_h100_full", 0.078), ("mosaicml_h100_large", 0.054)):
         assert np.abs(errors(published, source)).mean() <= bound, source
+    assert np.abs(errors(published, "mosaicml_h100_large")).max() <= 0.141
 
 
 def test_held_out_mosaicml_a100_rows(published):
     """MosaicML's A100 80GB rows (held out; every MPT size from 125M to 30B at sequence 2,048
-    and at its longest, up to 65,536, FSDP, FlashAttention in Triton): 5.5% mean, 28.6% worst
+    and at its longest, up to 65,536, FSDP, FlashAttention in Triton): 5.5% mean, 28.5% worst
     (MPT-30B at 8K) in docs/accuracy.md; bounds one point above. With FlashAttention-2 in
     place of the Triton kernel the rows at 32K-64K tokens would be predicted 20-90% too fast."""
     e = np.abs(errors(published, "mosaicml_a100"))
@@ -230,17 +232,18 @@ def test_every_published_mosaicml_run_fits_in_80_gb():
     assert len(peaks[True]) == 25 and max(peaks[True]) <= 1.0
     assert sum(p > 1.0 for p in peaks[False]) == 6
     # the whole H100 BF16 and A100 amp_bf16 tables: all 52 and 59 runs fit, the fullest MPT-3B at
-    # 8K tokens x 3 (75.3 GiB)
-    for name, count in (("mosaicml_h100_full", 52), ("mosaicml_a100_full", 59)):
+    # 8K tokens x 3 (75.3 GiB); the 18 large-scale H100 runs too (the fullest 57.1 GiB)
+    for name, count, fullest in (("mosaicml_h100_full", 52, 75.3), ("mosaicml_a100_full", 59, 75.3),
+                                 ("mosaicml_h100_large", 18, 57.1)):
         table = data[name]
         full = [np.max(estimate_memory(layout := resolve(make_plan(**kw), spec))["total"]) / layout.gpu.capacity_bytes
                 for spec, kw in (mosaicml_setup(table, row) for row in table["rows"])]
-        assert len(full) == count and max(full) == pytest.approx(75.3 / 80, abs=0.002)
+        assert len(full) == count and max(full) == pytest.approx(fullest / 80, abs=0.002)
 
 
 def test_held_out_mosaicml_h100_fp8_rows(published):
     """MosaicML's H100 FP8 table (held out; Transformer Engine fp8 linear layers, 350M-3B, 512 to
-    32,768 tokens): 5.4% mean, 11.3% worst in docs/accuracy.md; bounds one point above. fp8
+    32,768 tokens): 5.4% mean, 10.6% worst in docs/accuracy.md; bounds one point above. fp8
     recipes keep attention and the head 16-bit: MPT-3B at 32K tokens ran 5,856 tokens/s per GPU
     in fp8 and 5,873 in bf16 (attention-bound), and the model puts the two within 10% of each
     other (priced at the fp8 peak, attention made the fp8 run 1.9x faster)."""
@@ -249,7 +252,7 @@ def test_held_out_mosaicml_h100_fp8_rows(published):
     from trainplan.calibration import _compare
 
     e = np.abs(errors(published, "mosaicml_h100_fp8"))
-    assert len(e) == 10 and e.mean() <= 0.064 and e.max() <= 0.123
+    assert len(e) == 10 and e.mean() <= 0.064 and e.max() <= 0.116
     data = tomllib.loads(DATA.read_text())
     fp8 = _compare("mosaicml_h100_fp8", data["mosaicml_h100_fp8"], data["mosaicml_h100_fp8"]["rows"][0], {})
     bf16_row = next(r for r in data["mosaicml_h100_full"]["rows"] if r[0] == "3b" and r[4] == 32768)
@@ -261,7 +264,7 @@ def test_held_out_mosaicml_h100_fp8_rows(published):
 def test_plans_report_the_error_of_the_published_runs_behind_them(published):
     """`plan` reports beside its step time how far the published comparison says to trust it:
     catalog/accuracy.toml, written by scripts/accuracy_report.py, holds each accelerator's runs
-    (each counted once: 74 on H100, 69 on A100 80GB, of which 9 and 10 in the tables the training
+    (each counted once: 92 on H100, 69 on A100 80GB, of which 9 and 10 in the tables the training
     ratios are fitted on) and their mean and worst absolute error,
     the same figures docs/accuracy.md shows. H200 and H800 take the H100's efficiency defaults
     and report its runs; an accelerator without its own measured defaults, or with no compared
@@ -273,7 +276,7 @@ def test_plans_report_the_error_of_the_published_runs_behind_them(published):
 
     assert published_errors() == errors_by_gpu(published)  # regenerate: scripts/accuracy_report.py
     h100 = published_errors()["H100-SXM"]
-    assert h100["runs"] == 9 + 52 + 10 + 3 and published_errors()["A100-80GB-SXM"]["runs"] == 10 + 59
+    assert h100["runs"] == 9 + 52 + 18 + 10 + 3 and published_errors()["A100-80GB-SXM"]["runs"] == 10 + 59
     assert h100["fitted_runs"] == 9 and published_errors()["A100-80GB-SXM"]["fitted_runs"] == 10
     assert h100["mean_abs_error"] == pytest.approx(np.mean(np.abs(
         [r["predicted"] / r["published"] - 1 for r in published

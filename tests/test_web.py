@@ -397,10 +397,10 @@ def test_page_says_how_far_to_trust_the_step(server, browser):
     carries it: on H200 the H100 runs whose defaults it shares, with their mean and worst error;
     on B200 that no published run is compared yet; in both languages."""
     a = _api({"model": "llama-3-8b", "gpu": "H200-SXM", "gpus": 8})["time"]["accuracy"]
-    assert a["compared_on"] == "H100-SXM" and a["runs"] == 74
+    assert a["compared_on"] == "H100-SXM" and a["runs"] == 92
     page = _open(browser, server, {"model": "llama-3-8b", "gpu": "H200-SXM", "gpus": 8})
     text = page.inner_text("#accuracy")
-    assert "74 published runs (9 fitted on) on H100-SXM, whose efficiency defaults H200-SXM shares" in text
+    assert "92 published runs (9 fitted on) on H100-SXM, whose efficiency defaults H200-SXM shares" in text
     assert f"{100 * a['mean_abs_error']:.1f}% mean error, {100 * a['worst_abs_error']:.1f}% worst" in text
     page.click("#lang")
     page.wait_for_function("document.querySelector('#accuracy').innerText.startsWith('准确度')")

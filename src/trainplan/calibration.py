@@ -138,11 +138,15 @@ def narayanan_setup(cfg: dict, row: list) -> tuple[ModelSpec, dict]:
 def mosaicml_setup(cfg: dict, row: list, attention: str = "triton") -> tuple[ModelSpec, dict]:
     """A MosaicML llm-foundry row: the MPT model and the plan options of its run (the rule in
     the docstring); `attention` replaces the published kernel for a comparison."""
-    name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row
+    name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row[:12]
+    # FSDP's sharding strategy, where a table gives one: SHARD_GRAD_OP keeps the parameters
+    # gathered from the forward through the backward and shards gradients and optimizer state
+    # (ZeRO-2); FULL_SHARD (the default) shards the parameters too (ZeRO-3)
+    zero = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[row[12] if len(row) > 12 else "FULL_SHARD"]
     spec = ModelSpec(name=f"MPT-{name}", source="llm-foundry", layers=L, hidden=d, heads=a, ffn=4 * d,
                      mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
                      max_position=seq, fused_qkv=True)
-    return spec, dict(gpu=cfg["gpu"], gpus=g, zero=3, framework="fsdp", precision=cfg.get("precision", "bf16"),
+    return spec, dict(gpu=cfg["gpu"], gpus=g, zero=zero, framework="fsdp", precision=cfg.get("precision", "bf16"),
                       mbs=mb, gbs=gbs, seq_len=seq, attention=attention, fused_loss=True, reduce_dtype="bf16",
                       backward_prefetch="post", recompute="full" if ckpt else "none")
 
@@ -193,11 +197,12 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
         label = f"{system}: h {h}, {L} layers, MP {mp}, {g} GPUs"
         return dict(source=table, gpu=gpu, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)
     if table.startswith("mosaicml_"):
-        name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row
+        name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row[:12]
         spec, kw = mosaicml_setup(cfg, row, attention=attention)
         layout = resolve(_plan(profiles, **kw), spec)
         t = evaluate_layout(layout)["time"]
-        label = f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"
+        label = (f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"
+                 + (", SHARD_GRAD_OP" if kw["zero"] == 2 else ""))
         return dict(source=table, gpu=cfg["gpu"], label=label, metric="tokens/s per GPU", published=tok,
                     predicted=t["tokens_per_s"] / g)
     if table == "llama3_405b":

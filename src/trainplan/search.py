@@ -342,7 +342,8 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=trainable,
             gbs=sel(col("gbs")), seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
             sharp=plan.sharp, data_s=data_step_seconds(plan, model, sel(col("gbs")) * seq / sel(col("dp"))),
-            prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch])
+            prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
+            stage_layers=model.layers / sel(pp))
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,

@@ -2,13 +2,15 @@
 
 Time of a collective over n ranks moving a buffer of S bytes per rank:
 
-    t = factor(n) · S / busbw + latency
+    t = factor(n) · S / busbw + calls · latency(n, nodes)
 
 with the nccl-tests bus-bandwidth factors (doc/PERFORMANCE.md): all-reduce 2(n-1)/n,
 all-gather, reduce-scatter and all-to-all (n-1)/n, send/recv 1. busbw is the achieved bus
 bandwidth of the slowest link the group spans: NVLink inside a node (ring collectives reach
 ~80% of the unidirectional NVLink bandwidth), the NIC across nodes (~90% of line rate); with
-NVLS/SHARP in-network reduction the all-reduce factor drops to (n-1)/n.
+NVLS/SHARP in-network reduction the all-reduce factor drops to (n-1)/n. The latency of a call
+is NCCL's own model of its ring (ring_latency): it grows with every hop, so an FSDP gather issued
+per layer over hundreds of GPUs costs milliseconds before a byte of bandwidth.
 
 All functions take numbers or numpy arrays.
 """
@@ -33,9 +35,35 @@ def bus_factor(kind: int, n, sharp=False):
 
 
 def collective_time(kind: int, nbytes, n, busbw, latency, sharp=False):
-    """Seconds for one collective; zero for a group of one."""
+    """Seconds for a collective moving `nbytes` per rank, `latency` its calls' latency in all
+    (ring_latency times the calls it is issued in); zero for a group of one."""
     n = np.asarray(n, dtype=float)
     return (bus_factor(kind, n, sharp) * nbytes / busbw + latency) * (n > 1)
+
+
+def ring_latency(kind: int, n, nodes, base, intra_step, inter_step):
+    """Seconds of latency in one call over n ranks on `nodes` nodes, by NCCL's cost model of its
+    ring (src/graph/tuning.cc, Simple protocol): base + hops inside a node x intra_step + hops
+    between nodes x inter_step. All-gather and reduce-scatter go n - 1 hops, nodes - 1 of them
+    between nodes; all-reduce twice that; send/recv and an all-to-all's parallel sends one."""
+    n, nodes = np.asarray(n, dtype=float), np.asarray(nodes, dtype=float)
+    if kind in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE):
+        rounds = 2 if kind == ALL_REDUCE else 1
+        hops, between = rounds * (n - 1), rounds * (nodes - 1)
+    else:
+        hops, between = np.minimum(n - 1, 1.0), (nodes > 1) * 1.0
+    return base + (hops - between) * intra_step + between * inter_step
+
+
+def _ranks_per_node(size, stride, gpus_per_node):
+    """How many of a group's `size` ranks, placed `stride` GPUs apart, share a node."""
+    return np.minimum(np.maximum(np.floor(gpus_per_node / np.maximum(stride, 1)), 1), np.maximum(size, 1))
+
+
+def group_nodes(size, stride, gpus_per_node):
+    """Nodes a group of `size` ranks placed `stride` GPUs apart spans (a group that fits in one
+    node has all its ranks on it)."""
+    return np.ceil(np.asarray(size, dtype=float) / _ranks_per_node(size, stride, gpus_per_node))
 
 
 def group_busbw(size, stride, gpus_per_node, nvlink_busbw, nic_busbw):
@@ -47,6 +75,5 @@ def group_busbw(size, stride, gpus_per_node, nvlink_busbw, nic_busbw):
     style stride that leaves one rank per node gets one NIC."""
     size, stride = np.asarray(size, dtype=float), np.asarray(stride, dtype=float)
     span = size * stride
-    per_node = np.clip(np.floor(gpus_per_node / np.maximum(stride, 1)), 1, size)
-    across = np.minimum(nvlink_busbw, per_node * nic_busbw)
+    across = np.minimum(nvlink_busbw, _ranks_per_node(size, stride, gpus_per_node) * nic_busbw)
     return np.where(span <= gpus_per_node, nvlink_busbw, across)

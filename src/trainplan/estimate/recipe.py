@@ -24,6 +24,9 @@ class Recipe:
     frozen_weight_bytes: float  # base weights under LoRA / QLoRA
     autocast_copy_bytes: float  # 16-bit weight casts autocast saves for backward (plain torch)
     reduce_bucket_elems: float
+    # data-parallel collectives issued unit by unit (FSDP: each layer and the root), each call
+    # paying NCCL's latency; ZeRO-3 does so under any framework
+    per_unit_collectives: bool
     grad_bucket_copy: bool
     logit_bytes: float  # logits the loss keeps for its backward (fp32 log-probabilities, or 16-bit)
     loss_workspace_bytes: float  # per logit, transient during the loss
@@ -88,6 +91,7 @@ def recipe(plan: Plan) -> Recipe:
         linear_in_bytes=linear_in, frozen_weight_bytes=frozen,
         fused_kernels=bool(fw["fused_kernels"] if plan.fused_kernels is None else plan.fused_kernels),
         autocast_copy_bytes=autocast, reduce_bucket_elems=float(fw["reduce_bucket_elems"]),
+        per_unit_collectives=bool(fw.get("per_unit_collectives", False)),
         grad_bucket_copy=bool(fw["grad_bucket_copy"]),
         tp_embedding_grad_replicated=bool(fw.get("tp_embedding_grad_replicated", False)),
         recompute_skips_last_linear=bool(fw["recompute_early_stop"] if plan.recompute_early_stop is None

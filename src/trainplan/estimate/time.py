@@ -71,7 +71,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         "hbm": eff["hbm"],
         "nvlink": eff["nvlink_ring"],
         "nic": eff["nic"],
-        "latency": eff["collective_latency_us"] * 1e-6,
+        "latency": tuple(eff["nccl_ring_latency_us"][k] * 1e-6 for k in ("base", "nvlink_step", "net_step")),
         "flash_head_dim_multiple": eff["flash_head_dim_multiple"],
         "overlap_slowdown": eff["overlap_compute_slowdown"],
     }
@@ -326,7 +326,7 @@ class Hardware:
     hbm: float
     nvlink: float  # achieved unidirectional ring bandwidth per GPU
     nic: float
-    latency: float
+    latency: tuple  # NCCL's ring latency model (base, NVLink hop, network hop), seconds
     gemm_eff: float
     flash_eff: float
     attention_kernel: str  # the plan's attention (flash_head_dim pads by kernel)
@@ -390,7 +390,8 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
-                           backward_prefetch=backward_prefetch)
+                           backward_prefetch=backward_prefetch,
+                           stage_layers=(np.asarray(total_dense, dtype=float) + total_moe) / pp)
     return {**out, "detail": stages["detail"]}
 
 
@@ -456,8 +457,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                        "elementwise_backward": 2 * elementwise, "recompute": recomputed, "total": compute[kind]}
 
     # -- communication per layer and micro-batch
-    tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp,
-                                 comm.group_busbw(tp, 1, gpn, hw.nvlink, hw.nic), hw.latency, sharp)
+    tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp, comm.group_busbw(tp, 1, gpn, hw.nvlink, hw.nic),
+                                 call_latency(hw, comm.ALL_REDUCE, tp, 1, gpn), sharp)
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
@@ -465,10 +466,12 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     tp_layer = {kind: tp_fwd + tp_bwd + np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip), 0.0)
                 for kind in ("dense", "moe")}  # early stop: the attention's collective only
     a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
-                               comm.group_busbw(ep, tp * cp, gpn, hw.nvlink, hw.nic), hw.latency) \
+                               comm.group_busbw(ep, tp * cp, gpn, hw.nvlink, hw.nic),
+                               call_latency(hw, comm.ALL_TO_ALL, ep, tp * cp, gpn)) \
         if model.is_moe else 0.0
     cp_ring = comm.collective_time(comm.ALL_GATHER, tokens * 2 * model.kv_dim / tp * elem * cp, cp,
-                                   comm.group_busbw(cp, tp, gpn, hw.nvlink, hw.nic), hw.latency)
+                                   comm.group_busbw(cp, tp, gpn, hw.nvlink, hw.nic),
+                                   call_latency(hw, comm.ALL_GATHER, cp, tp, gpn))
     # The ring passes K/V blocks around while attention runs (forward, and K/V plus their
     # gradients in the backward); the all-gather variant (Llama 3, Dubey et al. 2024 §3.3.2)
     # gathers K/V before attention and reduce-scatters their gradients after it, "exposed in
@@ -479,7 +482,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # path of 1F1B; neighbouring stages are tp·cp·dp ranks apart.
     p2p = np.where(pp > 1, comm.collective_time(comm.SEND_RECV, tokens * h * elem / tp, 2,
                                                 comm.group_busbw(2, tp * cp * dp, gpn, hw.nvlink, hw.nic),
-                                                hw.latency), 0.0)
+                                                call_latency(hw, comm.SEND_RECV, 2, tp * cp * dp, gpn)), 0.0)
     # the output head's GEMM forward and its two backward GEMMs, and the loss's passes over the logits
     eff16, curve16 = hw.gemm16
     head = 3 * _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, eff16, hw.sms, elem, curve16) \
@@ -527,6 +530,12 @@ def slowest_stage(parts: dict) -> dict:
     return {"slowest_s": pick(stage), "slowest_parts": {k: pick(v) for k, v in parts.items()}, "stage_s": stage}
 
 
+def call_latency(hw: Hardware, kind: int, n, stride, gpn):
+    """Latency of one collective call over n ranks placed `stride` GPUs apart (NCCL's ring model,
+    conventions.toml [efficiency.nccl_ring_latency_us])."""
+    return comm.ring_latency(kind, n, comm.group_nodes(n, stride, gpn), *hw.latency)
+
+
 def overlapped(comm_s, compute_s, slowdown):
     """Seconds a collective adds when run beside `compute_s` of compute: what outlasts the
     compute, plus the compute it overlaps slowed by `slowdown` (NCCL's kernels take SMs and
@@ -537,7 +546,7 @@ def overlapped(comm_s, compute_s, slowdown):
 
 def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
                      offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops, sharp=False,
-                     data_s=0.0, prefetch=True, backward_prefetch=0) -> dict:
+                     data_s=0.0, prefetch=True, backward_prefetch=0, stage_layers=1) -> dict:
     """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
     data-parallel communication and the optimizer update; then the input pipeline's `data_s`
     per step, overlapped with all that when prefetching (estimate/data.py)."""
@@ -558,8 +567,19 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # reduce-scatters its gradients, prefetching so each overlaps that micro-batch's compute;
     # a backward gather issued after the layer's gradients (BACKWARD_POST) waits in the open,
     # and without prefetch the reduce-scatter queued before it does too.
-    gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw, hw.latency)
-    scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, dp_group, dp_bw, hw.latency)
+    # Each pass pays NCCL's latency per call (conventions.toml [efficiency.nccl_ring_latency_us]):
+    # ZeRO-3 / FSDP gathers and reduce-scatters unit by unit, one call per layer and one for the
+    # root, each needed before (or freed after) its layer; a bucketed gradient reduction
+    # (Megatron, DeepSpeed, DDP) is priced as one call per pass: counting Megatron-Core's
+    # 40M-parameter buckets one call each would put its published H100 rows (DP 48 across
+    # nodes) 2.4 points further off, 7.7% -> 10.1% mean, and its 16B row from +1% to -6%.
+    calls = np.where((zero >= 3) | r.per_unit_collectives, f(stage_layers) + 1, 1.0)
+    dp_nodes = comm.group_nodes(dp_group, tp, gpn)
+    lat = {kind: calls * comm.ring_latency(kind, dp_group, dp_nodes, *hw.latency)
+           for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_REDUCE)}
+    gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw,
+                                  lat[comm.ALL_GATHER])
+    scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, dp_group, dp_bw, lat[comm.REDUCE_SCATTER])
     per_mb = 2 * gather + scatter
     bp = f(backward_prefetch)
     exposed = np.where(bp >= 1, gather, 0.0) + np.where(bp >= 2, scatter, 0.0)
@@ -570,7 +590,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     z1 = np.where(overlap_dp, overlapped(scatter, stage_compute * 2 / 3, hw.overlap_slowdown)
                   + overlapped(gather, stage_compute / 3, hw.overlap_slowdown), scatter + gather)
     # plain data parallelism: one all-reduce, bucket by bucket during the last backward
-    ar = comm.collective_time(comm.ALL_REDUCE, wire_grad_bytes, dp_group, dp_bw, hw.latency, sharp)
+    ar = comm.collective_time(comm.ALL_REDUCE, wire_grad_bytes, dp_group, dp_bw, lat[comm.ALL_REDUCE], sharp)
     z0 = np.where(overlap_dp, overlapped(ar, stage_compute * 2 / 3, hw.overlap_slowdown), ar)
     dp_exposed = np.where(zero >= 3, z3, np.where(zero >= 1, z1, z0))
     shard = np.where(zero >= 1, dp_group, 1.0)
