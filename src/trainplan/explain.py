@@ -92,7 +92,8 @@ def gemm_terms(hw) -> str:
 def explain_time_lines(result: PlanResult) -> list[str]:
     """The step's terms with the plan's numbers: one micro-batch on the slowest stage, by layer
     kind and part, then the pipeline, the data-parallel collectives and the optimizer."""
-    from .estimate.time import flash_efficiency, step_derivation
+    from .estimate import comm as nccl
+    from .estimate.time import call_latency, flash_efficiency, step_derivation
     from .profile import load_profile
 
     L, p = result.layout, result.layout.plan
@@ -154,7 +155,12 @@ def explain_time_lines(result: PlanResult) -> list[str]:
             what = f"per step a gradient all-reduce of {_t(coll['all_reduce'])}"
         overlap = (f"overlapped, compute beside them {hw.overlap_slowdown:.1%} slower" if p.overlap_dp
                    else "not overlapped")
-        out.append(f"  + data parallel over {group} ranks: {what}, {overlap}: {_t(bd['dp_comm'])} exposed")
+        per_unit = L.zero >= 3 or recipe(p).per_unit_collectives
+        calls = f"{L.model.layers / L.pp + 1:g} calls (a layer each, and the root)" if per_unit else "one call"
+        lat = float(call_latency(hw, nccl.ALL_GATHER if L.zero >= 1 else nccl.ALL_REDUCE, group, L.tp,
+                                 p.gpus_per_node))
+        out.append(f"  + data parallel over {group} ranks: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
+                   f"each collective {calls} of {_t(lat)} NCCL ring latency")
     out.append(f"  + optimizer {_t(bd['optimizer'])}" + (f" + waiting for data {_t(bd['data'])}" if bd["data"] else "")
                + f" = step {_t(result.time['step_s'])}")
     return out
