@@ -21,7 +21,7 @@ ACCURACY_FILE = catalog.CATALOG_DIR / "accuracy.toml"
 
 @lru_cache(maxsize=1)
 def published_errors() -> dict:
-    """The generated error table: {gpu name: {runs, mean_abs_error, worst_abs_error, bias}}."""
+    """The generated error table: {gpu name: {runs, fitted_runs, mean_abs_error, worst_abs_error}}."""
     with open(ACCURACY_FILE, "rb") as fh:
         return tomllib.load(fh)["gpus"]
 
@@ -33,8 +33,8 @@ def _defaults(name: str) -> tuple | None:
     if name not in eff["gemm"]:
         return None
     frac = eff["gemm_training_fraction"].get(name, eff["gemm_training_fraction_of_mamf"])
-    return (eff["gemm"][name], frac, repr(eff["gemm_shape"].get(name)), eff["flash_attention"].get(name),
-            repr(eff["flash_attention_curve"].get(name)), repr(eff["cudnn_attention_curve"].get(name)))
+    return (eff["gemm"][name], frac, eff["gemm_shape"].get(name), eff["flash_attention"].get(name),
+            eff["flash_attention_curve"].get(name), eff["cudnn_attention_curve"].get(name))
 
 
 def prediction_accuracy(gpu_name: str, profiled: bool = False) -> dict:
