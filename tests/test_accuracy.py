@@ -297,3 +297,25 @@ def test_plans_report_the_error_of_the_published_runs_behind_them(published):
 
     listing = {g["name"]: g["accuracy"] for g in json.loads(CliRunner().invoke(app, ["gpus", "--json"]).output)}
     assert listing["H800-SXM"]["compared_on"] == "H100-SXM" and listing["MI300X"]["compared_on"] is None
+
+
+def test_auto_attention_is_the_kernel_the_framework_runs():
+    """`--attention auto`, the default, prices the kernel the framework runs: Transformer Engine
+    (Megatron-Core) prefers cuDNN's fused attention on Hopper, so a Megatron plan on H100, H200
+    or H800 gets cuDNN (447.5 against FA2's 281 TFLOP/s at 4k) without a warning; elsewhere, and
+    under the other frameworks, FlashAttention-2. An explicit choice is kept (FA2 under
+    Megatron on Hopper is warned), and an unknown accelerator is still refused by name."""
+    from trainplan.errors import PlanError
+    from trainplan.plan import make_plan, resolve
+
+    for gpu in ("H100-SXM", "H200-SXM", "H800-SXM"):
+        plan = make_plan(model="llama-3-8b", gpu=gpu, gpus=8, framework="megatron")
+        assert plan.attention == "cudnn" and not resolve(plan).warnings
+    for framework, gpu in (("deepspeed", "H100-SXM"), ("fsdp", "H100-SXM"), ("megatron", "A100-80GB-SXM"),
+                           ("megatron", "B200")):
+        assert make_plan(model="llama-3-8b", gpu=gpu, gpus=8, framework=framework).attention == "flash"
+    explicit = make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8, framework="megatron", attention="flash")
+    assert explicit.attention == "flash" and resolve(explicit).warning_details[0]["code"] == "megatron_cudnn"
+    with pytest.raises(PlanError) as e:
+        resolve(make_plan(model="llama-3-8b", gpu="H1000", gpus=8, framework="megatron"))
+    assert e.value.field == "gpu"

@@ -67,6 +67,9 @@ def test_api_cudnn_attention_speeds_hopper_and_warns_elsewhere():
     fa2, cudnn = (client.post("/api/plan", json={**a100, "attention": a}).json() for a in ("flash", "cudnn"))
     assert cudnn["time"]["step_s"] == fa2["time"]["step_s"]
     assert [w["code"] for w in cudnn["warning_details"]] == ["cudnn_unpublished"]
+    # left to "auto" (the page's default), a Megatron plan on H100 runs cuDNN, as Transformer Engine does
+    auto = client.post("/api/plan", json={**h100, "framework": "megatron"}).json()
+    assert auto["recipe"]["attention"] == "cudnn" and not auto["warning_details"]
 
 
 def test_api_input_pipeline_and_sharp_reach_the_step():
@@ -318,6 +321,7 @@ def test_page_kernel_choices_reach_the_plan(server, browser):
     Chinese too."""
     base = {"model": "llama-3-8b", "gpu": "A100-80GB-SXM", "gpus": 8, "gbs": 8, "seq_len": 8192, "zero": 3}
     page = _open(browser, server, base)
+    assert page.input_value("select[name=attention]") == "auto"  # the framework's own kernel by default
     fused = _tick_and_match_peak(page, base, "fused_loss")
     with page.expect_response("**/api/plan"):
         page.select_option("select[name=attention]", "triton")

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import PlanError, from_pydantic
 from .plan_types import (
@@ -81,7 +81,9 @@ class Plan(BaseModel):
     optimizer: Optimizer = "adamw"
     offload_optimizer: bool = False
     offload_params: bool = False
-    attention: Attention = "flash"
+    attention: Attention = Field(
+        default="auto", description="attention kernel; auto: what the framework runs on the GPU (cuDNN for "
+        "Megatron on Hopper, where Transformer Engine prefers it; FlashAttention-2 otherwise)")
     fused_loss: bool = Field(default=False, description="a fused cross-entropy kernel (flash-attn, Apex xentropy, "
                              "Liger): the loss reads the 16-bit logits and keeps no fp32 copy")
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -139,6 +141,27 @@ class Plan(BaseModel):
             except ValueError:
                 raise ValueError("must be comma-separated integers, e.g. 7,8,8,7") from None
         return v
+
+
+    @model_validator(mode="after")
+    def _resolve_auto_attention(self):
+        if self.attention == "auto":
+            self.attention = framework_attention(self.framework, self.gpu)
+        return self
+
+
+def framework_attention(framework: str, gpu: str) -> str:
+    """The attention kernel a framework runs on an accelerator: Transformer Engine (Megatron-Core)
+    prefers cuDNN's fused attention to FlashAttention-2 on Hopper (its backend selection:
+    "Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance
+    reasons", TE 1.x already, with flash-attn <= 2.5.8), priced where its speed is published
+    (conventions.toml [efficiency.cudnn_attention_curve]); FlashAttention-2 otherwise."""
+    try:
+        name = catalog.gpu(gpu).name
+    except PlanError:  # an unknown accelerator is reported by resolve(), naming the field
+        return "flash"
+    cudnn_priced = name in conventions()["efficiency"]["cudnn_attention_curve"]
+    return "cudnn" if framework == "megatron" and cudnn_priced else "flash"
 
 
 def make_plan(**options) -> Plan:
