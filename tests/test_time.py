@@ -619,7 +619,7 @@ def test_collective_latency_is_nccls_ring_model():
     from trainplan.estimate.time import call_latency, hardware
 
     hw = hardware(resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)))
-    assert hw.latency == pytest.approx((8.4e-6, 3.4e-6, 14.0e-6))
+    assert hw.latency == pytest.approx((8.4e-6, 3.4e-6, 14.0e-6, 23e-6, 14e-6))
     assert call_latency(hw, comm.ALL_GATHER, 512, 1, 8) == pytest.approx((8.4 + 448 * 3.4 + 63 * 14.0) * 1e-6)
     assert call_latency(hw, comm.ALL_GATHER, 512, 1, 8) == pytest.approx(2.4136e-3, rel=1e-4)
     assert call_latency(hw, comm.REDUCE_SCATTER, 8, 1, 8) == pytest.approx(32.2e-6)
@@ -628,6 +628,11 @@ def test_collective_latency_is_nccls_ring_model():
     assert call_latency(hw, comm.ALL_GATHER, 48, 8, 8) == pytest.approx((8.4 + 47 * 14.0) * 1e-6)
     assert call_latency(hw, comm.SEND_RECV, 2, 64, 8) == pytest.approx((8.4 + 14.0) * 1e-6)
     assert comm.group_nodes(np.array([8, 16, 48, 512]), np.array([1, 1, 8, 1]), 8).tolist() == [1, 2, 48, 64]
+    # done in the network (--sharp), an all-reduce is NCCL's NVLS: one 23 us step in a node, and
+    # its NVLS tree across nodes, 2 log2(nodes) network steps more (64 nodes: 23 + 12 x 14 us)
+    assert call_latency(hw, comm.ALL_REDUCE, 8, 1, 8, sharp=True) == pytest.approx(23e-6)
+    assert call_latency(hw, comm.ALL_REDUCE, 512, 1, 8, sharp=True) == pytest.approx((23 + 12 * 14) * 1e-6)
+    assert call_latency(hw, comm.ALL_GATHER, 8, 1, 8, sharp=True) == call_latency(hw, comm.ALL_GATHER, 8, 1, 8)
 
 
 def test_fsdp_pays_the_latency_of_every_layers_collectives():

@@ -55,6 +55,14 @@ def ring_latency(kind: int, n, nodes, base, intra_step, inter_step):
     return base + (hops - between) * intra_step + between * inter_step
 
 
+def nvls_latency(nodes, nvls_step, tree_net_step):
+    """Seconds of latency in one all-reduce done in the network (NCCL's NVLS in a node, its NVLS
+    tree across nodes: src/graph/tuning.cc): one NVLink SHARP step, plus 2 log2(nodes) network
+    steps of the tree across nodes."""
+    nodes = np.asarray(nodes, dtype=float)
+    return nvls_step + 2 * np.log2(np.maximum(nodes, 1.0)) * tree_net_step
+
+
 def _ranks_per_node(size, stride, gpus_per_node):
     """How many of a group's `size` ranks, placed `stride` GPUs apart, share a node."""
     return np.minimum(np.maximum(np.floor(gpus_per_node / np.maximum(stride, 1)), 1), np.maximum(size, 1))

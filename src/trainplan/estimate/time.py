@@ -71,7 +71,8 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         "hbm": eff["hbm"],
         "nvlink": eff["nvlink_ring"],
         "nic": eff["nic"],
-        "latency": tuple(eff["nccl_ring_latency_us"][k] * 1e-6 for k in ("base", "nvlink_step", "net_step")),
+        "latency": tuple(eff["nccl_latency_us"][k] * 1e-6
+                         for k in ("base", "nvlink_step", "net_step", "nvls", "nvls_tree_net_step")),
         "flash_head_dim_multiple": eff["flash_head_dim_multiple"],
         "overlap_slowdown": eff["overlap_compute_slowdown"],
     }
@@ -326,7 +327,7 @@ class Hardware:
     hbm: float
     nvlink: float  # achieved unidirectional ring bandwidth per GPU
     nic: float
-    latency: tuple  # NCCL's ring latency model (base, NVLink hop, network hop), seconds
+    latency: tuple  # NCCL's latency model: ring (base, NVLink hop, network hop), NVLS (step, tree network step), s
     gemm_eff: float
     flash_eff: float
     attention_kernel: str  # the plan's attention (flash_head_dim pads by kernel)
@@ -458,7 +459,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
 
     # -- communication per layer and micro-batch
     tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp, comm.group_busbw(tp, 1, gpn, hw.nvlink, hw.nic),
-                                 call_latency(hw, comm.ALL_REDUCE, tp, 1, gpn), sharp)
+                                 call_latency(hw, comm.ALL_REDUCE, tp, 1, gpn, sharp), sharp)
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
@@ -530,10 +531,17 @@ def slowest_stage(parts: dict) -> dict:
     return {"slowest_s": pick(stage), "slowest_parts": {k: pick(v) for k, v in parts.items()}, "stage_s": stage}
 
 
-def call_latency(hw: Hardware, kind: int, n, stride, gpn):
-    """Latency of one collective call over n ranks placed `stride` GPUs apart (NCCL's ring model,
-    conventions.toml [efficiency.nccl_ring_latency_us])."""
-    return comm.ring_latency(kind, n, comm.group_nodes(n, stride, gpn), *hw.latency)
+def call_latency(hw: Hardware, kind: int, n, stride, gpn, sharp=False):
+    """Latency of one collective call over n ranks placed `stride` GPUs apart (NCCL's ring model;
+    an all-reduce done in the network, NVLS; conventions.toml [efficiency.nccl_latency_us])."""
+    return _latency(hw, kind, n, comm.group_nodes(n, stride, gpn), sharp)
+
+
+def _latency(hw: Hardware, kind: int, n, nodes, sharp=False):
+    ring = comm.ring_latency(kind, n, nodes, *hw.latency[:3])
+    if kind != comm.ALL_REDUCE:
+        return ring
+    return np.where(sharp, comm.nvls_latency(nodes, *hw.latency[3:]), ring)
 
 
 def overlapped(comm_s, compute_s, slowdown):
@@ -567,7 +575,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # reduce-scatters its gradients, prefetching so each overlaps that micro-batch's compute;
     # a backward gather issued after the layer's gradients (BACKWARD_POST) waits in the open,
     # and without prefetch the reduce-scatter queued before it does too.
-    # Each pass pays NCCL's latency per call (conventions.toml [efficiency.nccl_ring_latency_us]):
+    # Each pass pays NCCL's latency per call (conventions.toml [efficiency.nccl_latency_us]):
     # ZeRO-3 / FSDP gathers and reduce-scatters unit by unit, one call per layer and one for the
     # root, each needed before (or freed after) its layer; a bucketed gradient reduction
     # (Megatron, DeepSpeed, DDP) is priced as one call per pass: counting Megatron-Core's
@@ -575,7 +583,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # nodes) 2.4 points further off, 7.7% -> 10.1% mean, and its 16B row from +1% to -6%.
     calls = np.where((zero >= 3) | r.per_unit_collectives, f(stage_layers) + 1, 1.0)
     dp_nodes = comm.group_nodes(dp_group, tp, gpn)
-    lat = {kind: calls * comm.ring_latency(kind, dp_group, dp_nodes, *hw.latency)
+    lat = {kind: calls * _latency(hw, kind, dp_group, dp_nodes, sharp)
            for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_REDUCE)}
     gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw,
                                   lat[comm.ALL_GATHER])
