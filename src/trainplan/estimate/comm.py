@@ -63,25 +63,25 @@ def nvls_latency(nodes, nvls_step, tree_net_step):
     return nvls_step + 2 * np.log2(np.maximum(nodes, 1.0)) * tree_net_step
 
 
-def _ranks_per_node(size, stride, gpus_per_node):
+def ranks_per_node(size, stride, gpus_per_node):
     """How many of a group's `size` ranks, placed `stride` GPUs apart, share a node."""
     return np.minimum(np.maximum(np.floor(gpus_per_node / np.maximum(stride, 1)), 1), np.maximum(size, 1))
 
 
-def group_nodes(size, stride, gpus_per_node):
+def group_nodes(size, stride, gpus_per_node, per_node=None):
     """Nodes a group of `size` ranks placed `stride` GPUs apart spans (a group that fits in one
-    node has all its ranks on it)."""
-    return np.ceil(np.asarray(size, dtype=float) / _ranks_per_node(size, stride, gpus_per_node))
+    node has all its ranks on it); `per_node`, ranks_per_node's value if already known."""
+    per_node = ranks_per_node(size, stride, gpus_per_node) if per_node is None else per_node
+    return np.ceil(np.asarray(size, dtype=float) / per_node)
 
 
-def group_busbw(size, stride, gpus_per_node, nvlink_busbw, nic_busbw):
+def group_busbw(size, stride, gpus_per_node, nvlink_busbw, nic_busbw, per_node=None):
     """Achieved bus bandwidth of a group of `size` ranks placed `stride` GPUs apart.
 
     Inside one node it is NVLink's. Across nodes NCCL runs one ring per NIC, so the group
     gets the NICs of all its ranks on a node together (nccl-tests / ml-engineering: 4 x 8
     B200 with 8 x 400G reach 382 GB/s bus bandwidth), bounded by NVLink: a tensor-parallel-
     style stride that leaves one rank per node gets one NIC."""
-    size, stride = np.asarray(size, dtype=float), np.asarray(stride, dtype=float)
-    span = size * stride
-    across = np.minimum(nvlink_busbw, _ranks_per_node(size, stride, gpus_per_node) * nic_busbw)
-    return np.where(span <= gpus_per_node, nvlink_busbw, across)
+    per_node = ranks_per_node(size, stride, gpus_per_node) if per_node is None else per_node
+    span = np.asarray(size, dtype=float) * stride
+    return np.where(span <= gpus_per_node, nvlink_busbw, np.minimum(nvlink_busbw, per_node * nic_busbw))

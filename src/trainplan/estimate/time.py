@@ -458,8 +458,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                        "elementwise_backward": 2 * elementwise, "recompute": recomputed, "total": compute[kind]}
 
     # -- communication per layer and micro-batch
-    tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp, comm.group_busbw(tp, 1, gpn, hw.nvlink, hw.nic),
-                                 call_latency(hw, comm.ALL_REDUCE, tp, 1, gpn, sharp), sharp)
+    tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp, *link(hw, comm.ALL_REDUCE, tp, 1, gpn, sharp),
+                                 sharp)
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
@@ -467,12 +467,10 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     tp_layer = {kind: tp_fwd + tp_bwd + np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip), 0.0)
                 for kind in ("dense", "moe")}  # early stop: the attention's collective only
     a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
-                               comm.group_busbw(ep, tp * cp, gpn, hw.nvlink, hw.nic),
-                               call_latency(hw, comm.ALL_TO_ALL, ep, tp * cp, gpn)) \
+                               *link(hw, comm.ALL_TO_ALL, ep, tp * cp, gpn)) \
         if model.is_moe else 0.0
     cp_ring = comm.collective_time(comm.ALL_GATHER, tokens * 2 * model.kv_dim / tp * elem * cp, cp,
-                                   comm.group_busbw(cp, tp, gpn, hw.nvlink, hw.nic),
-                                   call_latency(hw, comm.ALL_GATHER, cp, tp, gpn))
+                                   *link(hw, comm.ALL_GATHER, cp, tp, gpn))
     # The ring passes K/V blocks around while attention runs (forward, and K/V plus their
     # gradients in the backward); the all-gather variant (Llama 3, Dubey et al. 2024 §3.3.2)
     # gathers K/V before attention and reduce-scatters their gradients after it, "exposed in
@@ -482,8 +480,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # (Megatron's scatter-gather optimization, Narayanan et al. 2021 §4.1), on the critical
     # path of 1F1B; neighbouring stages are tp·cp·dp ranks apart.
     p2p = np.where(pp > 1, comm.collective_time(comm.SEND_RECV, tokens * h * elem / tp, 2,
-                                                comm.group_busbw(2, tp * cp * dp, gpn, hw.nvlink, hw.nic),
-                                                call_latency(hw, comm.SEND_RECV, 2, tp * cp * dp, gpn)), 0.0)
+                                                *link(hw, comm.SEND_RECV, 2, tp * cp * dp, gpn)), 0.0)
     # the output head's GEMM forward and its two backward GEMMs, and the loss's passes over the logits
     eff16, curve16 = hw.gemm16
     head = 3 * _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, eff16, hw.sms, elem, curve16) \
@@ -534,14 +531,29 @@ def slowest_stage(parts: dict) -> dict:
 def call_latency(hw: Hardware, kind: int, n, stride, gpn, sharp=False):
     """Latency of one collective call over n ranks placed `stride` GPUs apart (NCCL's ring model;
     an all-reduce done in the network, NVLS; conventions.toml [efficiency.nccl_latency_us])."""
-    return _latency(hw, kind, n, comm.group_nodes(n, stride, gpn), sharp)
+    return link(hw, kind, n, stride, gpn, sharp)[1]
 
 
-def _latency(hw: Hardware, kind: int, n, nodes, sharp=False):
-    ring = comm.ring_latency(kind, n, nodes, *hw.latency[:3])
-    if kind != comm.ALL_REDUCE:
-        return ring
-    return np.where(sharp, comm.nvls_latency(nodes, *hw.latency[3:]), ring)
+def link(hw: Hardware, kind: int, n, stride, gpn, sharp=False) -> tuple:
+    """(bus bandwidth, latency of one call) of a collective over n ranks placed `stride` GPUs
+    apart: the group's placement worked out once for both; one layout's (scalars) memoised."""
+    if np.ndim(n) == np.ndim(stride) == 0:
+        return _one_link(hw.nvlink, hw.nic, hw.latency, kind, float(n), float(stride), gpn, bool(sharp))
+    return _link(hw.nvlink, hw.nic, hw.latency, kind, n, stride, gpn, sharp)
+
+
+@lru_cache(maxsize=4096)
+def _one_link(nvlink, nic, latency, kind, n, stride, gpn, sharp):
+    return tuple(float(x) for x in _link(nvlink, nic, latency, kind, n, stride, gpn, sharp))
+
+
+def _link(nvlink, nic, latency, kind, n, stride, gpn, sharp):
+    per_node = comm.ranks_per_node(n, stride, gpn)
+    nodes = comm.group_nodes(n, stride, gpn, per_node)
+    lat = comm.ring_latency(kind, n, nodes, *latency[:3])
+    if kind == comm.ALL_REDUCE and sharp:  # done in the network: NCCL's NVLS
+        lat = comm.nvls_latency(nodes, *latency[3:])
+    return comm.group_busbw(n, stride, gpn, nvlink, nic, per_node), lat
 
 
 def overlapped(comm_s, compute_s, slowdown):
@@ -568,7 +580,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
     dp_group = dp * cp
-    dp_bw = comm.group_busbw(dp_group, tp, gpn, hw.nvlink, hw.nic)
+    dp_bw = link(hw, comm.ALL_GATHER, dp_group, tp, gpn)[0]
     wire_grad_bytes = trainable * r.reduce_bytes  # the gradients as the collectives carry them
     stage_compute = per_micro_batch["compute"]
     # ZeRO-3 / FSDP gathers the parameters for every micro-batch's forward and backward and
@@ -582,8 +594,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # 40M-parameter buckets one call each would put its published H100 rows (DP 48 across
     # nodes) 2.4 points further off, 7.7% -> 10.1% mean, and its 16B row from +1% to -6%.
     calls = np.where((zero >= 3) | r.per_unit_collectives, f(stage_layers) + 1, 1.0)
-    dp_nodes = comm.group_nodes(dp_group, tp, gpn)
-    lat = {kind: calls * _latency(hw, kind, dp_group, dp_nodes, sharp)
+    lat = {kind: calls * link(hw, kind, dp_group, tp, gpn, sharp)[1]
            for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_REDUCE)}
     gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw,
                                   lat[comm.ALL_GATHER])
