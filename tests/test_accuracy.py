@@ -288,6 +288,15 @@ def test_plans_report_the_error_of_the_published_runs_behind_them(published):
     assert prediction_accuracy("H100-SXM", profiled=True)["basis"] == "profile"
     out = to_json(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)))
     assert out["time"]["accuracy"] == {"compared_on": "H100-SXM", "basis": "published runs", **h100}
+    # every published run is a dense model trained in full: a MoE or LoRA plan says what is not covered
+    moe = to_json(evaluate(make_plan(model="mixtral-8x7b", gpu="H100-SXM", gpus=64, ep=8, zero=1)))
+    assert moe["time"]["accuracy"]["beyond"] == ["moe"] and moe["time"]["accuracy"]["runs"] == h100["runs"]
+    lora = to_json(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=1, finetune="lora")))
+    assert lora["time"]["accuracy"]["beyond"] == ["lora"] and "beyond" not in out["time"]["accuracy"]
+    from trainplan.render import accuracy_sentence
+
+    assert accuracy_sentence(moe["time"]["accuracy"], "H100-SXM").endswith(
+        "the published runs are dense models trained in full, not mixture of experts")
     # the catalog listing carries the same figures per accelerator
     import json
 

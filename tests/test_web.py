@@ -413,3 +413,9 @@ def test_page_says_how_far_to_trust_the_step(server, browser):
     page = _open(browser, server, {"model": "llama-3-8b", "gpu": "B200", "gpus": 8})
     assert "no published run on B200 compared yet" in page.inner_text("#accuracy")
     page.close()
+    # a mixture of experts is beyond the published (dense) runs, and the page says so
+    page = _open(browser, server, {"model": "mixtral-8x7b", "gpu": "H100-SXM", "gpus": 64, "ep": 8, "zero": 1})
+    assert "not mixture of experts" in page.inner_text("#accuracy")
+    page.click("#lang")
+    page.wait_for_function("document.querySelector('#accuracy').innerText.includes('混合专家')")
+    page.close()

@@ -163,6 +163,13 @@ def _dur(seconds: float) -> str:
 
 def accuracy_sentence(a: dict, gpu: str) -> str:
     """How far the step time is to be trusted, in words (estimate/accuracy.py)."""
+    names = {"moe": "mixture of experts", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}
+    beyond = (f"; the published runs are dense models trained in full, not {' or '.join(names[b] for b in a['beyond'])}"
+              if a.get("beyond") else "")
+    return _accuracy_basis(a, gpu) + beyond
+
+
+def _accuracy_basis(a: dict, gpu: str) -> str:
     if a["basis"] == "profile":
         return "accuracy: priced from a measured profile (docs/accuracy.md compares the catalog defaults)"
     if a["compared_on"] is None:

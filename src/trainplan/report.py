@@ -108,7 +108,8 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                         "hardware_flops_per_step": result.time["hardware_flops_per_step"]},
             "time": {**{k: v for k, v in result.time.items()
                         if k not in ("model_flops_per_step", "hardware_flops_per_step")},
-                     "accuracy": prediction_accuracy(L.gpu.name, profiled=bool(p.gpu_profile))},
+                     "accuracy": prediction_accuracy(L.gpu.name, profiled=bool(p.gpu_profile), moe=L.model.is_moe,
+                                                     finetune=p.finetune)},
             "training": result.training} if result.time else {}),
         "warnings": list(L.warnings),
         "warning_details": list(L.warning_details),

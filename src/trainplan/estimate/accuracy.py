@@ -37,17 +37,21 @@ def _defaults(name: str) -> tuple | None:
             eff["flash_attention_curve"].get(name), eff["cudnn_attention_curve"].get(name))
 
 
-def prediction_accuracy(gpu_name: str, profiled: bool = False) -> dict:
+def prediction_accuracy(gpu_name: str, profiled: bool = False, moe: bool = False, finetune: str = "full") -> dict:
     """What the published comparison says about a plan on `gpu_name`: the runs compared and the
     mean and worst absolute error of their predicted throughput (fractions), with the
-    accelerator they ran on; `compared_on` is None where no published run backs the figures."""
+    accelerator they ran on; `compared_on` is None where no published run backs the figures.
+    Every published run is a dense model trained in full, so a mixture-of-experts or LoRA /
+    QLoRA plan carries `beyond`: what of it the comparison does not cover ("moe", "lora", "qlora")."""
+    beyond = [what for what, on in (("moe", moe), (finetune, finetune != "full")) if on]
+    extra = {"beyond": beyond} if beyond else {}
     if profiled:
-        return {"compared_on": None, "basis": "profile"}
+        return {"compared_on": None, "basis": "profile", **extra}
     table = published_errors()
     if gpu_name in table:
-        return {"compared_on": gpu_name, "basis": "published runs", **table[gpu_name]}
+        return {"compared_on": gpu_name, "basis": "published runs", **table[gpu_name], **extra}
     mine = _defaults(gpu_name)
     for other, figures in table.items():
         if mine is not None and _defaults(other) == mine:
-            return {"compared_on": other, "basis": "shared defaults", **figures}
-    return {"compared_on": None, "basis": "none"}
+            return {"compared_on": other, "basis": "shared defaults", **figures, **extra}
+    return {"compared_on": None, "basis": "none", **extra}

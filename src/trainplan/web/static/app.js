@@ -182,6 +182,11 @@
   // How far to trust the step time: the error on published runs (docs/accuracy.md)
   function accuracyText(a, gpu) {
     if (!a) return "";
+    const beyond = (a.beyond || []).length ? " " + t("acc_beyond", { what: a.beyond.map((b) => t("acc_beyond_" + b)).join(" / ") }) : "";
+    return accuracyBasis(a, gpu) + beyond;
+  }
+
+  function accuracyBasis(a, gpu) {
     if (a.basis === "profile") return t("acc_profile");
     if (a.compared_on === null) return t("acc_none", { gpu });
     const fitted = a.fitted_runs ? t("acc_fitted", { n: a.fitted_runs }) : "";
