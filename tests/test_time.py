@@ -356,7 +356,7 @@ def test_all_gather_context_parallelism_exposes_its_exchange():
     "exposed in the critical path", and reduce-scatters their gradients after it: per layer and
     micro-batch, 2 collectives of the K/V all-gather's time (3 with a recomputed forward). The
     ring passes the same bytes while attention runs, hidden at 64K tokens."""
-    from trainplan.estimate.time import call_latency, hardware
+    from trainplan.estimate.time import hardware, link
 
     kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=16, cp=16, seq_len=65536, gbs=1)
     ring, gathered = (evaluate(make_plan(**kw, cp_comm=c)).time for c in ("ring", "allgather"))
@@ -366,7 +366,7 @@ def test_all_gather_context_parallelism_exposes_its_exchange():
     m = lay.model
     kv = (65536 / 16) * 2 * m.kv_dim * 2 * 16  # every rank's K and V, bf16, gathered
     ag = comm.collective_time(comm.ALL_GATHER, kv, 16, comm.group_busbw(16, 1, 8, hw.nvlink, hw.nic),
-                              call_latency(hw, comm.ALL_GATHER, 16, 1, 8))
+                              link(hw, comm.ALL_GATHER, 16, 1, 8)[1])
     assert gathered["breakdown_s"]["cp_comm"] == pytest.approx(m.layers * 2 * ag, rel=1e-9)
     assert gathered["step_s"] > ring["step_s"]
 
@@ -616,23 +616,28 @@ def test_collective_latency_is_nccls_ring_model():
     protocol): 8.4 us + 3.4 us per hop inside a node + 14.0 us per hop between nodes. An
     all-gather over 512 GPUs on 64 nodes takes 511 hops, 63 between nodes: 2.41 ms; over the 8
     GPUs of one node 32.2 us; an all-reduce goes round twice; a send/recv is one hop."""
-    from trainplan.estimate.time import call_latency, hardware
+    from trainplan.estimate.time import hardware, link
 
     hw = hardware(resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)))
     assert hw.latency == pytest.approx((8.4e-6, 3.4e-6, 14.0e-6, 23e-6, 14e-6))
-    assert call_latency(hw, comm.ALL_GATHER, 512, 1, 8) == pytest.approx((8.4 + 448 * 3.4 + 63 * 14.0) * 1e-6)
-    assert call_latency(hw, comm.ALL_GATHER, 512, 1, 8) == pytest.approx(2.4136e-3, rel=1e-4)
-    assert call_latency(hw, comm.REDUCE_SCATTER, 8, 1, 8) == pytest.approx(32.2e-6)
-    assert call_latency(hw, comm.ALL_REDUCE, 8, 1, 8) == pytest.approx((8.4 + 14 * 3.4) * 1e-6)
+    assert link(hw, comm.ALL_GATHER, 512, 1, 8)[1] == pytest.approx((8.4 + 448 * 3.4 + 63 * 14.0) * 1e-6)
+    assert link(hw, comm.ALL_GATHER, 512, 1, 8)[1] == pytest.approx(2.4136e-3, rel=1e-4)
+    assert link(hw, comm.REDUCE_SCATTER, 8, 1, 8)[1] == pytest.approx(32.2e-6)
+    assert link(hw, comm.ALL_REDUCE, 8, 1, 8)[1] == pytest.approx((8.4 + 14 * 3.4) * 1e-6)
     # one rank per node (data parallelism beside TP 8): every hop crosses the network
-    assert call_latency(hw, comm.ALL_GATHER, 48, 8, 8) == pytest.approx((8.4 + 47 * 14.0) * 1e-6)
-    assert call_latency(hw, comm.SEND_RECV, 2, 64, 8) == pytest.approx((8.4 + 14.0) * 1e-6)
+    assert link(hw, comm.ALL_GATHER, 48, 8, 8)[1] == pytest.approx((8.4 + 47 * 14.0) * 1e-6)
+    assert link(hw, comm.SEND_RECV, 2, 64, 8)[1] == pytest.approx((8.4 + 14.0) * 1e-6)
     assert comm.group_nodes(np.array([8, 16, 48, 512]), np.array([1, 1, 8, 1]), 8).tolist() == [1, 2, 48, 64]
     # done in the network (--sharp), an all-reduce is NCCL's NVLS: one 23 us step in a node, and
     # its NVLS tree across nodes, 2 log2(nodes) network steps more (64 nodes: 23 + 12 x 14 us)
-    assert call_latency(hw, comm.ALL_REDUCE, 8, 1, 8, sharp=True) == pytest.approx(23e-6)
-    assert call_latency(hw, comm.ALL_REDUCE, 512, 1, 8, sharp=True) == pytest.approx((23 + 12 * 14) * 1e-6)
-    assert call_latency(hw, comm.ALL_GATHER, 8, 1, 8, sharp=True) == call_latency(hw, comm.ALL_GATHER, 8, 1, 8)
+    assert link(hw, comm.ALL_REDUCE, 8, 1, 8, sharp=True)[1] == pytest.approx(23e-6)
+    assert link(hw, comm.ALL_REDUCE, 512, 1, 8, sharp=True)[1] == pytest.approx((23 + 12 * 14) * 1e-6)
+    assert link(hw, comm.ALL_GATHER, 8, 1, 8, sharp=True)[1] == link(hw, comm.ALL_GATHER, 8, 1, 8)[1]
+    # `plan --explain` shows the latency the step paid: NVLS over 64 GPUs on 8 nodes, 23 + 6 x 14 us
+    from trainplan.explain import explain_time_lines
+
+    lines = explain_time_lines(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=64, sharp=True)))
+    assert "each collective one call of 0.107 ms NCCL latency" in lines[-2]
 
 
 def test_fsdp_pays_the_latency_of_every_layers_collectives():
@@ -660,4 +665,4 @@ def test_fsdp_pays_the_latency_of_every_layers_collectives():
 
     lines = explain_time_lines(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=512, zero=3,
                                                   framework="fsdp", gbs=1024)))
-    assert "each collective 33 calls (a layer each, and the root) of 2.41 ms NCCL ring latency" in lines[-2]
+    assert "each collective 33 calls (a layer each, and the root) of 2.41 ms NCCL latency" in lines[-2]

@@ -92,8 +92,7 @@ def gemm_terms(hw) -> str:
 def explain_time_lines(result: PlanResult) -> list[str]:
     """The step's terms with the plan's numbers: one micro-batch on the slowest stage, by layer
     kind and part, then the pipeline, the data-parallel collectives and the optimizer."""
-    from .estimate import comm as nccl
-    from .estimate.time import call_latency, flash_efficiency, step_derivation
+    from .estimate.time import flash_efficiency, step_derivation
     from .profile import load_profile
 
     L, p = result.layout, result.layout.plan
@@ -155,12 +154,11 @@ def explain_time_lines(result: PlanResult) -> list[str]:
             what = f"per step a gradient all-reduce of {_t(coll['all_reduce'])}"
         overlap = (f"overlapped, compute beside them {hw.overlap_slowdown:.1%} slower" if p.overlap_dp
                    else "not overlapped")
-        per_unit = L.zero >= 3 or recipe(p).per_unit_collectives
-        calls = f"{L.model.layers / L.pp + 1:g} calls (a layer each, and the root)" if per_unit else "one call"
-        lat = float(call_latency(hw, nccl.ALL_GATHER if L.zero >= 1 else nccl.ALL_REDUCE, group, L.tp,
-                                 p.gpus_per_node))
+        n_calls = float(np.asarray(d["dp_calls"]).ravel()[0])
+        calls = f"{n_calls:g} calls (a layer each, and the root)" if n_calls > 1 else "one call"
+        lat = float(np.asarray(d["dp_call_latency_s"]["all_gather" if L.zero >= 1 else "all_reduce"]).ravel()[0])
         out.append(f"  + data parallel over {group} ranks: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
-                   f"each collective {calls} of {_t(lat)} NCCL ring latency")
+                   f"each collective {calls} of {_t(lat)} NCCL latency")
     out.append(f"  + optimizer {_t(bd['optimizer'])}" + (f" + waiting for data {_t(bd['data'])}" if bd["data"] else "")
                + f" = step {_t(result.time['step_s'])}")
     return out

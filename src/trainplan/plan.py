@@ -142,7 +142,6 @@ class Plan(BaseModel):
                 raise ValueError("must be comma-separated integers, e.g. 7,8,8,7") from None
         return v
 
-
     @model_validator(mode="after")
     def _resolve_auto_attention(self):
         if self.attention == "auto":
@@ -160,8 +159,14 @@ def framework_attention(framework: str, gpu: str) -> str:
         name = catalog.gpu(gpu).name
     except PlanError:  # an unknown accelerator is reported by resolve(), naming the field
         return "flash"
-    cudnn_priced = name in conventions()["efficiency"]["cudnn_attention_curve"]
-    return "cudnn" if framework == "megatron" and cudnn_priced else "flash"
+    return "cudnn" if framework == "megatron" and te_prefers_cudnn(name) else "flash"
+
+
+def te_prefers_cudnn(gpu_name: str) -> bool:
+    """Whether Transformer Engine runs cuDNN attention rather than FlashAttention-2 on this
+    accelerator (Hopper: the ones with a published cuDNN speed, conventions.toml
+    [efficiency.cudnn_attention_curve])."""
+    return gpu_name in conventions()["efficiency"]["cudnn_attention_curve"]
 
 
 def make_plan(**options) -> Plan:
@@ -450,11 +455,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         # FlashAttention-2 and its Triton kernel build for Ampere (sm80) and newer, the first with bf16 tensor cores
         warn("flash_needs_ampere", f"FlashAttention needs an Ampere or newer GPU; {gpu.name} would run PyTorch's "
              "SDPA fallback or materialised scores: plan with --attention sdpa or eager", gpu=gpu.name)
-    cudnn_curves = conv["efficiency"]["cudnn_attention_curve"]
-    if plan.attention == "cudnn" and gpu.name not in cudnn_curves:
+    if plan.attention == "cudnn" and not te_prefers_cudnn(gpu.name):
         warn("cudnn_unpublished", f"no published cuDNN attention speed for {gpu.name}: priced as FlashAttention-2",
              gpu=gpu.name)
-    if plan.attention == "flash" and plan.framework == "megatron" and gpu.name in cudnn_curves:
+    if plan.attention == "flash" and plan.framework == "megatron" and te_prefers_cudnn(gpu.name):
         warn("megatron_cudnn", f"Megatron-Core's Transformer Engine runs cuDNN attention on {gpu.name}, not "
              "FlashAttention-2: plan with --attention cudnn to match", gpu=gpu.name)
     if plan.dropout > 0 and plan.attention == "eager" and plan.recompute == "none" and seq_len >= 8192:

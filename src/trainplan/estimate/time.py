@@ -528,15 +528,11 @@ def slowest_stage(parts: dict) -> dict:
     return {"slowest_s": pick(stage), "slowest_parts": {k: pick(v) for k, v in parts.items()}, "stage_s": stage}
 
 
-def call_latency(hw: Hardware, kind: int, n, stride, gpn, sharp=False):
-    """Latency of one collective call over n ranks placed `stride` GPUs apart (NCCL's ring model;
-    an all-reduce done in the network, NVLS; conventions.toml [efficiency.nccl_latency_us])."""
-    return link(hw, kind, n, stride, gpn, sharp)[1]
-
-
 def link(hw: Hardware, kind: int, n, stride, gpn, sharp=False) -> tuple:
     """(bus bandwidth, latency of one call) of a collective over n ranks placed `stride` GPUs
-    apart: the group's placement worked out once for both; one layout's (scalars) memoised."""
+    apart (NCCL's ring model; an all-reduce done in the network, NVLS; conventions.toml
+    [efficiency.nccl_latency_us]): the group's placement worked out once for both; one
+    layout's (scalars) memoised."""
     if np.ndim(n) == np.ndim(stride) == 0:
         return _one_link(hw.nvlink, hw.nic, hw.latency, kind, float(n), float(stride), gpn, bool(sharp))
     return _link(hw.nvlink, hw.nic, hw.latency, kind, n, stride, gpn, sharp)
@@ -594,8 +590,9 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # 40M-parameter buckets one call each would put its published H100 rows (DP 48 across
     # nodes) 2.4 points further off, 7.7% -> 10.1% mean, and its 16B row from +1% to -6%.
     calls = np.where((zero >= 3) | r.per_unit_collectives, f(stage_layers) + 1, 1.0)
-    lat = {kind: calls * link(hw, kind, dp_group, tp, gpn, sharp)[1]
-           for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_REDUCE)}
+    call_lat = {kind: link(hw, kind, dp_group, tp, gpn, sharp)[1]
+                for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_REDUCE)}
+    lat = {kind: calls * v for kind, v in call_lat.items()}
     gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw,
                                   lat[comm.ALL_GATHER])
     scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, dp_group, dp_bw, lat[comm.REDUCE_SCATTER])
@@ -631,6 +628,10 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "micro_batch_s": per_micro_batch,
         "pipeline_s": pipe,
         "dp_collectives_s": {"all_gather": gather, "reduce_scatter": scatter, "all_reduce": ar},
+        # each collective's calls per pass and the latency of one call (`plan --explain`)
+        "dp_calls": calls,
+        "dp_call_latency_s": {"all_gather": call_lat[comm.ALL_GATHER], "reduce_scatter": call_lat[comm.REDUCE_SCATTER],
+                              "all_reduce": call_lat[comm.ALL_REDUCE]},
     }
 
 

@@ -6,7 +6,7 @@ import shlex
 
 from ..errors import PlanError
 from ..estimate.recipe import recipe
-from ..plan import conventions
+from ..plan import te_prefers_cudnn
 
 
 def megatron_args(layout) -> str:
@@ -79,7 +79,7 @@ def megatron_args(layout) -> str:
     if p.recompute == "full" and recipe(p).recompute_skips_last_linear:
         notes.append("# recompute full: Megatron-LM re-runs every checkpointed layer whole; plan with "
                      "--no-recompute-early-stop to match")
-    hopper_cudnn = layout.gpu.name in conventions()["efficiency"]["cudnn_attention_curve"]
+    hopper_cudnn = te_prefers_cudnn(layout.gpu.name)
     if p.attention == "triton":
         kernel, option = ("cuDNN attention (Transformer Engine's choice here)", "cudnn") if hopper_cudnn else \
             ("FlashAttention-2 (--use-flash-attn)", "flash")
