@@ -84,6 +84,7 @@ def test_torchtitan_toml(kw, names):
     assert par["pipeline_parallel_schedule"] in tt["schedules"]
     assert cfg["activation_checkpoint"]["mode"] in tt["ac_modes"]
     assert par.get("context_parallel_rotate_method", "allgather") in tt["cp_rotate_methods"]
+    assert cfg["optimizer"]["implementation"] in tt["optimizer_implementations"]
     degrees = (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["tensor_parallel_degree"]
                * par["pipeline_parallel_degree"] * par["context_parallel_degree"])
     assert degrees == lay.gpus

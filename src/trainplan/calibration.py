@@ -10,7 +10,10 @@ not give are chosen by one rule for all rows, never fitted per row:
   all-reduce after the backward; 2024 Megatron-Core: bf16, cuDNN attention (Transformer
   Engine prefers it to FlashAttention-2 on Hopper: conventions.toml
   [efficiency.cudnn_attention_curve]), the published overlap flags; MosaicML: bf16 autocast
-  (fp8 for their FP8 table: Transformer Engine linears) under FSDP FULL_SHARD, FlashAttention in
+  (fp8 for their FP8 table: Transformer Engine linears) under FSDP1 FULL_SHARD (PyTorch 2.1's
+  FullyShardedDataParallel, which divides each unsharded gradient in place before its
+  reduce-scatter), Composer's DecoupledAdamW (a per-parameter loop of unfused ops, priced as
+  torch.optim's for-loop AdamW), FlashAttention in
   Triton (their benchmark script's attn_impl default), flash-attn's fused cross-entropy (MPT's
   loss_fn default), learned position embeddings (the published parameter counts grow with
   the sequence length), gradients reduce-scattered in bf16 (the tables' FSDP mixed precision
@@ -146,8 +149,8 @@ def mosaicml_setup(cfg: dict, row: list, attention: str = "triton") -> tuple[Mod
     spec = ModelSpec(name=f"MPT-{name}", source="llm-foundry", layers=L, hidden=d, heads=a, ffn=4 * d,
                      mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
                      max_position=seq, fused_qkv=True)
-    return spec, dict(gpu=cfg["gpu"], gpus=g, zero=zero, framework="fsdp", precision=cfg.get("precision", "bf16"),
-                      mbs=mb, gbs=gbs, seq_len=seq, attention=attention, fused_loss=True, reduce_dtype="bf16",
+    return spec, dict(gpu=cfg["gpu"], gpus=g, zero=zero, framework="fsdp1", optimizer_impl="for-loop",
+                      precision=cfg.get("precision", "bf16"), mbs=mb, gbs=gbs, seq_len=seq, attention=attention, fused_loss=True, reduce_dtype="bf16",
                       backward_prefetch="post", recompute="full" if ckpt else "none")
 
 

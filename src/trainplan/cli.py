@@ -23,6 +23,7 @@ from .plan_types import (
     Framework,
     GradDtype,
     Optimizer,
+    OptimizerImpl,
     Precision,
     Recompute,
     Schedule,
@@ -63,6 +64,7 @@ FrameworkOpt = _choices("FrameworkOpt", Framework)
 CpCommOpt = _choices("CpCommOpt", CpComm)
 BackwardPrefetchOpt = _choices("BackwardPrefetchOpt", BackwardPrefetch)
 OptimizerOpt = _choices("OptimizerOpt", Optimizer)
+OptimizerImplOpt = _choices("OptimizerImplOpt", OptimizerImpl)
 FinetuneOpt = _choices("FinetuneOpt", Finetune)
 GradDtypeOpt = _choices("GradDtypeOpt", GradDtype)
 
@@ -97,12 +99,13 @@ def _plan_options(
     grad_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Override the framework's gradient dtype")] = None,
     reduce_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Dtype of the data-parallel gradient reduction (default: the gradients' own; FSDP reduce_dtype, DeepSpeed communication_data_type)")] = None,
     optimizer: Annotated[OptimizerOpt, typer.Option(help="Optimizer")] = OptimizerOpt("adamw"),
+    optimizer_impl: Annotated[OptimizerImplOpt | None, typer.Option(help="How the optimizer step runs: fused (one kernel: Apex/TE FusedAdam, torch fused=True), foreach (torch.optim's default on GPUs) or for-loop (one kernel per operation and tensor); default: the framework's (fused for deepspeed, megatron, fsdp; foreach for fsdp1, torch)")] = None,
     offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer", help="Optimizer state and master weights on CPU")] = False,
     offload_params: Annotated[bool, typer.Option("--offload-params", help="Parameters on CPU (ZeRO-3)")] = False,
     attention: Annotated[AttentionOpt, typer.Option(help="auto (what the framework runs: cuDNN for megatron on Hopper, else FlashAttention-2), flash (FlashAttention-2), sdpa (PyTorch SDPA), triton (FlashAttention in Triton, e.g. MPT attn_impl=triton), cudnn (cuDNN fused attention: Transformer Engine's choice on Hopper) or eager (materialised scores)")] = AttentionOpt("auto"),
     fused_loss: Annotated[bool, typer.Option("--fused-loss", help="A fused cross-entropy kernel (flash-attn, Apex xentropy, Liger): no fp32 copy of the logits")] = False,
     dropout: Annotated[float, typer.Option(help="Dropout probability (0 = off)")] = 0.0,
-    framework: Annotated[FrameworkOpt, typer.Option(help="Byte conventions: deepspeed, megatron, fsdp (FSDP2) or torch (DDP + autocast)")] = FrameworkOpt("deepspeed"),
+    framework: Annotated[FrameworkOpt, typer.Option(help="Byte conventions: deepspeed, megatron, fsdp (FSDP2), fsdp1 (FullyShardedDataParallel) or torch (DDP + autocast)")] = FrameworkOpt("deepspeed"),
     finetune: Annotated[FinetuneOpt, typer.Option(help="full, lora or qlora")] = FinetuneOpt("full"),
     lora_rank: Annotated[int, typer.Option(help="LoRA rank")] = 16,
     lora_targets: Annotated[str, typer.Option(help="LoRA target linears: q,k,v,o,gate,up,down")] = "q,k,v,o,gate,up,down",

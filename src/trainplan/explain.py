@@ -96,6 +96,7 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     from .profile import load_profile
 
     L, p = result.layout, result.layout.plan
+    r = recipe(p)
     d = step_derivation(L, load_profile(p.gpu_profile) if p.gpu_profile else None, result.memory)
     hw, det = d["hardware"], d["detail"]
     stage_s = np.broadcast_to(np.asarray(d["stage_s"], dtype=float), (L.pp,))
@@ -157,8 +158,14 @@ def explain_time_lines(result: PlanResult) -> list[str]:
         n_calls = float(np.asarray(d["dp_calls"]).ravel()[0])
         calls = f"{n_calls:g} calls (a layer each, and the root)" if n_calls > 1 else "one call"
         lat = float(np.asarray(d["dp_call_latency_s"]["all_gather" if L.zero >= 1 else "all_reduce"]).ravel()[0])
+        book = float(np.asarray(d["dp_bookkeeping_s"]).ravel()[0])
+        passes = (f"; {p.framework}'s own passes over the gradients ({r.grad_reduce_passes:g} per reduction)"
+                  + (f" and gathered parameters ({r.gather_copy_passes:g} per gather)" if r.gather_copy_passes else "")
+                  + f" {_t(book)}, included") if book else ""
         out.append(f"  + data parallel over {group} ranks: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
-                   f"each collective {calls} of {_t(lat)} NCCL latency")
-    out.append(f"  + optimizer {_t(bd['optimizer'])}" + (f" + waiting for data {_t(bd['data'])}" if bd["data"] else "")
+                   f"each collective {calls} of {_t(lat)} NCCL latency{passes}")
+    out.append(f"  + optimizer {_t(bd['optimizer'])} ({p.optimizer} {r.optimizer_impl}"
+               + (f", {r.optimizer_traffic:g}x a fused step's traffic" if r.optimizer_traffic != 1 else "") + ")"
+               + (f" + waiting for data {_t(bd['data'])}" if bd["data"] else "")
                + f" = step {_t(result.time['step_s'])}")
     return out

@@ -26,6 +26,7 @@ from .plan_types import (
     Framework,
     GradDtype,
     Optimizer,
+    OptimizerImpl,
     Precision,
     Recompute,
     Schedule,
@@ -76,9 +77,13 @@ class Plan(BaseModel):
     precision: Precision = "bf16"
     grad_dtype: GradDtype | None = None
     reduce_dtype: GradDtype | None = Field(default=None, description="dtype of the data-parallel gradient "
-                                           "collectives (default: the gradients' own): FSDP MixedPrecision "
-                                           "reduce_dtype, DeepSpeed communication_data_type")
+                                           "collectives (default: the gradients' own; FSDP1's: the compute dtype): FSDP "
+                                           "MixedPrecision reduce_dtype, DeepSpeed communication_data_type")
     optimizer: Optimizer = "adamw"
+    optimizer_impl: OptimizerImpl | None = Field(
+        default=None, description="how the optimizer step runs: fused (one kernel: Apex/Transformer Engine "
+        "FusedAdam, torch fused=True), foreach (PyTorch's default on GPUs: one multi-tensor kernel per "
+        "operation) or for-loop (one kernel per operation and tensor); default: the framework's")
     offload_optimizer: bool = False
     offload_params: bool = False
     attention: Attention = Field(

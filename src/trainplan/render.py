@@ -58,7 +58,7 @@ def render_plan(data: dict) -> None:
             f"{' (early stop)' if par.get('recompute_early_stop') else ''}, "
             f"schedule {par['schedule']}{' v=' + str(par['vpp']) if par['vpp'] > 1 else ''}")
     bpp = tr["bytes_per_param"]
-    c.print(f"{tr['precision']} · {tr['optimizer']} · {tr['framework']} conventions "
+    c.print(f"{tr['precision']} · {tr['optimizer']} ({tr['optimizer_impl']}) · {tr['framework']} conventions "
             f"({bpp['weights']:g}+{bpp['grads']:g}+{bpp['master']:g}+{bpp['optimizer']:g} bytes/param) · "
             f"attention {tr['attention']}" + (" · fused loss" if tr["fused_loss"] else "")
             + (f" · gradients reduced in {tr['reduce_dtype']}" if tr.get("reduce_dtype") else "")

@@ -38,6 +38,16 @@ class Recipe:
     # checkpointing with early stop, and no dropout after that linear (a dropout saves its mask
     # after it, so the recomputation would have to run it)
     recompute_skips_last_linear: bool = False
+    # the optimizer step's HBM traffic relative to one fused kernel (conventions.toml
+    # [optimizer_step]): foreach and for-loop steps run one pass per operation
+    optimizer_impl: str = "fused"
+    optimizer_traffic: float = 1.0
+    # one-way passes (a read or a write) over the local gradients, in the reduce dtype, that
+    # the framework makes outside the collective each time it reduces them (scaling, NaN
+    # check, zeroing, copies into a communication buffer), and over each gathered parameter,
+    # in the compute dtype, per gather (FSDP2 copies the gathered output out)
+    grad_reduce_passes: float = 0.0
+    gather_copy_passes: float = 0.0
 
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "
@@ -85,7 +95,8 @@ def recipe(plan: Plan) -> Recipe:
         traffic, backward = float(fw["loss_forward_bytes"]), float(fw["loss_backward_bytes"])
     return Recipe(
         weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
-        reduce_bytes=float(DTYPE_BYTES[plan.reduce_dtype]) if plan.reduce_dtype else grad,
+        reduce_bytes=float(DTYPE_BYTES[plan.reduce_dtype]) if plan.reduce_dtype
+        else compute_w if fw.get("reduce_in_compute_dtype", False) else grad,
         optimizer_bytes=opt, factored_optimizer=plan.optimizer == "adafactor", act_bytes=act,
         residual_bytes=residual,
         linear_in_bytes=linear_in, frozen_weight_bytes=frozen,
@@ -98,4 +109,7 @@ def recipe(plan: Plan) -> Recipe:
                                          else plan.recompute_early_stop) and plan.dropout == 0,
         logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,
         loss_backward_bytes=backward,
+        optimizer_impl=plan.optimizer_impl or fw["optimizer_impl"],
+        optimizer_traffic=float(conv["optimizer_step"][plan.optimizer_impl or fw["optimizer_impl"]]),
+        grad_reduce_passes=float(fw["grad_reduce_passes"]), gather_copy_passes=float(fw["gather_copy_passes"]),
     )

@@ -608,9 +608,26 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # plain data parallelism: one all-reduce, bucket by bucket during the last backward
     ar = comm.collective_time(comm.ALL_REDUCE, wire_grad_bytes, dp_group, dp_bw, lat[comm.ALL_REDUCE], sharp)
     z0 = np.where(overlap_dp, overlapped(ar, stage_compute * 2 / 3, hw.overlap_slowdown), ar)
-    dp_exposed = np.where(zero >= 3, z3, np.where(zero >= 1, z1, z0))
+    # The framework's own passes over the local gradients and the gathered parameters outside
+    # the collectives (conventions.toml [frameworks] grad_reduce_passes, gather_copy_passes),
+    # memory-bound work on the compute stream, wherever gradients are reduced: FSDP and ZeRO-3
+    # reduce every micro-batch, the others once a step; ZeRO-3 gathers twice a micro-batch
+    # (forward and backward), FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) once.
+    per_unit = (zero >= 3) | r.per_unit_collectives
+    reductions = np.where(per_unit, m, 1.0)
+    gathers = np.where(zero >= 3, 2 * m, np.where((zero >= 2) & per_unit, m, 0.0))
+    bookkeeping = np.where(dp_group > 1, trainable * (reductions * r.grad_reduce_passes * r.reduce_bytes
+                                                      + gathers * r.gather_copy_passes * r.compute_weight_bytes)
+                           / hw.hbm, 0.0)
+    dp_exposed = np.where(zero >= 3, z3, np.where(zero >= 1, z1, z0)) + bookkeeping
     shard = np.where(zero >= 1, dp_group, 1.0)
-    opt_bytes = trainable / shard * (r.grad_bytes + 2 * (r.master_bytes + r.optimizer_bytes) + r.weight_bytes)
+    # One optimizer step over this rank's shard. A fused kernel reads the gradient, reads and
+    # writes the master copy (the fp32 parameters themselves where there is none) and the
+    # state, and writes the 16-bit working weights where there is a master copy: 28 bytes per
+    # parameter for fp32 AdamW. Foreach and for-loop steps move `optimizer_traffic` times that.
+    updated = r.master_bytes if r.master_bytes > 0 else r.weight_bytes
+    working = r.weight_bytes if r.master_bytes > 0 else 0.0
+    opt_bytes = trainable / shard * (r.grad_bytes + 2 * (updated + r.optimizer_bytes) + working) * r.optimizer_traffic
     optimizer = np.where(f(offload_optimizer) > 0, 0.0, opt_bytes / hw.hbm)
     busy = pipe + dp_exposed + optimizer
     step = step_with_data(busy, data_s, prefetch)
@@ -628,6 +645,8 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "micro_batch_s": per_micro_batch,
         "pipeline_s": pipe,
         "dp_collectives_s": {"all_gather": gather, "reduce_scatter": scatter, "all_reduce": ar},
+        # the framework's passes over gradients and gathered parameters, inside "dp_comm"
+        "dp_bookkeeping_s": bookkeeping,
         # each collective's calls per pass and the latency of one call (`plan --explain`)
         "dp_calls": calls,
         "dp_call_latency_s": {"all_gather": call_lat[comm.ALL_GATHER], "reduce_scatter": call_lat[comm.REDUCE_SCATTER],

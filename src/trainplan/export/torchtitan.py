@@ -62,6 +62,9 @@ def torchtitan_toml(layout) -> str:
         },
         "activation_checkpoint": {"mode": p.recompute},
     }
+    if p.optimizer in ("adam", "adamw"):
+        sections["optimizer"] = {"name": {"adam": "Adam", "adamw": "AdamW"}[p.optimizer],
+                                 "implementation": recipe(p).optimizer_impl}
     if p.recompute == "selective":
         sections["activation_checkpoint"]["selective_ac_option"] = "op"
     lines = []
