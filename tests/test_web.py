@@ -48,6 +48,7 @@ def test_api_plan_matches_cli_json():
      "--grad-dtype bf16"),
     ({"model": "llama-3-8b", "backward_prefetch": "early"}, "backward_prefetch", "'pre', 'post' or 'none'"),
     ({"model": "llama-3-8b", "attention": "fa3"}, "attention", "'triton' or 'cudnn'"),
+    ({"model": "llama-3-8b", "optimizer_impl": "apex"}, "optimizer_impl", "'fused', 'foreach' or 'for-loop'"),
 ])
 def test_api_invalid_input_is_422_with_field_and_rule(body, field, words):
     res = client.post("/api/plan", json=body)
@@ -360,10 +361,19 @@ def test_page_kernel_choices_reach_the_plan(server, browser):
     assert early["time"]["step_s"] < _api(recomputed)["time"]["step_s"]
     page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {early['time']['step_s']}")
     assert "recompute_early_stop=true" in page.url
+    # DeepSpeed's fused Adam, then torch.optim's for-loop step: 80/28 of its traffic
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=optimizer_impl]", "for-loop")
+    _ready(page)
+    looped = _api({**recomputed, "recompute_early_stop": True, "optimizer_impl": "for-loop"})
+    assert looped["time"]["breakdown_s"]["optimizer"] == pytest.approx(
+        early["time"]["breakdown_s"]["optimizer"] * 2.857, rel=1e-9)
+    page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {looped['time']['step_s']}")
+    assert "optimizer_impl=for-loop" in page.url
     page.click("#lang")
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
     form_text = page.inner_text("form")
-    assert all(word in form_text for word in ("融合交叉熵", "算子实现", "梯度归约精度", "非重入式"))
+    assert all(word in form_text for word in ("融合交叉熵", "算子实现", "梯度归约精度", "非重入式", "优化器实现"))
     page.close()
 
 
