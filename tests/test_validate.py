@@ -73,6 +73,9 @@ def test_validate_rejects_what_it_cannot_run():
     with pytest.raises(PlanError) as e:
         validate(make_plan(model="llama-3-8b", gpus=2, pp=2), device="cpu")
     assert e.value.field == "pp"
+    with pytest.raises(PlanError) as e:  # validate runs FSDP2; FSDP1's bytes per parameter are the same
+        validate(make_plan(model="llama-3-8b", gpus=2, zero=3, framework="fsdp1"), device="cpu")
+    assert e.value.field == "framework" and "--framework fsdp" in e.value.rule
 
 
 def test_fused_kernel_functions_are_correct():

@@ -412,6 +412,9 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
             f"tp {layout.tp} zero {layout.zero} dp {layout.dp}, b={layout.mbs} s={layout.seq_len}, {device}")
     if progress:
         progress(f"running {name}")
+    if plan.framework == "fsdp1":
+        raise PlanError("framework", "validate runs FSDP2 (fully_shard); FSDP1 holds the same bytes per "
+                        "parameter: validate with --framework fsdp")
     if impl == "transformers" and (world > 1 or plan.framework == "fsdp"):
         raise PlanError("impl", "transformers models are validated on one process (tp = dp = 1)")
     if world > 1 or plan.framework == "fsdp" and plan.precision != "fp32":
