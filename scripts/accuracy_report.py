@@ -179,6 +179,27 @@ def _by_sequence(data: list[dict], source: str) -> str:
             "attention`) would settle it.")
 
 
+def _h100_over_a100(data: list[dict]) -> str:
+    """The runs MosaicML published on both accelerators (same model, sequence, GPUs and batch):
+    the H100's speed-up over the A100, published against predicted, for the attention-heavy
+    rows (8K tokens and more) and the GEMM-heavy ones (2K and less): which side of the H100's
+    defaults the error sits on."""
+    a100 = {r["label"]: r for r in data if r["source"] == "mosaicml_a100_full"}
+    pairs = [(int(re.search(r", s (\d+),", h["label"]).group(1)), h["published"] / a100[h["label"]]["published"],
+              h["predicted"] / a100[h["label"]]["predicted"])
+             for h in data if h["source"] == "mosaicml_h100_full" and h["label"] in a100]
+
+    def side(rows):
+        pub, pred = np.array([p for _, p, _ in rows]), np.array([q for _, _, q in rows])
+        return f"{pub.mean():.2f}x published and {pred.mean():.2f}x predicted ({len(rows)} runs)"
+
+    long, short = [r for r in pairs if r[0] >= 8192], [r for r in pairs if r[0] <= 2048]
+    return (f"{len(pairs)} runs appear in both the H100 and the A100 table. The H100's speed-up over the A100 is, at 8K\n"
+            f"tokens and more, {side(long)}; at 2K and less, {side(short)}:\n"
+            "against the A100 defaults, the H100's are too slow for the Triton attention kernel and too fast for\n"
+            "these runs' GEMMs.")
+
+
 def _scaling(data: list[dict], source: str) -> str:
     """How one table's throughput per GPU falls from its fewest to its most GPUs, per model,
     published against predicted, as a sentence."""
@@ -279,6 +300,7 @@ def main() -> None:
             "bytes per parameter against a fused kernel's 28). Priced as fused with no divide, the\n",
             "one-micro-batch rows below were +1% to +12% and the 9 selected H100 rows 8.0% off on average.\n",
             _single_step_rows(data, "mosaicml_h100_full") + "\n" + _by_sequence(data, "mosaicml_h100_full") + "\n"
+            + _h100_over_a100(data) + "\n"
             + _scaling(data, "mosaicml_h100_large") + "\n"
             + _checkpointing_split(data, "mosaicml_a100") + "\n",
             "The held-out Llama 3 405B rows are off by "
