@@ -297,8 +297,7 @@ def main() -> None:
             "Their FSDP is PyTorch 2.1's FullyShardedDataParallel (`--framework fsdp1`), which divides each\n",
             "unsharded gradient in place before its reduce-scatter, every micro-batch, and their optimizer is\n",
             "Composer's DecoupledAdamW, a per-parameter loop of unfused ops (`--optimizer-impl for-loop`: 80\n",
-            "bytes per parameter against a fused kernel's 28). Priced as fused with no divide, the\n",
-            "one-micro-batch rows below were +1% to +12% and the 9 selected H100 rows 8.0% off on average.\n",
+            "bytes per parameter against a fused kernel's 28).\n",
             _single_step_rows(data, "mosaicml_h100_full") + "\n" + _by_sequence(data, "mosaicml_h100_full") + "\n"
             + _h100_over_a100(data) + "\n"
             + _scaling(data, "mosaicml_h100_large") + "\n"

@@ -25,13 +25,13 @@ def errors(published, source):
 
 def test_narayanan_table_within_target(published):
     """Narayanan et al. 2021 Table 1 (A100, the table the training ratio is fitted on): mean
-    absolute error <= 5%, worst <= 10% (docs/accuracy.md: 2.5% / 6.8%)."""
+    absolute error <= 5%, worst <= 10% (docs/accuracy.md: 3.0% / 8.5%)."""
     e = np.abs(errors(published, "narayanan2021"))
     assert len(e) == 10 and e.mean() <= 0.05 and e.max() <= 0.10
 
 
 def test_held_out_megatron_v1_v2_iteration_times(published):
-    """Megatron-LM v1/v2 GPT-2 iteration times (V100/A100, held out): 3.8% mean, 7.0% worst in
+    """Megatron-LM v1/v2 GPT-2 iteration times (V100/A100, held out): 3.5% mean, 6.3% worst in
     docs/accuracy.md, within the target of 5% / 10% that this test holds."""
     e = np.abs(errors(published, "megatron_single_node"))
     assert len(e) == 12 and e.mean() <= 0.05 and e.max() <= 0.10
@@ -127,25 +127,25 @@ def test_hopper_cudnn_attention_is_the_published_causal_forward_backward():
 
 def test_h100_tables_do_not_regress(published):
     """H100 (docs/accuracy.md): Megatron-Core (the table Hopper's GEMM ratio is fitted on)
-    7.7% mean; held out, Llama 3 405B 8.7%, MosaicML 8.0%, MosaicML's whole H100 BF16 table
-    (52 rows) 6.8% and its large-scale table (18 rows, 128-512 GPUs) 4.4%, 13.1% worst.
+    7.5% mean; held out, Llama 3 405B 8.7%, MosaicML 7.0%, MosaicML's whole H100 BF16 table
+    (52 rows) 6.2% and its large-scale table (18 rows, 128-512 GPUs) 3.9%, 12.7% worst.
     Bounds one point above."""
-    for source, bound in (("megatron_core_h100", 0.087), ("llama3_405b", 0.097), ("mosaicml_h100", 0.090),
-                          ("mosaicml_h100_full", 0.078), ("mosaicml_h100_large", 0.054)):
+    for source, bound in (("megatron_core_h100", 0.085), ("llama3_405b", 0.097), ("mosaicml_h100", 0.080),
+                          ("mosaicml_h100_full", 0.072), ("mosaicml_h100_large", 0.049)):
         assert np.abs(errors(published, source)).mean() <= bound, source
-    assert np.abs(errors(published, "mosaicml_h100_large")).max() <= 0.141
+    assert np.abs(errors(published, "mosaicml_h100_large")).max() <= 0.137
 
 
 def test_held_out_mosaicml_a100_rows(published):
     """MosaicML's A100 80GB rows (held out; every MPT size from 125M to 30B at sequence 2,048
-    and at its longest, up to 65,536, FSDP, FlashAttention in Triton): 5.5% mean, 28.5% worst
+    and at its longest, up to 65,536, FSDP, FlashAttention in Triton): 5.7% mean, 27.7% worst
     (MPT-30B at 8K) in docs/accuracy.md; bounds one point above. With FlashAttention-2 in
     place of the Triton kernel the rows at 32K-64K tokens would be predicted 20-90% too fast."""
     e = np.abs(errors(published, "mosaicml_a100"))
-    assert len(e) == 16 and e.mean() <= 0.065 and e.max() <= 0.296
-    # the whole amp_bf16 table (59 runs, 512 to 65,536 tokens): 5.2% mean, the same worst row
+    assert len(e) == 16 and e.mean() <= 0.067 and e.max() <= 0.287
+    # the whole amp_bf16 table (59 runs, 512 to 65,536 tokens): 5.3% mean, the same worst row
     e = np.abs(errors(published, "mosaicml_a100_full"))
-    assert len(e) == 59 and e.mean() <= 0.062 and e.max() <= 0.296
+    assert len(e) == 59 and e.mean() <= 0.063 and e.max() <= 0.287
 
     import tomllib
 
@@ -243,7 +243,7 @@ def test_every_published_mosaicml_run_fits_in_80_gb():
 
 def test_held_out_mosaicml_h100_fp8_rows(published):
     """MosaicML's H100 FP8 table (held out; Transformer Engine fp8 linear layers, 350M-3B, 512 to
-    32,768 tokens): 5.4% mean, 10.6% worst in docs/accuracy.md; bounds one point above. fp8
+    32,768 tokens): 5.5% mean, 10.1% worst in docs/accuracy.md; bounds one point above. fp8
     recipes keep attention and the head 16-bit: MPT-3B at 32K tokens ran 5,856 tokens/s per GPU
     in fp8 and 5,873 in bf16 (attention-bound), and the model puts the two within 10% of each
     other (priced at the fp8 peak, attention made the fp8 run 1.9x faster)."""
@@ -252,7 +252,7 @@ def test_held_out_mosaicml_h100_fp8_rows(published):
     from trainplan.calibration import _compare
 
     e = np.abs(errors(published, "mosaicml_h100_fp8"))
-    assert len(e) == 10 and e.mean() <= 0.064 and e.max() <= 0.116
+    assert len(e) == 10 and e.mean() <= 0.065 and e.max() <= 0.111
     data = tomllib.loads(DATA.read_text())
     fp8 = _compare("mosaicml_h100_fp8", data["mosaicml_h100_fp8"], data["mosaicml_h100_fp8"]["rows"][0], {})
     bf16_row = next(r for r in data["mosaicml_h100_full"]["rows"] if r[0] == "3b" and r[4] == 32768)

@@ -150,8 +150,9 @@ def mosaicml_setup(cfg: dict, row: list, attention: str = "triton") -> tuple[Mod
                      mlp="gelu", vocab=50368, tied_embeddings=True, norm="layernorm", position="learned",
                      max_position=seq, fused_qkv=True)
     return spec, dict(gpu=cfg["gpu"], gpus=g, zero=zero, framework="fsdp1", optimizer_impl="for-loop",
-                      precision=cfg.get("precision", "bf16"), mbs=mb, gbs=gbs, seq_len=seq, attention=attention, fused_loss=True, reduce_dtype="bf16",
-                      backward_prefetch="post", recompute="full" if ckpt else "none")
+                      precision=cfg.get("precision", "bf16"), mbs=mb, gbs=gbs, seq_len=seq, attention=attention,
+                      fused_loss=True, reduce_dtype="bf16", backward_prefetch="post",
+                      recompute="full" if ckpt else "none")
 
 
 def llama3_setup(cfg: dict, row: list) -> dict:

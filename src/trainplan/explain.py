@@ -112,7 +112,7 @@ def explain_time_lines(result: PlanResult) -> list[str]:
            f"  rates: GEMMs at {hw.gemm_eff:.3f} of {hw.gemm_peak / 1e12:,.0f} TFLOP/s {gemm_terms(hw)}; attention "
            f"({kernel}) at {float(flash_efficiency(hw, call)):.3f}{forward} of {hw.peak / 1e12:,.0f}; element-wise "
            f"and loss traffic at {hw.hbm / 1e12:.2f} TB/s"]
-    early = " (early stop: without the last linear)" if recipe(p).recompute_skips_last_linear and \
+    early = " (early stop: without the last linear)" if r.recompute_skips_last_linear and \
         p.recompute == "full" else ""
     for kind, count in (("dense", L.stage_dense_layers[i]), ("moe", L.stage_moe_layers[i])):
         if not count:
@@ -124,8 +124,8 @@ def explain_time_lines(result: PlanResult) -> list[str]:
                    f"{_t(t['elementwise_backward'])}; recompute {_t(t['recompute'])}{early}"
                    f" = {_t(t['total'])} x {count} layers = {_t(t['total'] * count)}")
     if i == L.pp - 1:
-        out.append(f"  output head (3 GEMMs) and loss ({recipe(p).loss_traffic_bytes:g} + "
-                   f"{recipe(p).loss_backward_bytes:g} B per logit) = {_t(at(det['head']))}")
+        out.append(f"  output head (3 GEMMs) and loss ({r.loss_traffic_bytes:g} + "
+                   f"{r.loss_backward_bytes:g} B per logit) = {_t(at(det['head']))}")
     if i == 0:
         out.append(f"  embedding = {_t(at(det['embedding']))}")
     layers = L.stage_dense_layers[i] + L.stage_moe_layers[i]

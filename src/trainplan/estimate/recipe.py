@@ -93,6 +93,7 @@ def recipe(plan: Plan) -> Recipe:
     backward = 2 * traffic
     if not plan.fused_loss and "loss_forward_bytes" in fw:  # the framework's own loss kernels
         traffic, backward = float(fw["loss_forward_bytes"]), float(fw["loss_backward_bytes"])
+    impl = plan.optimizer_impl or fw["optimizer_impl"]
     return Recipe(
         weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
         reduce_bytes=float(DTYPE_BYTES[plan.reduce_dtype]) if plan.reduce_dtype
@@ -109,7 +110,6 @@ def recipe(plan: Plan) -> Recipe:
                                          else plan.recompute_early_stop) and plan.dropout == 0,
         logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,
         loss_backward_bytes=backward,
-        optimizer_impl=plan.optimizer_impl or fw["optimizer_impl"],
-        optimizer_traffic=float(conv["optimizer_step"][plan.optimizer_impl or fw["optimizer_impl"]]),
+        optimizer_impl=impl, optimizer_traffic=float(conv["optimizer_step"][impl]),
         grad_reduce_passes=float(fw["grad_reduce_passes"]), gather_copy_passes=float(fw["gather_copy_passes"]),
     )

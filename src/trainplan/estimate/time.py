@@ -589,7 +589,8 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # (Megatron, DeepSpeed, DDP) is priced as one call per pass: counting Megatron-Core's
     # 40M-parameter buckets one call each would put its published H100 rows (DP 48 across
     # nodes) 2.4 points further off, 7.7% -> 10.1% mean, and its 16B row from +1% to -6%.
-    calls = np.where((zero >= 3) | r.per_unit_collectives, f(stage_layers) + 1, 1.0)
+    per_unit = (zero >= 3) | r.per_unit_collectives
+    calls = np.where(per_unit, f(stage_layers) + 1, 1.0)
     call_lat = {kind: link(hw, kind, dp_group, tp, gpn, sharp)[1]
                 for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_REDUCE)}
     lat = {kind: calls * v for kind, v in call_lat.items()}
@@ -613,7 +614,6 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # memory-bound work on the compute stream, wherever gradients are reduced: FSDP and ZeRO-3
     # reduce every micro-batch, the others once a step; ZeRO-3 gathers twice a micro-batch
     # (forward and backward), FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) once.
-    per_unit = (zero >= 3) | r.per_unit_collectives
     reductions = np.where(per_unit, m, 1.0)
     gathers = np.where(zero >= 3, 2 * m, np.where((zero >= 2) & per_unit, m, 0.0))
     bookkeeping = np.where(dp_group > 1, trainable * (reductions * r.grad_reduce_passes * r.reduce_bytes
