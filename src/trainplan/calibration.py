@@ -9,7 +9,8 @@ not give are chosen by one rule for all rows, never fitted per row:
 * 2019-2021 Megatron runs: fp16, materialised attention (pre-FlashAttention), gradient
   all-reduce after the backward; 2024 Megatron-Core: bf16, cuDNN attention (Transformer
   Engine prefers it to FlashAttention-2 on Hopper: conventions.toml
-  [efficiency.cudnn_attention_curve]), the published overlap flags; MosaicML: bf16 autocast
+  [efficiency.cudnn_attention_curve]), the published overlap flags, separate input and output
+  embeddings (the published sizes count both); MosaicML: bf16 autocast
   (fp8 for their FP8 table: Transformer Engine linears) under FSDP1 FULL_SHARD (PyTorch 2.1's
   FullyShardedDataParallel, which divides each unsharded gradient in place before its
   reduce-scatter), Composer's DecoupledAdamW (a per-parameter loop of unfused ops, priced as
@@ -53,9 +54,9 @@ from .specs import catalog
 from .specs.model import ModelSpec
 
 
-def _gpt(name, hidden, heads, layers, vocab, seq, mlp="gelu") -> ModelSpec:
+def _gpt(name, hidden, heads, layers, vocab, seq, mlp="gelu", tied=True) -> ModelSpec:
     return ModelSpec(name=name, source="published run", layers=layers, hidden=hidden, heads=heads,
-                     ffn=4 * hidden, mlp=mlp, vocab=vocab, tied_embeddings=True, norm="layernorm",
+                     ffn=4 * hidden, mlp=mlp, vocab=vocab, tied_embeddings=tied, norm="layernorm",
                      position="learned", max_position=seq, qkv_bias=True, bias=True, fused_qkv=True)
 
 
@@ -81,11 +82,12 @@ def _plan(profiles: dict[str, str], **kw):
     return make_plan(**kw, **({"gpu_profile": profiles[gpu]} if gpu in profiles else {}))
 
 
-def rows(path: str | Path, profiles: dict[str, str] | None = None) -> list[dict]:
+def rows(path: str | Path, profiles: dict[str, str] | None = None, attention: str = "triton") -> list[dict]:
     """Every published row against its prediction; `profiles` maps an accelerator name to a
-    calibrated profile (`trainplan bench --profile`) used instead of its catalog defaults."""
+    calibrated profile (`trainplan bench --profile`) used instead of its catalog defaults;
+    `attention` the kernel the MosaicML rows run (their published Triton one by default)."""
     data = tomllib.loads(Path(path).read_text())
-    return [_compare(table, cfg, row, profiles or {}) for table, cfg in data.items() for row in cfg["rows"]]
+    return [_compare(table, cfg, row, profiles or {}, attention) for table, cfg in data.items() for row in cfg["rows"]]
 
 
 # tables that are selections of another table's rows: counted once, in the whole table
@@ -181,7 +183,9 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
     if table == "megatron_core_h100":
         pb, a, h, L, tp, pp, g, gbs, pub = row
         s, V = 4096, 131072
-        spec = _gpt(f"GPT {pb}B", h, a, L, V, s)
+        # separate input and output embeddings: the published sizes count both (1.7B is
+        # 1.49B tied, 1.75B untied; 7.1B 6.60 / 7.13; 462B 459.1 / 461.5)
+        spec = _gpt(f"GPT {pb}B", h, a, L, V, s, tied=False)
         layout, out, rc = _with_recompute_rule(
             spec, profiles, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=s, zero=1, sp=tp > 1,
             framework="megatron", attention="cudnn", precision="bf16", overlap_tp=True, overlap_dp=True)
