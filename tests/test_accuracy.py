@@ -31,7 +31,7 @@ def test_narayanan_table_within_target(published):
 
 
 def test_held_out_megatron_v1_v2_iteration_times(published):
-    """Megatron-LM v1/v2 GPT-2 iteration times (V100/A100, held out): 3.5% mean, 6.3% worst in
+    """Megatron-LM v1/v2 GPT-2 iteration times (V100/A100, held out): 3.5% mean, 6.1% worst in
     docs/accuracy.md, within the target of 5% / 10% that this test holds."""
     e = np.abs(errors(published, "megatron_single_node"))
     assert len(e) == 12 and e.mean() <= 0.05 and e.max() <= 0.10
@@ -127,8 +127,8 @@ def test_hopper_cudnn_attention_is_the_published_causal_forward_backward():
 
 def test_h100_tables_do_not_regress(published):
     """H100 (docs/accuracy.md): Megatron-Core (the table Hopper's GEMM ratio is fitted on)
-    7.6% mean; held out, Llama 3 405B 8.7%, MosaicML 7.0%, MosaicML's whole H100 BF16 table
-    (52 rows) 6.2% and its large-scale table (18 rows, 128-512 GPUs) 3.9%, 12.7% worst.
+    7.6% mean; held out, Llama 3 405B 8.7%, MosaicML 6.9%, MosaicML's whole H100 BF16 table
+    (52 rows) 6.1% and its large-scale table (18 rows, 128-512 GPUs) 3.9%, 12.7% worst.
     Bounds one point above."""
     for source, bound in (("megatron_core_h100", 0.086), ("llama3_405b", 0.097), ("mosaicml_h100", 0.080),
                           ("mosaicml_h100_full", 0.072), ("mosaicml_h100_large", 0.049)):
@@ -143,9 +143,9 @@ def test_held_out_mosaicml_a100_rows(published):
     place of the Triton kernel the rows at 32K-64K tokens would be predicted 29-84% too fast."""
     e = np.abs(errors(published, "mosaicml_a100"))
     assert len(e) == 16 and e.mean() <= 0.067 and e.max() <= 0.287
-    # the whole amp_bf16 table (59 runs, 512 to 65,536 tokens): 5.3% mean, the same worst row
+    # the whole amp_bf16 table (59 runs, 512 to 65,536 tokens): 5.4% mean, the same worst row
     e = np.abs(errors(published, "mosaicml_a100_full"))
-    assert len(e) == 59 and e.mean() <= 0.063 and e.max() <= 0.287
+    assert len(e) == 59 and e.mean() <= 0.064 and e.max() <= 0.287
 
     import tomllib
 

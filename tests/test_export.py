@@ -176,6 +176,16 @@ def test_reduce_dtype_reaches_every_export(names):
     resolve(make_plan(**meg, reduce_dtype="fp32"))  # the buffer's own dtype: nothing to refuse
 
 
+def test_gradient_clipping_reaches_every_export():
+    """The plan's clipping threshold is each framework's own option: Megatron-LM's --clip-grad,
+    DeepSpeed's gradient_clipping, torchtitan's [training] max_norm (0 turns it off in all three)."""
+    for clip in (0.5, 0.0):
+        lay = resolve(make_plan(model="llama-3-8b", gpus=16, zero=1, gbs=32, grad_clip=clip))
+        assert float(_megatron_args(export(lay, "megatron"))["--clip-grad"]) == clip
+        assert json.loads(export(lay, "deepspeed"))["gradient_clipping"] == clip
+        assert tomllib.loads(export(lay, "torchtitan"))["training"]["max_norm"] == clip
+
+
 def test_exports_say_where_the_framework_runs_otherwise_than_the_plan():
     """torchtitan (FSDP2) always prefetches backward gathers and checkpoints non-reentrantly
     (stopping before each block's last linear); Megatron-LM re-runs a checkpointed layer

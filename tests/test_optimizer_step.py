@@ -15,10 +15,10 @@ from trainplan.report import evaluate
 H100_HBM = 3.35e12 * 0.88  # catalog bandwidth x conventions.toml [efficiency] hbm
 
 
-def _adamw_step_bytes(impl: str, n: int = 1 << 12) -> float:
-    """HBM bytes per parameter one torch.optim.AdamW step moves (fp32 parameters), counted
-    from the dispatched aten ops: every parameter-sized tensor an op reads, once, plus every
-    one it writes (its schema's mutable arguments, or its fresh outputs)."""
+def _hbm_bytes_per_element(run, n: int = 1 << 12) -> float:
+    """HBM bytes per parameter that `run(parameter)` moves (fp32 parameter of n elements with a
+    gradient), counted from the dispatched aten ops: every parameter-sized tensor an op reads,
+    once, plus every one it writes (its schema's mutable arguments, or its fresh outputs)."""
     torch = pytest.importorskip("torch")
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
@@ -43,11 +43,42 @@ def _adamw_step_bytes(impl: str, n: int = 1 << 12) -> float:
 
     p = torch.nn.Parameter(torch.randn(n))
     p.grad = torch.randn(n)
-    opt = torch.optim.AdamW([p], fused=impl == "fused", foreach=impl == "foreach")
-    opt.step()  # the state exists from here on
+    prepare = run(p)  # a first call (the optimizer's state exists from here on) ...
     with Traffic():
-        opt.step()
+        prepare()  # ... and the one counted
     return Traffic.total / n
+
+
+def _adamw_step_bytes(impl: str) -> float:
+    """One torch.optim.AdamW step."""
+    import torch
+
+    def run(p):
+        opt = torch.optim.AdamW([p], fused=impl == "fused", foreach=impl == "foreach")
+        opt.step()
+        return opt.step
+
+    return _hbm_bytes_per_element(run)
+
+
+def _clip_bytes(foreach: bool) -> float:
+    """One torch.nn.utils.clip_grad_norm_ (the gradient's norm is far above the threshold)."""
+    import torch
+
+    def run(p):
+        return lambda: torch.nn.utils.clip_grad_norm_([p], max_norm=1.0, foreach=foreach)
+
+    return _hbm_bytes_per_element(run)
+
+
+def test_gradient_clipping_traffic():
+    """torch.nn.utils.clip_grad_norm_ (torchtitan's max_norm, and what DDP and FSDP users call)
+    reads every gradient for the norm and multiplies it in place by the clamped coefficient,
+    foreach or not: 3 passes, 12 bytes per fp32 gradient, conventions.toml grad_clip_passes."""
+    assert _clip_bytes(foreach=True) == 12
+    assert _clip_bytes(foreach=False) == 12
+    assert conventions()["frameworks"]["fsdp"]["grad_clip_passes"] == 3
+    assert conventions()["frameworks"]["torch"]["grad_clip_passes"] == 3
 
 
 def test_adamw_step_traffic_by_implementation():
@@ -71,7 +102,7 @@ def test_optimizer_step_time_follows_the_implementation():
     Megatron (fp32 master + bf16 working weights) 30 fused: gradient 4, master and moments read
     and written 24, bf16 weights written 2. The framework picks the default: fused for
     torchtitan's FSDP2 and Megatron, foreach (torch.optim's own) for FSDP1 and DDP."""
-    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, zero=3, gbs=8, seq_len=4096)
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, zero=3, gbs=8, seq_len=4096, grad_clip=0)
     fused = evaluate(make_plan(**kw, framework="fsdp"))
     trainable = float(np.max(fused.memory["trainable_params"]))
     assert fused.time["breakdown_s"]["optimizer"] == pytest.approx(trainable / 8 * 28 / H100_HBM, rel=1e-9)
@@ -107,3 +138,19 @@ def test_framework_passes_over_gradients_and_gathered_parameters():
     s, p, m = _bookkeeping_s(**kw, zero=1, framework="megatron")
     assert s == pytest.approx(p * 4 * 4 / H100_HBM, rel=1e-9)
     assert _bookkeeping_s(**{**kw, "gpus": 1, "gbs": 4}, framework="megatron")[0] == 0.0
+
+
+def test_gradient_clipping_time():
+    """Clipping at norm 1 (every framework's default) adds its passes over the optimizer's
+    gradient shard to the step (Llama 3 8B on 8 H100s, HBM rate): FSDP2, ZeRO-3, 3 passes of 4
+    bytes over 1/8 of the parameters (28 + 12 bytes with the fused step); Megatron's
+    distributed optimizer 1 pass (the norm; it scales only when the norm exceeds the threshold):
+    30 + 4. --grad-clip 0 takes them away."""
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, gbs=8, seq_len=4096)
+    fsdp = evaluate(make_plan(**kw, zero=3, framework="fsdp"))
+    trainable = float(np.max(fsdp.memory["trainable_params"]))
+    assert fsdp.time["breakdown_s"]["optimizer"] == pytest.approx(trainable / 8 * (28 + 12) / H100_HBM, rel=1e-9)
+    megatron = evaluate(make_plan(**kw, zero=1, framework="megatron"))
+    assert megatron.time["breakdown_s"]["optimizer"] == pytest.approx(trainable / 8 * (30 + 4) / H100_HBM, rel=1e-9)
+    off = evaluate(make_plan(**kw, zero=3, framework="fsdp", grad_clip=0))
+    assert off.time["breakdown_s"]["optimizer"] == pytest.approx(trainable / 8 * 28 / H100_HBM, rel=1e-9)

@@ -84,6 +84,10 @@ class Plan(BaseModel):
         default=None, description="how the optimizer step runs: fused (one kernel: Apex/Transformer Engine "
         "FusedAdam, torch fused=True), foreach (PyTorch's default on GPUs: one multi-tensor kernel per "
         "operation) or for-loop (one kernel per operation and tensor); default: the framework's")
+    grad_clip: float = Field(
+        default=1.0, ge=0.0, description="gradient-norm clipping threshold (0: off): every step reads the gradients "
+        "for their norm and, as the framework runs it, scales them (Megatron --clip-grad, torchtitan max_norm, "
+        "DeepSpeed gradient_clipping)")
     offload_optimizer: bool = False
     offload_params: bool = False
     attention: Attention = Field(

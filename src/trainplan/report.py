@@ -88,7 +88,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                      "stage_layers": L.stage_layers, "cp_comm": p.cp_comm,
                      "backward_prefetch": p.backward_prefetch},
         "recipe": {"precision": p.precision, "optimizer": p.optimizer, "optimizer_impl": r.optimizer_impl,
-                     "framework": p.framework,
+                     "grad_clip": p.grad_clip, "framework": p.framework,
                      "attention": p.attention, "fused_loss": p.fused_loss, "dropout": p.dropout,
                      "reduce_dtype": p.reduce_dtype, "fused_kernels": r.fused_kernels,
                      "finetune": p.finetune,

@@ -48,6 +48,9 @@ class Recipe:
     # in the compute dtype, per gather (FSDP2 copies the gathered output out)
     grad_reduce_passes: float = 0.0
     gather_copy_passes: float = 0.0
+    # one-way passes over the optimizer's gradients (its shard) that gradient-norm clipping
+    # makes each step: the norm reads them, the scaling reads and writes them
+    grad_clip_passes: float = 0.0
 
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "
@@ -112,4 +115,5 @@ def recipe(plan: Plan) -> Recipe:
         loss_backward_bytes=backward,
         optimizer_impl=impl, optimizer_traffic=float(conv["optimizer_step"][impl]),
         grad_reduce_passes=float(fw["grad_reduce_passes"]), gather_copy_passes=float(fw["gather_copy_passes"]),
+        grad_clip_passes=float(fw["grad_clip_passes"]) if plan.grad_clip > 0 else 0.0,
     )

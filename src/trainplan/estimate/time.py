@@ -625,9 +625,11 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # writes the master copy (the fp32 parameters themselves where there is none) and the
     # state, and writes the 16-bit working weights where there is a master copy: 28 bytes per
     # parameter for fp32 AdamW. Foreach and for-loop steps move `optimizer_traffic` times that.
+    # Gradient-norm clipping runs before it over the same gradients (`grad_clip_passes`).
     updated = r.master_bytes if r.master_bytes > 0 else r.weight_bytes
     working = r.weight_bytes if r.master_bytes > 0 else 0.0
-    opt_bytes = trainable / shard * (r.grad_bytes + 2 * (updated + r.optimizer_bytes) + working) * r.optimizer_traffic
+    opt_bytes = trainable / shard * ((r.grad_bytes + 2 * (updated + r.optimizer_bytes) + working) * r.optimizer_traffic
+                                     + r.grad_clip_passes * r.grad_bytes)
     optimizer = np.where(f(offload_optimizer) > 0, 0.0, opt_bytes / hw.hbm)
     busy = pipe + dp_exposed + optimizer
     step = step_with_data(busy, data_s, prefetch)

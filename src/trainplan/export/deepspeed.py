@@ -19,7 +19,7 @@ def deepspeed_config(layout) -> str:
         "zero_optimization": zero,
         "bf16": {"enabled": p.precision in ("bf16", "fp8")},
         "fp16": {"enabled": p.precision == "fp16"},
-        "gradient_clipping": 1.0,
+        "gradient_clipping": p.grad_clip,
         "optimizer": {"type": "AdamW" if p.optimizer in ("adamw", "adam") else "SGD" if p.optimizer.startswith("sgd")
                       else "Adam", "params": {"lr": 3e-4}},
     }

@@ -71,6 +71,7 @@ def megatron_args(layout) -> str:
     a.append(("--attention-dropout", p.dropout))
     a.append(("--hidden-dropout", p.dropout))
     a.append(("--optimizer", "sgd" if p.optimizer.startswith("sgd") else "adam"))
+    a.append(("--clip-grad", p.grad_clip))
     lines = [f"{k} {shlex.quote(str(v))}" for k, v in a] + flags
     notes = []
     if layout.zero >= 2:

@@ -44,6 +44,7 @@ def torchtitan_toml(layout) -> str:
         "model": {"name": "llama3", "flavor": f"{round(m.params / 1e9)}B"} if m.family == "llama3"
         else {"name": m.family or m.name, "flavor": m.name},
         "training": {"local_batch_size": layout.mbs * layout.micro_batches, "seq_len": layout.seq_len,
+                     "max_norm": p.grad_clip,
                      "mixed_precision_param": "float32" if p.precision == "fp32" else "bfloat16",
                      # FSDP2's MixedPrecisionPolicy reduce_dtype: the plan's, else fp32
                      "mixed_precision_reduce": TORCH_DTYPES[p.reduce_dtype or "fp32"]},
