@@ -166,8 +166,8 @@ def explain_time_lines(result: PlanResult) -> list[str]:
                    f"each collective {calls} of {_t(lat)} NCCL latency{passes}")
     out.append(f"  + optimizer {_t(bd['optimizer'])} ({p.optimizer} {r.optimizer_impl}"
                + (f", {r.optimizer_traffic:g}x a fused step's traffic" if r.optimizer_traffic != 1 else "")
-               + (f"; clipping at norm {p.grad_clip:g}, {r.grad_clip_passes:g} passes over the gradients"
-                  if r.grad_clip_passes else "") + ")"
+               + (f"; clipping at norm {p.grad_clip:g}, {r.grad_clip_passes:g} pass"
+                  f"{'es' if r.grad_clip_passes != 1 else ''} over the gradients" if r.grad_clip_passes else "") + ")"
                + (f" + waiting for data {_t(bd['data'])}" if bd["data"] else "")
                + f" = step {_t(result.time['step_s'])}")
     return out
