@@ -154,3 +154,30 @@ def test_gradient_clipping_time():
     assert megatron.time["breakdown_s"]["optimizer"] == pytest.approx(trainable / 8 * (30 + 4) / H100_HBM, rel=1e-9)
     off = evaluate(make_plan(**kw, zero=3, framework="fsdp", grad_clip=0))
     assert off.time["breakdown_s"]["optimizer"] == pytest.approx(trainable / 8 * 28 / H100_HBM, rel=1e-9)
+
+
+def test_zero2_reduces_every_micro_batch():
+    """ZeRO-2 keeps only its partition of the gradients, so DeepSpeed reduces them in every
+    micro-batch's backward (stage_1_and_2.py: "partition_gradients or
+    is_gradient_accumulation_boundary"); ZeRO-1 once a step, at the boundary. Without overlap
+    (Llama 3 8B, 16 H100s, 4 micro-batches): ZeRO-2 exposes 4 reduce-scatters and one
+    parameter all-gather, ZeRO-1 one of each, and DeepSpeed's 4 passes over its 16-bit
+    gradients (the copy into the bucket and the in-place division) follow the reductions;
+    ZeRO-3's 6 (with the interleaving copy) run every micro-batch."""
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=16, gbs=64, seq_len=4096, framework="deepspeed",
+              overlap_dp=False)
+    for zero, reductions in ((1, 1), (2, 4)):
+        result = evaluate(make_plan(**kw, zero=zero))
+        d = step_derivation(result.layout)
+        assert result.layout.micro_batches == 4
+        coll = {k: float(np.asarray(v).ravel()[0]) for k, v in d["dp_collectives_s"].items()}
+        trainable = float(np.max(result.memory["trainable_params"]))
+        book = float(np.asarray(d["dp_bookkeeping_s"]).ravel()[0])
+        assert book == pytest.approx(reductions * trainable * 4 * 2 / H100_HBM, rel=1e-9)
+        assert result.time["breakdown_s"]["dp_comm"] == pytest.approx(
+            reductions * coll["reduce_scatter"] + coll["all_gather"] + book, rel=1e-9)
+    # ZeRO-3 also interleaves the bucket into one flat buffer before pre-dividing it: 6 passes
+    result = evaluate(make_plan(**kw, zero=3))
+    trainable = float(np.max(result.memory["trainable_params"]))
+    book = float(np.asarray(step_derivation(result.layout)["dp_bookkeeping_s"]).ravel()[0])
+    assert book == pytest.approx(4 * trainable * 6 * 2 / H100_HBM, rel=1e-9)

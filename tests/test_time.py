@@ -341,14 +341,19 @@ def test_overlapped_data_parallel_collectives_slow_the_compute_they_overlap():
 
     assert overlapped(1.0, 3.0, 0.189) == pytest.approx(0.189)
     assert overlapped(3.0, 1.0, 0.189) == pytest.approx(2.189)
+    from trainplan.estimate.time import step_derivation
+
     kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=16, zero=3, gbs=64, mbs=2, seq_len=4096)
     on = evaluate(make_plan(**kw)).time
     off = evaluate(make_plan(**kw, overlap_dp=False)).time
+    # DeepSpeed's own passes over the gradients run on the compute stream either way
+    book = float(np.asarray(step_derivation(resolve(make_plan(**kw)))["dp_bookkeeping_s"]).ravel()[0])
+    assert book > 0
     m = 64 // (16 * 2)
-    per_mb_comm = off["breakdown_s"]["dp_comm"] / m
+    per_mb_comm = (off["breakdown_s"]["dp_comm"] - book) / m
     compute = on["micro_batch_s"]["compute"]
     assert per_mb_comm < compute  # hidden: only the slowdown shows
-    assert on["breakdown_s"]["dp_comm"] == pytest.approx(m * 0.189 * per_mb_comm, rel=1e-9)
+    assert on["breakdown_s"]["dp_comm"] - book == pytest.approx(m * 0.189 * per_mb_comm, rel=1e-9)
 
 
 def test_all_gather_context_parallelism_exposes_its_exchange():

@@ -26,7 +26,11 @@ not give are chosen by one rule for all rows, never fitted per row:
   the yamls keep: each backward gather waits until the layer before has its gradients);
 * Llama 3 405B: as published, no recompute, the interleaved schedule on the paper's split
   (one layer fewer on the first and last stages: 7, 8, ..., 8, 7) and ZeRO-2 (FSDP sharding
-  optimizer states and gradients: the ZeRO paper's byte accounting); v = 8, one layer per
+  optimizer states and gradients: the ZeRO paper's byte accounting, 16-bit gradients
+  reduce-scattered in every micro-batch's backward, as a rank that keeps only its partition of
+  the gradients must, with DeepSpeed's passes over them; the paper reduce-scatters in FP32
+  (§3.3.4), which would put the 8K rows 21-22% too slow, and a once-a-step FP32 reduction of
+  gradients accumulated whole would not fit in 80 GB); v = 8, one layer per
   virtual stage, as the paper's "the first model chunk on the first stage has only the
   embedding" implies; bf16, FlashAttention, SP with TP, FSDP's gradient and parameter
   collectives overlapped; TP collectives not (the paper describes no TP overlap; the plan's

@@ -47,6 +47,7 @@ class Recipe:
     # check, zeroing, copies into a communication buffer), and over each gathered parameter,
     # in the compute dtype, per gather (FSDP2 copies the gathered output out)
     grad_reduce_passes: float = 0.0
+    grad_reduce_passes_zero3: float = 0.0  # ... where the framework runs ZeRO-3 otherwise (DeepSpeed)
     gather_copy_passes: float = 0.0
     # one-way passes over the optimizer's gradients (its shard) that gradient-norm clipping
     # makes each step: the norm reads them, the scaling reads and writes them
@@ -114,6 +115,8 @@ def recipe(plan: Plan) -> Recipe:
         logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,
         loss_backward_bytes=backward,
         optimizer_impl=impl, optimizer_traffic=float(conv["optimizer_step"][impl]),
-        grad_reduce_passes=float(fw["grad_reduce_passes"]), gather_copy_passes=float(fw["gather_copy_passes"]),
+        grad_reduce_passes=float(fw["grad_reduce_passes"]),
+        grad_reduce_passes_zero3=float(fw.get("grad_reduce_passes_zero3", fw["grad_reduce_passes"])),
+        gather_copy_passes=float(fw["gather_copy_passes"]),
         grad_clip_passes=float(fw["grad_clip_passes"]) if plan.grad_clip > 0 else 0.0,
     )

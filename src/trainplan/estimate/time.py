@@ -597,29 +597,40 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw,
                                   lat[comm.ALL_GATHER])
     scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, dp_group, dp_bw, lat[comm.REDUCE_SCATTER])
-    per_mb = 2 * gather + scatter
+    # FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for the forward,
+    # and keeps the parameters through the backward: no backward gather to wait for
+    unit_by_unit = (zero >= 3) | ((zero == 2) & per_unit)
+    backward_gathers = zero >= 3
+    per_mb = np.where(backward_gathers, 2, 1) * gather + scatter
     bp = f(backward_prefetch)
-    exposed = np.where(bp >= 1, gather, 0.0) + np.where(bp >= 2, scatter, 0.0)
+    exposed = np.where((bp >= 1) & backward_gathers, gather, 0.0) + np.where(bp >= 2, scatter, 0.0)
     z3 = m * np.where(overlap_dp, exposed + overlapped(per_mb - exposed, stage_compute, hw.overlap_slowdown), per_mb)
-    # a sharded optimizer (ZeRO-1/2, Megatron's distributed optimizer) reduce-scatters the
+    # a sharded optimizer (ZeRO-1, Megatron's distributed optimizer) reduce-scatters the
     # gradients during the last micro-batch's backward and all-gathers the parameters during
     # the next step's first forward (--overlap-grad-reduce, --overlap-param-gather)
-    z1 = np.where(overlap_dp, overlapped(scatter, stage_compute * 2 / 3, hw.overlap_slowdown)
-                  + overlapped(gather, stage_compute / 3, hw.overlap_slowdown), scatter + gather)
+    param_gather = overlapped(gather, stage_compute / 3, hw.overlap_slowdown)
+    z1 = np.where(overlap_dp, overlapped(scatter, stage_compute * 2 / 3, hw.overlap_slowdown) + param_gather,
+                  scatter + gather)
+    # ZeRO-2 keeps only its partition of the gradients, so it reduce-scatters them in every
+    # micro-batch's backward (DeepSpeed's stage_1_and_2.py reduces when "partition_gradients or
+    # is_gradient_accumulation_boundary"), each behind that backward
+    z2 = np.where(overlap_dp, m * overlapped(scatter, stage_compute * 2 / 3, hw.overlap_slowdown) + param_gather,
+                  m * scatter + gather)
     # plain data parallelism: one all-reduce, bucket by bucket during the last backward
     ar = comm.collective_time(comm.ALL_REDUCE, wire_grad_bytes, dp_group, dp_bw, lat[comm.ALL_REDUCE], sharp)
     z0 = np.where(overlap_dp, overlapped(ar, stage_compute * 2 / 3, hw.overlap_slowdown), ar)
     # The framework's own passes over the local gradients and the gathered parameters outside
     # the collectives (conventions.toml [frameworks] grad_reduce_passes, gather_copy_passes),
-    # memory-bound work on the compute stream, wherever gradients are reduced: FSDP and ZeRO-3
-    # reduce every micro-batch, the others once a step; ZeRO-3 gathers twice a micro-batch
-    # (forward and backward), FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) once.
-    reductions = np.where(per_unit, m, 1.0)
+    # memory-bound work on the compute stream, wherever gradients are reduced: FSDP, ZeRO-2 and
+    # ZeRO-3 reduce every micro-batch, the others once a step; ZeRO-3 gathers twice a
+    # micro-batch (forward and backward), FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) once.
+    reductions = np.where(per_unit | (zero == 2), m, 1.0)
     gathers = np.where(zero >= 3, 2 * m, np.where((zero >= 2) & per_unit, m, 0.0))
-    bookkeeping = np.where(dp_group > 1, trainable * (reductions * r.grad_reduce_passes * r.reduce_bytes
+    grad_passes = np.where(zero >= 3, r.grad_reduce_passes_zero3, r.grad_reduce_passes)
+    bookkeeping = np.where(dp_group > 1, trainable * (reductions * grad_passes * r.reduce_bytes
                                                       + gathers * r.gather_copy_passes * r.compute_weight_bytes)
                            / hw.hbm, 0.0)
-    dp_exposed = np.where(zero >= 3, z3, np.where(zero >= 1, z1, z0)) + bookkeeping
+    dp_exposed = np.where(unit_by_unit, z3, np.where(zero == 2, z2, np.where(zero >= 1, z1, z0))) + bookkeeping
     shard = np.where(zero >= 1, dp_group, 1.0)
     # One optimizer step over this rank's shard. A fused kernel reads the gradient, reads and
     # writes the master copy (the fp32 parameters themselves where there is none) and the
