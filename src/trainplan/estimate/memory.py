@@ -166,6 +166,12 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                        + p_expert * r.weight_bytes / np.where(zero >= 3, shard_expert, 1))
     weights = np.where(offload_params, 0.0, weights)
     grads = sharded(r.grad_bytes, 2)
+    # Pipelined FSDP (recipe.pp_accumulates_unsharded): the stage's parameters stay gathered in
+    # the compute dtype and its gradients accumulate unsharded in the reduce dtype all step,
+    # beside the sharded copies
+    pipelined_fsdp = r.pp_accumulates_unsharded & (np.asarray(pp) > 1) & (zero >= 2) & ~np.asarray(lora, dtype=bool)
+    weights = weights + np.where(pipelined_fsdp & (zero >= 3), p_stage * r.compute_weight_bytes, 0.0)
+    grads = grads + np.where(pipelined_fsdp, trainable * r.reduce_bytes, 0.0)
     if r.tp_embedding_grad_replicated and not mn.tied:
         # DTensor's vocabulary-parallel embedding returns a replicated V x h gradient (an
         # untied embedding without ZeRO-2/3, which reshard gradients like their parameters).
@@ -244,7 +250,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     unit = np.maximum(unit, np.maximum(first * embed, last * head))
     # Current unit + the prefetched next one in the compute dtype, plus the unsharded
     # gradient of the current unit before its reduce-scatter.
-    zero3_gather = np.where(zero >= 3, unit * (2 * r.compute_weight_bytes + r.reduce_bytes), 0.0)
+    zero3_gather = np.where((zero >= 3) & ~pipelined_fsdp, unit * (2 * r.compute_weight_bytes + r.reduce_bytes), 0.0)
     bucket = np.minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
     bucket = bucket + np.where(r.grad_bucket_copy & (np.asarray(dp) > 1), trainable * r.grad_bytes, 0.0)
     loss_ws = last * tokens * vocab_padded / tp * r.loss_workspace_bytes

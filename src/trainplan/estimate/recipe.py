@@ -52,6 +52,10 @@ class Recipe:
     # one-way passes over the optimizer's gradients (its shard) that gradient-norm clipping
     # makes each step: the norm reads them, the scaling reads and writes them
     grad_clip_passes: float = 0.0
+    # ZeRO-2/3 under pipeline parallelism keeps the stage's parameters gathered and accumulates
+    # its gradients unsharded through the step, reducing once at the last micro-batch (FSDP2
+    # driven by PyTorch's pipeline schedules, torchtitan)
+    pp_accumulates_unsharded: bool = False
 
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "
@@ -119,4 +123,5 @@ def recipe(plan: Plan) -> Recipe:
         grad_reduce_passes_zero3=float(fw.get("grad_reduce_passes_zero3", fw["grad_reduce_passes"])),
         gather_copy_passes=float(fw["gather_copy_passes"]),
         grad_clip_passes=float(fw["grad_clip_passes"]) if plan.grad_clip > 0 else 0.0,
+        pp_accumulates_unsharded=bool(fw.get("pp_accumulates_unsharded", False)),
     )

@@ -599,7 +599,10 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, dp_group, dp_bw, lat[comm.REDUCE_SCATTER])
     # FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for the forward,
     # and keeps the parameters through the backward: no backward gather to wait for
-    unit_by_unit = (zero >= 3) | ((zero == 2) & per_unit)
+    # Pipelined FSDP gathers each unit once a step, for the first forward, and reduce-scatters
+    # once, after the last backward (recipe.pp_accumulates_unsharded): ZeRO-1's timing, unit by unit
+    pipelined_fsdp = r.pp_accumulates_unsharded & (pp > 1) & (zero >= 2)
+    unit_by_unit = ((zero >= 3) | ((zero == 2) & per_unit)) & ~pipelined_fsdp
     backward_gathers = zero >= 3
     per_mb = np.where(backward_gathers, 2, 1) * gather + scatter
     bp = f(backward_prefetch)
@@ -624,13 +627,14 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # memory-bound work on the compute stream, wherever gradients are reduced: FSDP, ZeRO-2 and
     # ZeRO-3 reduce every micro-batch, the others once a step; ZeRO-3 gathers twice a
     # micro-batch (forward and backward), FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) once.
-    reductions = np.where(per_unit | (zero == 2), m, 1.0)
-    gathers = np.where(zero >= 3, 2 * m, np.where((zero >= 2) & per_unit, m, 0.0))
+    reductions = np.where(pipelined_fsdp, 1.0, np.where(per_unit | (zero == 2), m, 1.0))
+    gathers = np.where(pipelined_fsdp, 1.0, np.where(zero >= 3, 2 * m, np.where((zero >= 2) & per_unit, m, 0.0)))
     grad_passes = np.where(zero >= 3, r.grad_reduce_passes_zero3, r.grad_reduce_passes)
     bookkeeping = np.where(dp_group > 1, trainable * (reductions * grad_passes * r.reduce_bytes
                                                       + gathers * r.gather_copy_passes * r.compute_weight_bytes)
                            / hw.hbm, 0.0)
-    dp_exposed = np.where(unit_by_unit, z3, np.where(zero == 2, z2, np.where(zero >= 1, z1, z0))) + bookkeeping
+    dp_exposed = np.where(unit_by_unit, z3, np.where((zero == 2) & ~pipelined_fsdp, z2,
+                                                     np.where(zero >= 1, z1, z0))) + bookkeeping
     shard = np.where(zero >= 1, dp_group, 1.0)
     # One optimizer step over this rank's shard. A fused kernel reads the gradient, reads and
     # writes the master copy (the fp32 parameters themselves where there is none) and the
