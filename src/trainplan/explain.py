@@ -145,7 +145,7 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     coll = {k: float(np.asarray(v).ravel()[0]) for k, v in d["dp_collectives_s"].items()}
     group = L.dp * L.cp
     if group > 1:
-        if r.pp_accumulates_unsharded and L.pp > 1 and L.zero >= 2:
+        if r.keeps_stage_gathered(L.pp, L.zero):
             what = (f"per step, the parameters kept gathered and the gradients accumulated unsharded across the "
                     f"micro-batches (pipelined FSDP), a parameter all-gather of {_t(coll['all_gather'])} and a "
                     f"gradient reduce-scatter of {_t(coll['reduce_scatter'])}")

@@ -166,10 +166,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                        + p_expert * r.weight_bytes / np.where(zero >= 3, shard_expert, 1))
     weights = np.where(offload_params, 0.0, weights)
     grads = sharded(r.grad_bytes, 2)
-    # Pipelined FSDP (recipe.pp_accumulates_unsharded): the stage's parameters stay gathered in
-    # the compute dtype and its gradients accumulate unsharded in the reduce dtype all step,
-    # beside the sharded copies
-    pipelined_fsdp = r.pp_accumulates_unsharded & (np.asarray(pp) > 1) & (zero >= 2) & ~np.asarray(lora, dtype=bool)
+    # Pipelined FSDP (Recipe.keeps_stage_gathered): the stage's parameters stay gathered in the
+    # compute dtype and its gradients accumulate unsharded in the reduce dtype all step, beside
+    # the sharded copies (LoRA's frozen base is never sharded here, so it has nothing to add)
+    pipelined_fsdp = r.keeps_stage_gathered(pp, zero) & ~np.asarray(lora, dtype=bool)
     weights = weights + np.where(pipelined_fsdp & (zero >= 3), p_stage * r.compute_weight_bytes, 0.0)
     grads = grads + np.where(pipelined_fsdp, trainable * r.reduce_bytes, 0.0)
     if r.tp_embedding_grad_replicated and not mn.tied:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..plan import DTYPE_BYTES, Plan, conventions
 
 
@@ -56,6 +58,11 @@ class Recipe:
     # its gradients unsharded through the step, reducing once at the last micro-batch (FSDP2
     # driven by PyTorch's pipeline schedules, torchtitan)
     pp_accumulates_unsharded: bool = False
+
+    def keeps_stage_gathered(self, pp, zero):
+        """Where ZeRO-2/3 runs as pipelined FSDP (`pp_accumulates_unsharded` and more than one
+        stage): the stage stays gathered and its gradients unsharded, reduced once a step."""
+        return self.pp_accumulates_unsharded & (np.asarray(pp) > 1) & (np.asarray(zero) >= 2)
 
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "

@@ -597,11 +597,11 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw,
                                   lat[comm.ALL_GATHER])
     scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, dp_group, dp_bw, lat[comm.REDUCE_SCATTER])
-    # FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for the forward,
-    # and keeps the parameters through the backward: no backward gather to wait for
     # Pipelined FSDP gathers each unit once a step, for the first forward, and reduce-scatters
-    # once, after the last backward (recipe.pp_accumulates_unsharded): ZeRO-1's timing, unit by unit
-    pipelined_fsdp = r.pp_accumulates_unsharded & (pp > 1) & (zero >= 2)
+    # it once, after the last backward (Recipe.keeps_stage_gathered): ZeRO-1's timing, unit by
+    # unit. Otherwise FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for
+    # the forward, and keeps the parameters through the backward: no backward gather to wait for.
+    pipelined_fsdp = r.keeps_stage_gathered(pp, zero)
     unit_by_unit = ((zero >= 3) | ((zero == 2) & per_unit)) & ~pipelined_fsdp
     backward_gathers = zero >= 3
     per_mb = np.where(backward_gathers, 2, 1) * gather + scatter
