@@ -152,11 +152,13 @@ def explain_time_lines(result: PlanResult) -> list[str]:
         elif L.zero >= 3:
             what = (f"per micro-batch 2 parameter all-gathers of {_t(coll['all_gather'])} and a gradient "
                     f"reduce-scatter of {_t(coll['reduce_scatter'])} (backward prefetch {p.backward_prefetch})")
-        elif L.zero >= 1:
-            what = (f"per step a gradient reduce-scatter of {_t(coll['reduce_scatter'])} and a parameter "
-                    f"all-gather of {_t(coll['all_gather'])}")
         else:
-            what = f"per step a gradient all-reduce of {_t(coll['all_reduce'])}"
+            reductions, gathers = (float(np.asarray(d[k]).ravel()[0]) for k in ("dp_reductions", "dp_gathers"))
+            times = lambda n, what: f"{n:g} {what}{'s' if n != 1 else ''}"  # noqa: E731
+            each = " (one in each micro-batch)" if reductions > 1 else ""
+            what = (f"per step {times(reductions, 'gradient reduce-scatter')}{each} of {_t(coll['reduce_scatter'])} "
+                    f"and {times(gathers, 'parameter all-gather')} of {_t(coll['all_gather'])}" if L.zero >= 1
+                    else f"per step {times(reductions, 'gradient all-reduce')}{each} of {_t(coll['all_reduce'])}")
         overlap = (f"overlapped, compute beside them {hw.overlap_slowdown:.1%} slower" if p.overlap_dp
                    else "not overlapped")
         n_calls = float(np.asarray(d["dp_calls"]).ravel()[0])

@@ -608,33 +608,30 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     bp = f(backward_prefetch)
     exposed = np.where((bp >= 1) & backward_gathers, gather, 0.0) + np.where(bp >= 2, scatter, 0.0)
     z3 = m * np.where(overlap_dp, exposed + overlapped(per_mb - exposed, stage_compute, hw.overlap_slowdown), per_mb)
-    # a sharded optimizer (ZeRO-1, Megatron's distributed optimizer) reduce-scatters the
-    # gradients during the last micro-batch's backward and all-gathers the parameters during
-    # the next step's first forward (--overlap-grad-reduce, --overlap-param-gather)
-    param_gather = overlapped(gather, stage_compute / 3, hw.overlap_slowdown)
-    z1 = np.where(overlap_dp, overlapped(scatter, stage_compute * 2 / 3, hw.overlap_slowdown) + param_gather,
-                  scatter + gather)
-    # ZeRO-2 keeps only its partition of the gradients, so it reduce-scatters them in every
-    # micro-batch's backward (DeepSpeed's stage_1_and_2.py reduces when "partition_gradients or
-    # is_gradient_accumulation_boundary"), each behind that backward
-    z2 = np.where(overlap_dp, m * overlapped(scatter, stage_compute * 2 / 3, hw.overlap_slowdown) + param_gather,
-                  m * scatter + gather)
-    # plain data parallelism: one all-reduce, bucket by bucket during the last backward
+    # How often the gradients are reduced, decided once for the collectives and the framework's
+    # passes: FSDP (unit by unit, or NO_SHARD's all-reduce) and ZeRO-2, which keeps only its
+    # partition of the gradients (DeepSpeed's stage_1_and_2.py reduces when "partition_gradients
+    # or is_gradient_accumulation_boundary"), in every micro-batch's backward; ZeRO-1, Megatron's
+    # distributed optimizer, DDP and pipelined FSDP once a step, in the last backward.
+    reductions = np.where(pipelined_fsdp, 1.0, np.where(per_unit | (zero == 2), m, 1.0))
+    gathers = np.where(unit_by_unit, np.where(backward_gathers, 2, 1) * m, 1.0)  # with ZeRO-1 and up
+    # a sharded optimizer reduce-scatters the gradients behind each reducing backward and
+    # all-gathers the parameters during the next step's first forward (--overlap-grad-reduce,
+    # --overlap-param-gather); plain data parallelism all-reduces them, bucket by bucket
+    backward = stage_compute * 2 / 3
+    z1 = np.where(overlap_dp, reductions * overlapped(scatter, backward, hw.overlap_slowdown)
+                  + overlapped(gather, stage_compute / 3, hw.overlap_slowdown), reductions * scatter + gather)
     ar = comm.collective_time(comm.ALL_REDUCE, wire_grad_bytes, dp_group, dp_bw, lat[comm.ALL_REDUCE], sharp)
-    z0 = np.where(overlap_dp, overlapped(ar, stage_compute * 2 / 3, hw.overlap_slowdown), ar)
+    z0 = reductions * np.where(overlap_dp, overlapped(ar, backward, hw.overlap_slowdown), ar)
     # The framework's own passes over the local gradients and the gathered parameters outside
     # the collectives (conventions.toml [frameworks] grad_reduce_passes, gather_copy_passes),
-    # memory-bound work on the compute stream, wherever gradients are reduced: FSDP, ZeRO-2 and
-    # ZeRO-3 reduce every micro-batch, the others once a step; ZeRO-3 gathers twice a
-    # micro-batch (forward and backward), FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) once.
-    reductions = np.where(pipelined_fsdp, 1.0, np.where(per_unit | (zero == 2), m, 1.0))
-    gathers = np.where(pipelined_fsdp, 1.0, np.where(zero >= 3, 2 * m, np.where((zero >= 2) & per_unit, m, 0.0)))
+    # memory-bound work on the compute stream, at every reduction and gather.
     grad_passes = np.where(zero >= 3, r.grad_reduce_passes_zero3, r.grad_reduce_passes)
     bookkeeping = np.where(dp_group > 1, trainable * (reductions * grad_passes * r.reduce_bytes
-                                                      + gathers * r.gather_copy_passes * r.compute_weight_bytes)
+                                                      + np.where(unit_by_unit | pipelined_fsdp, gathers, 0.0)
+                                                      * r.gather_copy_passes * r.compute_weight_bytes)
                            / hw.hbm, 0.0)
-    dp_exposed = np.where(unit_by_unit, z3, np.where((zero == 2) & ~pipelined_fsdp, z2,
-                                                     np.where(zero >= 1, z1, z0))) + bookkeeping
+    dp_exposed = np.where(unit_by_unit, z3, np.where(zero >= 1, z1, z0)) + bookkeeping
     shard = np.where(zero >= 1, dp_group, 1.0)
     # One optimizer step over this rank's shard. A fused kernel reads the gradient, reads and
     # writes the master copy (the fp32 parameters themselves where there is none) and the
@@ -666,6 +663,8 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "dp_bookkeeping_s": bookkeeping,
         # each collective's calls per pass and the latency of one call (`plan --explain`)
         "dp_calls": calls,
+        # gradient reductions and (ZeRO-1 and up) parameter all-gathers per step
+        "dp_reductions": reductions, "dp_gathers": np.where(zero >= 1, gathers, 0.0),
         "dp_call_latency_s": {"all_gather": call_lat[comm.ALL_GATHER], "reduce_scatter": call_lat[comm.REDUCE_SCATTER],
                               "all_reduce": call_lat[comm.ALL_REDUCE]},
     }
