@@ -233,9 +233,10 @@ def test_every_published_mosaicml_run_fits_in_80_gb():
     assert len(peaks[True]) == 25 and max(peaks[True]) <= 1.0
     assert sum(p > 1.0 for p in peaks[False]) == 6
     # the whole H100 BF16 and A100 amp_bf16 tables: all 52 and 59 runs fit, the fullest MPT-3B at
-    # 8K tokens x 3 (75.3 GiB); the 18 large-scale H100 runs too (the fullest 57.1 GiB)
+    # 8K tokens x 3 (75.3 GiB); the 18 large-scale H100 runs too (the fullest MPT-7B on 128 GPUs,
+    # 56.1 GiB; the SHARD_GRAD_OP runs keep the bf16 model gathered beside fp32 shards, up to 52.2 GiB)
     for name, count, fullest in (("mosaicml_h100_full", 52, 75.3), ("mosaicml_a100_full", 59, 75.3),
-                                 ("mosaicml_h100_large", 18, 57.1)):
+                                 ("mosaicml_h100_large", 18, 56.1)):
         table = data[name]
         full = [np.max(estimate_memory(layout := resolve(make_plan(**kw), spec))["total"]) / layout.gpu.capacity_bytes
                 for spec, kw in (mosaicml_setup(table, row) for row in table["rows"])]

@@ -84,6 +84,9 @@ def test_torchtitan_toml(kw, names):
     assert par["pipeline_parallel_schedule"] in tt["schedules"]
     assert cfg["activation_checkpoint"]["mode"] in tt["ac_modes"]
     assert par.get("context_parallel_rotate_method", "allgather") in tt["cp_rotate_methods"]
+    # ZeRO-2 (and ZeRO-1, which FSDP lacks) keeps each layer gathered until its backward
+    assert par["fsdp_reshard_after_forward"] == ("never" if 0 < lay.zero < 3 else "default")
+    assert par["fsdp_reshard_after_forward"] in tt["fsdp_reshard_policies"]
     assert cfg["optimizer"]["implementation"] in tt["optimizer_implementations"]
     degrees = (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["tensor_parallel_degree"]
                * par["pipeline_parallel_degree"] * par["context_parallel_degree"])

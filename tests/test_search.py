@@ -122,6 +122,25 @@ def test_max_model_per_strategy_8xA100():
         assert 0.6 * ceiling < params[k] < ceiling, k
 
 
+def test_fsdp_searches_and_sizes_only_its_sharding_strategies():
+    """FSDP offers ZeRO-0, 2 (SHARD_GRAD_OP) and 3 (FULL_SHARD), no ZeRO-1: the search space and
+    the largest-model table leave ZeRO-1 out. Its ZeRO-2 holds fp32 shards (4/8 B), the bf16
+    model gathered from forward to backward (2 B), sharded gradients and Adam state (12/8 B):
+    4 B per parameter on 8 GPUs, a ceiling of 80 GiB / 4 = 21.5B parameters before
+    activations."""
+    from trainplan.plan import load_model
+    from trainplan.search import max_model
+
+    plan = make_plan(model="llama-3-8b", gpus=8, framework="fsdp")
+    space = default_space(plan, set(), 8, load_model(plan).layers, 8, False)
+    assert space.zero == [0, 2, 3]
+    assert default_space(make_plan(model="llama-3-8b", gpus=8), set(), 8, 32, 8, False).zero == [0, 1, 2, 3]
+    out = max_model(make_plan(gpu="A100-80GB-SXM", gpus=8, seq_len=2048, recompute="full", framework="fsdp"))
+    params = {r["strategy"]: r["params"] for r in out["results"]}
+    assert list(params) == ["DDP", "ZeRO-2", "ZeRO-3 / FSDP"]
+    assert 0.6 * 80 * 2**30 / 4 < params["ZeRO-2"] < 80 * 2**30 / 4
+
+
 def test_min_gpus_meets_the_deadline_with_the_fewest():
     from trainplan.search import min_gpus
 

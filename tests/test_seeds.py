@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from trainplan.errors import PlanError
 from trainplan.estimate.memory import estimate_memory
 from trainplan.estimate.recipe import recipe
 from trainplan.plan import make_plan, resolve
@@ -99,6 +100,23 @@ def test_fsdp2_model_states_16_over_n():
     psi, n = 8_030_261_248, 8
     got = static_bytes(model="llama-3-8b", gpus=n, zero=3, framework="fsdp")
     assert got == pytest.approx(16 * psi / n)
+
+
+def test_fsdp_shard_grad_op_keeps_fp32_shards_and_the_bf16_model_gathered():
+    """FSDP's SHARD_GRAD_OP (ZeRO-2; FSDP2's reshard_after_forward=False) shards the fp32
+    parameters with the gradients and optimizer state, 16/N bytes per parameter as FULL_SHARD,
+    and keeps each unit's bf16 copy from its forward to its backward: at the start of the
+    backward the whole model, 2 bytes per parameter, lies gathered beside the shards (measured
+    exactly by `trainplan validate --zero 2 --framework fsdp`, tests/test_validate.py). FSDP
+    has no ZeRO-1."""
+    psi, n = 8_030_261_248, 8
+    for fw in ("fsdp", "fsdp1"):
+        mem = estimate_memory(resolve(make_plan(model="llama-3-8b", gpus=n, zero=2, framework=fw)))
+        assert float(mem["params"][0]) == pytest.approx(psi * (4 / n + 2))
+        assert float(mem["grads"][0] + mem["optimizer"][0]) == pytest.approx(12 * psi / n)
+        with pytest.raises(PlanError) as e:
+            resolve(make_plan(model="llama-3-8b", gpus=n, zero=1, framework=fw))
+        assert e.value.field == "zero" and "SHARD_GRAD_OP" in e.value.rule
 
 
 def test_qlora_base_weights_4_127_bits():

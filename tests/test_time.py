@@ -470,7 +470,7 @@ def test_backward_prefetch_after_the_gradients_exposes_the_gather():
     scatter = float(comm.collective_time(comm.REDUCE_SCATTER, 4 * params, 16, 360e9, latency))
     assert dp["post"] - dp["pre"] == pytest.approx(m * (1 - 0.189) * gather, rel=1e-9)
     assert dp["none"] - dp["post"] == pytest.approx(m * (1 - 0.189) * scatter, rel=1e-9)
-    assert any("only ZeRO-3" in w for w in resolve(make_plan(**{**kw, "zero": 1}, backward_prefetch="post")).warnings)
+    assert any("only ZeRO-3" in w for w in resolve(make_plan(**{**kw, "zero": 2}, backward_prefetch="post")).warnings)
 
 
 def test_megatron_cross_entropy_moves_its_own_bytes_per_logit():

@@ -76,6 +76,12 @@ def test_validate_rejects_what_it_cannot_run():
     with pytest.raises(PlanError) as e:  # validate runs FSDP2; FSDP1's bytes per parameter are the same
         validate(make_plan(model="llama-3-8b", gpus=2, zero=3, framework="fsdp1"), device="cpu")
     assert e.value.field == "framework" and "--framework fsdp" in e.value.rule
+    with pytest.raises(PlanError) as e:  # ZeRO-2 runs as FSDP2's SHARD_GRAD_OP only
+        validate(make_plan(model="llama-3-8b", gpus=2, zero=2, framework="deepspeed"), device="cpu")
+    assert e.value.field == "zero" and "--framework fsdp" in e.value.rule
+    with pytest.raises(PlanError) as e:  # FSDP2 over 2 ranks always shards
+        validate(make_plan(model="llama-3-8b", gpus=2, zero=0, framework="fsdp"), device="cpu")
+    assert e.value.field == "zero" and "--framework torch" in e.value.rule
 
 
 def test_fused_kernel_functions_are_correct():

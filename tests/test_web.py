@@ -49,6 +49,7 @@ def test_api_plan_matches_cli_json():
     ({"model": "llama-3-8b", "backward_prefetch": "early"}, "backward_prefetch", "'pre', 'post' or 'none'"),
     ({"model": "llama-3-8b", "attention": "fa3"}, "attention", "'triton' or 'cudnn'"),
     ({"model": "llama-3-8b", "optimizer_impl": "apex"}, "optimizer_impl", "'fused', 'foreach' or 'for-loop'"),
+    ({"model": "llama-3-8b", "gpus": 8, "framework": "fsdp", "zero": 1}, "zero", "2 = SHARD_GRAD_OP"),
 ])
 def test_api_invalid_input_is_422_with_field_and_rule(body, field, words):
     res = client.post("/api/plan", json=body)
@@ -198,6 +199,25 @@ def test_page_choose_model_gpu_move_tp_and_zero(server, browser):
     totals = [float(x) for x in page.eval_on_selector_all(".bar-row", "rows => rows.map(r => r.dataset.total)")]
     assert totals == pytest.approx([s["total_bytes"] for s in after["memory"]["stages"]])
     assert "?" in page.url and "zero=3" in page.url and "tp=8" in page.url
+    page.close()
+
+
+def test_page_offers_fsdp_only_its_sharding_strategies(server, browser):
+    """FSDP has no ZeRO-1: with an FSDP framework the page disables that choice and, for a
+    replicated plan, suggests its ZeRO-2 (SHARD_GRAD_OP), in both languages; DeepSpeed offers
+    ZeRO-1 again."""
+    page = _open(browser, server, {"model": "llama-3-8b", "gpus": 8, "zero": 0, "framework": "fsdp"})
+    disabled = "s => [...s.options].filter(o => o.disabled).map(o => o.value)"
+    assert page.eval_on_selector("select[name=zero]", disabled) == ["1"]
+    assert "SHARD_GRAD_OP" in page.inner_text("#hints")
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    assert "FSDP 降低静态显存" in page.inner_text("#hints")
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=framework]", "deepspeed")
+    _ready(page)
+    assert page.eval_on_selector("select[name=zero]", disabled) == []
+    assert "ZeRO-1" in page.inner_text("#hints")
     page.close()
 
 

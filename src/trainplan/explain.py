@@ -38,11 +38,18 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
                + (", + embedding" if i == 0 else "") + (", + output head" if i == L.pp - 1 else "") + ")")
     if p.finetune != "full":
         out.append(f"  trainable (LoRA adapters, rank {p.lora_rank})  T = {_n(T)}")
-    wdiv = f" / {shard} (ZeRO-3 over dp x cp)" if L.zero >= 3 else ""
-    wb = r.frozen_weight_bytes if p.finetune != "full" else r.weight_bytes
-    out.append(f"  weights      = P x {wb:g} B{wdiv} = {_g(pick(m['params']))}")
+    full = p.finetune == "full"
+    wdiv = f" / {shard} (ZeRO-{L.zero} over dp x cp)" if full and r.weights_sharded(L.zero) else ""
+    wb = r.weight_bytes if full else r.frozen_weight_bytes
+    pipelined = bool(r.keeps_stage_gathered(L.pp, L.zero))
+    kept = (" the stage kept gathered all step (pipelined FSDP)" if pipelined
+            else " each unit gathered from its forward to its backward (SHARD_GRAD_OP)")
+    gathered = f" + P x {r.compute_weight_bytes:g} B{kept}" if pick(m["params_gathered"]) else ""
+    out.append(f"  weights      = P x {wb:g} B{wdiv}{gathered} = {_g(pick(m['params']))}")
     gdiv = f" / {shard}" if L.zero >= 2 else ""
-    out.append(f"  gradients    = T x {r.grad_bytes:g} B{gdiv} = {_g(pick(m['grads']))}")
+    unsharded = (f" + T x {r.reduce_bytes:g} B accumulated unsharded until the last micro-batch"
+                 if pick(m["grads_unsharded"]) else "")
+    out.append(f"  gradients    = T x {r.grad_bytes:g} B{gdiv}{unsharded} = {_g(pick(m['grads']))}")
     exp_shard = max(shard // L.ep, 1)
     odiv = (f" / {shard}" + (f" (experts / {exp_shard})" if L.model.is_moe else "")) if L.zero >= 1 else ""
     opt = f"{r.optimizer_bytes:g} B ({p.optimizer})" + (" + 4 B x (rows + cols) per matrix" if r.factored_optimizer else "")
@@ -66,7 +73,7 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
     for k, v in parts.items():
         if v:
             out.append(f"      {k:<24s} {_g(v)}")
-    out.append(f"  other        = ZeRO-3 gather {_g(pick(m['zero3_gather']))} + buckets "
+    out.append(f"  other        = {'unit gradient' if r.keeps_gathered_forward_to_backward(L.zero) else 'ZeRO-3 gather'} {_g(pick(m['zero3_gather']))} + buckets "
                f"{_g(pick(m['comm_buckets']))} + loss workspace {_g(pick(m['loss_workspace']))}"
                f" + fragmentation {_g(pick(m['fragmentation']))} + runtime {_g(pick(m['runtime_reserved']))}")
     out.append(f"  total        = {_g(pick(m['total']))} of {_g(result.capacity)}")

@@ -193,6 +193,11 @@ def conventions() -> dict:
         return tomllib.load(fh)
 
 
+def zero_stages(framework: str) -> tuple[int, ...]:
+    """The ZeRO stages a framework offers (FSDP: 0, 2 and 3, its sharding strategies)."""
+    return tuple(conventions()["frameworks"][framework].get("zero_stages", (0, 1, 2, 3)))
+
+
 # ---- model and accelerator lookup -------------------------------------------------------
 @lru_cache(maxsize=256)
 def _model_from_file(path: str, mtime_ns: int, size: int) -> ModelSpec:
@@ -440,6 +445,13 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if plan.precision != "fp32" and gpu.peak(plan.precision) is None:
         raise PlanError("precision", f"{gpu.name} has no {plan.precision} support in the catalog; "
                         f"choose one of: {', '.join(sorted(gpu.peak_tflops))}")
+    stages = zero_stages(plan.framework)
+    if plan.zero not in stages:
+        modes = conventions()["frameworks"][plan.framework].get("zero_modes", {})
+        offered = [f"{z} = {modes[str(z)]}" if str(z) in modes else str(z) for z in stages]
+        raise PlanError("zero", f"{plan.framework} has no ZeRO-{plan.zero}: it shards the optimizer state only together "
+                        f"with the gradients and the fp32 parameters it updates; choose --zero "
+                        f"{', '.join(offered[:-1])} or {offered[-1]}")
     if plan.offload_params and plan.zero != 3:
         raise PlanError("offload_params", "parameter offload needs --zero 3")
     if plan.finetune != "full" and plan.zero == 3:

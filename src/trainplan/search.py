@@ -31,7 +31,7 @@ from .estimate.memory import model_numbers, stage_memory
 from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
 from .estimate.recipe import recipe
 from .estimate.time import BACKWARD_PREFETCH_CODE, hardware, stage_times, step_from_stages
-from .plan import Plan, conventions, default_stage_split, interleaving_problem, load_model, resolve
+from .plan import Plan, conventions, default_stage_split, interleaving_problem, load_model, resolve, zero_stages
 from .units import GiB
 
 REPRESENTATIVE = 4
@@ -60,7 +60,8 @@ def _pow2_upto(n: int) -> list[int]:
 
 def default_space(plan: Plan, fixed: set[str], gpus: int, layers: int, max_tp: int, is_moe: bool) -> Space:
     """Omitted dimensions are searched: TP and CP over powers of two (TP within a node), PP over
-    every divisor of the GPU count up to the layer count; given dimensions stay fixed."""
+    every divisor of the GPU count up to the layer count, ZeRO over the stages the framework
+    offers; given dimensions stay fixed."""
     def dim(name, values):
         return [getattr(plan, name)] if name in fixed else values
 
@@ -69,7 +70,7 @@ def default_space(plan: Plan, fixed: set[str], gpus: int, layers: int, max_tp: i
         pp=dim("pp", [p for p in range(1, min(gpus, layers) + 1) if gpus % p == 0]),
         cp=dim("cp", [c for c in _pow2_upto(min(gpus, 16))]),
         ep=dim("ep", [e for e in _pow2_upto(gpus)] if is_moe else [1]),
-        zero=dim("zero", [0, 1, 2, 3]),
+        zero=[z for z in dim("zero", [0, 1, 2, 3]) if z in zero_stages(plan.framework)],
         mbs=dim("mbs", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
         recompute=dim("recompute", ["none", "selective", "full"]),
         schedule=dim("schedule", ["gpipe", "1f1b", "interleaved", "zb"]),
@@ -545,6 +546,8 @@ def max_model(plan: Plan, strategies: dict | None = None, hidden_step: int = 128
 
     out = []
     for name, dims in strategies.items():
+        if dims.get("zero", plan.zero) not in zero_stages(plan.framework):
+            continue  # a strategy the framework does not offer (FSDP has no ZeRO-1)
         lo, hi = 1, max_hidden // hidden_step
         if not fits(lo, dims):
             out.append({"strategy": name, "params": 0, "hidden": None, "layers": None})

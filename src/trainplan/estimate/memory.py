@@ -161,17 +161,25 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                                     np.where(moe_layers > 0, m_dense - mn.moe.rep + m_exp, 0.0))
     quantizable = layer_matrices
     frozen_bytes = quantizable * r.frozen_weight_bytes + (p_stage - quantizable) * r.compute_weight_bytes
+    weights_sharded = r.weights_sharded(zero)
     weights = np.where(lora, frozen_bytes + adapters * r.weight_bytes,
-                       p_dense * r.weight_bytes / np.where(zero >= 3, shard_dense, 1)
-                       + p_expert * r.weight_bytes / np.where(zero >= 3, shard_expert, 1))
+                       p_dense * r.weight_bytes / np.where(weights_sharded, shard_dense, 1)
+                       + p_expert * r.weight_bytes / np.where(weights_sharded, shard_expert, 1))
     weights = np.where(offload_params, 0.0, weights)
     grads = sharded(r.grad_bytes, 2)
     # Pipelined FSDP (Recipe.keeps_stage_gathered): the stage's parameters stay gathered in the
     # compute dtype and its gradients accumulate unsharded in the reduce dtype all step, beside
-    # the sharded copies (LoRA's frozen base is never sharded here, so it has nothing to add)
-    pipelined_fsdp = r.keeps_stage_gathered(pp, zero) & ~np.asarray(lora, dtype=bool)
-    weights = weights + np.where(pipelined_fsdp & (zero >= 3), p_stage * r.compute_weight_bytes, 0.0)
-    grads = grads + np.where(pipelined_fsdp, trainable * r.reduce_bytes, 0.0)
+    # the sharded copies; FSDP's SHARD_GRAD_OP keeps each unit gathered from its forward to its
+    # backward, the whole stage when the backward starts (LoRA's frozen base is never sharded
+    # here, so it has nothing to add)
+    not_lora = ~np.asarray(lora, dtype=bool)
+    pipelined_fsdp = r.keeps_stage_gathered(pp, zero) & not_lora
+    forward_to_backward = r.keeps_gathered_forward_to_backward(zero) & not_lora & ~pipelined_fsdp
+    stage_gathered = (pipelined_fsdp & weights_sharded) | forward_to_backward
+    params_gathered = np.where(stage_gathered, p_stage * r.compute_weight_bytes, 0.0)
+    grads_unsharded = np.where(pipelined_fsdp, trainable * r.reduce_bytes, 0.0)
+    weights = weights + params_gathered
+    grads = grads + grads_unsharded
     if r.tp_embedding_grad_replicated and not mn.tied:
         # DTensor's vocabulary-parallel embedding returns a replicated V x h gradient (an
         # untied embedding without ZeRO-2/3, which reshard gradients like their parameters).
@@ -248,9 +256,11 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     unit = np.maximum(np.where(dense_layers > 0, d_dense + d_exp, 0),
                       np.where(moe_layers > 0, m_dense + m_exp, 0))
     unit = np.maximum(unit, np.maximum(first * embed, last * head))
-    # Current unit + the prefetched next one in the compute dtype, plus the unsharded
-    # gradient of the current unit before its reduce-scatter.
-    zero3_gather = np.where((zero >= 3) & ~pipelined_fsdp, unit * (2 * r.compute_weight_bytes + r.reduce_bytes), 0.0)
+    # ZeRO-3: the current unit + the prefetched next one in the compute dtype, plus the
+    # unsharded gradient of the current unit before its reduce-scatter; SHARD_GRAD_OP, whose
+    # units are already gathered (above): that gradient only.
+    zero3_gather = np.where((zero >= 3) & ~pipelined_fsdp, unit * (2 * r.compute_weight_bytes + r.reduce_bytes),
+                            np.where(forward_to_backward, unit * r.reduce_bytes, 0.0))
     bucket = np.minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
     bucket = bucket + np.where(r.grad_bucket_copy & (np.asarray(dp) > 1), trainable * r.grad_bytes, 0.0)
     loss_ws = last * tokens * vocab_padded / tp * r.loss_workspace_bytes
@@ -267,6 +277,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                                              / np.where(zero >= 3, shard_dense, 1), 0.0)
     return {
         "params": weights, "grads": grads, "master": master, "optimizer_state": opt_state,
+        "params_gathered": params_gathered + 0 * total, "grads_unsharded": grads_unsharded + 0 * total,
         "optimizer": master + opt_state, "activations": activations, "other": other,
         "total": total, "zero3_gather": zero3_gather, "comm_buckets": bucket,
         "loss_workspace": loss_ws, "fragmentation": fragment,

@@ -58,11 +58,25 @@ class Recipe:
     # its gradients unsharded through the step, reducing once at the last micro-batch (FSDP2
     # driven by PyTorch's pipeline schedules, torchtitan)
     pp_accumulates_unsharded: bool = False
+    # FSDP keeps every parameter sharded between uses from ZeRO-2 on (its fp32 shard is the
+    # master copy); ZeRO-2 (SHARD_GRAD_OP) keeps the compute-dtype copy it gathers for a unit's
+    # forward until that unit's backward
+    shards_params_at_rest: bool = False
 
     def keeps_stage_gathered(self, pp, zero):
         """Where ZeRO-2/3 runs as pipelined FSDP (`pp_accumulates_unsharded` and more than one
         stage): the stage stays gathered and its gradients unsharded, reduced once a step."""
         return self.pp_accumulates_unsharded & (np.asarray(pp) > 1) & (np.asarray(zero) >= 2)
+
+    def weights_sharded(self, zero):
+        """Where the persistent weights are sharded over data parallelism: ZeRO-3, and ZeRO-2
+        under FSDP (`shards_params_at_rest`)."""
+        return np.asarray(zero) >= (2 if self.shards_params_at_rest else 3)
+
+    def keeps_gathered_forward_to_backward(self, zero):
+        """Where each unit's gathered compute-dtype copy lives from its forward to its backward
+        (FSDP's SHARD_GRAD_OP): at the start of the backward the whole stage is gathered."""
+        return self.shards_params_at_rest & (np.asarray(zero) == 2)
 
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "
@@ -131,4 +145,5 @@ def recipe(plan: Plan) -> Recipe:
         gather_copy_passes=float(fw["gather_copy_passes"]),
         grad_clip_passes=float(fw["grad_clip_passes"]) if plan.grad_clip > 0 else 0.0,
         pp_accumulates_unsharded=bool(fw.get("pp_accumulates_unsharded", False)),
+        shards_params_at_rest=bool(fw.get("shards_params_at_rest", False)),
     )

@@ -3,7 +3,9 @@ CPU), each measuring its own bytes.
 
 * ZeRO-3 / FSDP: FSDP2 `fully_shard` on every block and the root, with
   `MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)` for mixed precision (the plan's
-  reduce_dtype when it names one).
+  reduce_dtype when it names one); ZeRO-2 under `--framework fsdp` with
+  `reshard_after_forward=False` (SHARD_GRAD_OP), whose parameters are measured as their shards
+  plus the copies gathered for the forward and kept until the backward.
 * ZeRO-1: `DistributedDataParallel` with `ZeroRedundancyOptimizer` (optimizer state sharded).
 * Tensor parallelism: DTensor `parallelize_module`, column-parallel Q/K/V and MLP input
   projections, row-parallel output projections, a vocabulary-parallel embedding and output
@@ -63,9 +65,10 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
             reduce = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.reduce_dtype, torch.float32)
             mp = MixedPrecisionPolicy(param_dtype=low_dtype(plan), reduce_dtype=reduce) if mixed \
                 else MixedPrecisionPolicy(reduce_dtype=reduce if plan.reduce_dtype else None)
+            reshard = layout.zero >= 3  # SHARD_GRAD_OP keeps each block gathered until its backward
             for blk in model.blocks:
-                fully_shard(blk, mesh=mesh["dp"], mp_policy=mp)
-            fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
+                fully_shard(blk, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(model, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=reshard)
             opt = make_optimizer(plan.optimizer, model.parameters())
         elif layout.zero >= 1 and layout.dp > 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -101,9 +104,12 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         with rec:
             loss = forward()
         # FSDP2 leaves the root's gathered parameters in place after the forward (plain
-        # tensors, or DTensors over the TP mesh): those unsharded copies are the ZeRO-3
-        # gather buffer, not activations.
-        gathered = {_key(_local(p).untyped_storage()) for p in core.parameters()} - sharded
+        # tensors, or DTensors over the TP mesh), and under SHARD_GRAD_OP every block's: those
+        # unsharded copies are the ZeRO-3 gather buffer, or ZeRO-2's gathered parameters, not
+        # activations.
+        after_forward = {_key(_local(p).untyped_storage()): _local(p).untyped_storage() for p in core.parameters()}
+        gathered = set(after_forward) - sharded
+        gathered_bytes = sum(after_forward[k].nbytes() for k in gathered)
         regions: dict[str, int] = {}
         for ptr, (st, region) in rec.storages.items():
             if ptr not in gathered:
@@ -121,6 +127,8 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
             state = opt.state
         opt_bytes = tensor_bytes(v for s in state.values() for v in s.values() if isinstance(v, torch.Tensor))
         params = tensor_bytes(core.parameters())
+        if layout.zero == 2:
+            params += gathered_bytes
         opt.zero_grad(set_to_none=True)
         flops = None
         if tp == 1:
@@ -195,14 +203,17 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
     if device != "cpu":
         raise PlanError("device", "sharded validation runs on the CPU (gloo) here")
     plan = layout.plan
-    if layout.zero == 2:
-        raise PlanError("zero", "PyTorch has no ZeRO-2 wrapper (DeepSpeed's is not installed); "
-                        "validate runs ZeRO-1 (ZeroRedundancyOptimizer) and ZeRO-3 (FSDP2)")
+    if layout.zero == 2 and plan.framework != "fsdp":
+        raise PlanError("zero", "validate runs ZeRO-2 as FSDP2's SHARD_GRAD_OP (DeepSpeed is not installed): "
+                        "use --framework fsdp")
+    if layout.zero == 0 and layout.dp > 1 and plan.framework == "fsdp":
+        raise PlanError("zero", "validate runs FSDP2 sharded over data parallelism (--zero 2 or 3); "
+                        "a replicated run is DDP: --framework torch")
     if layout.zero >= 1 and layout.zero < 3 and plan.optimizer not in ("adamw", "adam", "sgd"):
         raise PlanError("optimizer", "ZeroRedundancyOptimizer runs adamw, adam or sgd here")
-    if layout.tp > 1 and layout.dp > 1 and layout.zero < 3:
+    if layout.tp > 1 and layout.dp > 1 and layout.zero < 2:
         raise PlanError("zero", "validate combines tensor and data parallelism through FSDP2: "
-                        "use --zero 3 --framework fsdp")
+                        "use --zero 2 or 3 --framework fsdp")
     if plan.fused_loss and layout.tp > 1:
         raise PlanError("fused_loss", "validate measures tensor parallelism with PyTorch's vocab-parallel "
                         "cross-entropy (loss_parallel); measure a fused loss with tp = 1")

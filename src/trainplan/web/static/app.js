@@ -86,7 +86,14 @@
     timer = setTimeout(update, 250);  // debounced: one request per change, not per keystroke
   }
 
+  // FSDP's sharding strategies are ZeRO-0, 2 and 3: it has no ZeRO-1
+  function offerZeroStages() {
+    const fsdp = form.elements.framework.value.startsWith("fsdp");
+    for (const o of form.elements.zero.options) o.disabled = fsdp && o.value === "1";
+  }
+
   async function update() {
+    offerZeroStages();
     const state = readForm();
     writeUrl(state);
     clearErrors();
@@ -233,7 +240,8 @@
     const worst = mem.stages.reduce((a, b) => (b.total_bytes > a.total_bytes ? b : a));
     if (worst.activations_bytes > 0.4 * worst.total_bytes && p.recompute === "none")
       hints.push(t("hint_recompute", { share: pct(worst.activations_bytes / worst.total_bytes) }));
-    if (p.zero === 0 && p.dp > 1) hints.push(t("hint_zero", { zero: 1 }));
+    if (p.zero === 0 && p.dp > 1)
+      hints.push(d.recipe.framework.startsWith("fsdp") ? t("hint_zero_fsdp") : t("hint_zero", { zero: 1 }));
     const comm = Object.entries(tm.breakdown_s).filter(([k]) => k.endsWith("_comm")).sort((a, b) => b[1] - a[1])[0];
     if (comm && comm[1] > 0.15 * tm.step_s) {
       const share = pct(comm[1] / tm.step_s);
