@@ -25,6 +25,7 @@ PLANS = [
     dict(model="mixtral-8x7b", gpus=32, tp=2, ep=8, zero=1, gbs=64, recompute="full", framework="megatron"),
     dict(model="gpt2-xl", gpus=8, precision="fp16", attention="eager", gbs=64, seq_len=1024),
     dict(model="llama-3-8b", gpus=16, pp=2, schedule="interleaved", vpp=2, gbs=64, precision="fp8"),
+    dict(model="llama-3-8b", gpus=32, zero=3, dp_shard=8, gbs=64, framework="fsdp"),
 ]
 
 
@@ -205,3 +206,19 @@ def test_exports_say_where_the_framework_runs_otherwise_than_the_plan():
     assert "--no-recompute-early-stop" not in export(
         resolve(make_plan(model="llama-3-8b", gpus=16, zero=1, gbs=32, recompute="full", framework="megatron")),
         "megatron")
+
+
+def test_hybrid_sharding_in_each_frameworks_terms():
+    """--dp-shard 8 on 32 data-parallel ranks: torchtitan shards over 8 and replicates 4 ways
+    (HSDP), DeepSpeed partitions ZeRO-3 within MiCS groups of 8, Megatron keeps 4 distributed
+    optimizer instances."""
+    kw = dict(model="llama-3-8b", gpus=32, dp_shard=8, gbs=64)
+    par = tomllib.loads(export(resolve(make_plan(**kw, zero=3, framework="fsdp")), "torchtitan"))["parallelism"]
+    assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (8, 4)
+    ds = json.loads(export(resolve(make_plan(**kw, zero=3)), "deepspeed"))
+    assert ds["zero_optimization"]["mics_shard_size"] == 8
+    args = _megatron_args(export(resolve(make_plan(**kw, zero=1, framework="megatron")), "megatron"))
+    assert args["--num-distributed-optimizer-instances"] == "4"
+    plain = _megatron_args(export(resolve(make_plan(**{**kw, "dp_shard": None}, zero=1, framework="megatron")),
+                                  "megatron"))
+    assert "--num-distributed-optimizer-instances" not in plain

@@ -22,6 +22,7 @@ from trainplan.search import default_space, enumerate_layouts, evaluate_bulk, la
     dict(model="llama-3-8b", gpus=64, gbs=64, seq_len=32768, gpu="A100-80GB-SXM", attention="triton",
          fused_loss=True, cp_comm="allgather", framework="fsdp", reduce_dtype="bf16",
          backward_prefetch="post"),
+    dict(model="llama-3-70b", gpus=128, gbs=256, framework="fsdp", dp_shard=4),  # hybrid sharding
 ])
 def test_bulk_equals_scalar_on_random_layouts(kw):
     """DESIGN §2: the bulk search evaluation and `plan` agree exactly (peak memory, fit, step)."""

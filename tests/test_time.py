@@ -4,6 +4,7 @@ profile round-trip."""
 import numpy as np
 import pytest
 
+from trainplan.errors import PlanError
 from trainplan.estimate import comm
 from trainplan.estimate.cost import goodput, training_run
 from trainplan.estimate.flops import step_flops
@@ -646,6 +647,40 @@ def test_collective_latency_is_nccls_ring_model():
 
     lines = explain_time_lines(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=64, sharp=True)))
     assert "each collective one call of 0.107 ms NCCL latency" in lines[-2]
+
+
+def test_hybrid_sharding_reduces_inside_the_node_and_all_reduces_the_shards_across_replicas():
+    """HSDP (--dp-shard 8: FSDP sharded over the 8 GPUs of a node, replicated over 64 nodes):
+    the gathers and reduce-scatters run over NVLink, and each reduce-scatter's output, 1/8 of
+    the gradients, is then all-reduced by the 64 replicas, one GPU per node, over one NIC each:
+    nccl-tests' 2(n-1)/n x bytes / bus bandwidth + the ring's latency per call. The optimizer
+    state shards over 8 ranks, not 512. Without hybrid sharding nothing changes."""
+    from trainplan.estimate.time import hardware, link, step_derivation
+
+    kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=512, zero=3, framework="fsdp", gbs=512)
+    full, hybrid = resolve(make_plan(**kw)), resolve(make_plan(**kw, dp_shard=8))
+    assert (full.dp_shard, hybrid.dp_shard) == (512, 8)
+    d = step_derivation(hybrid)
+    hw = hardware(hybrid)
+    t = 8_030_261_248.0
+    nic_bw, lat = link(hw, comm.ALL_REDUCE, 64, 8, 8)
+    assert nic_bw == pytest.approx(hw.nic)  # one GPU of each node in a replica group
+    calls = 33  # 32 layers and the root, one call each
+    want = 2 * 63 / 64 * t * 4 / 8 / hw.nic + calls * lat
+    assert float(np.asarray(d["dp_collectives_s"]["replica_all_reduce"]).ravel()[0]) == pytest.approx(want, rel=1e-9)
+    nvl_bw = link(hw, comm.REDUCE_SCATTER, 8, 1, 8)[0]
+    assert nvl_bw == pytest.approx(hw.nvlink)
+    rs = comm.collective_time(comm.REDUCE_SCATTER, t * 4, 8, nvl_bw, calls * link(hw, comm.REDUCE_SCATTER, 8, 1, 8)[1])
+    assert float(np.asarray(d["dp_collectives_s"]["reduce_scatter"]).ravel()[0]) == pytest.approx(rs + want, rel=1e-9)
+    mem_full, mem_hybrid = evaluate(make_plan(**kw)).memory, evaluate(make_plan(**kw, dp_shard=8)).memory
+    assert float(mem_hybrid["optimizer"][0]) == pytest.approx(float(mem_full["optimizer"][0]) * 64)
+    assert evaluate(make_plan(**kw, dp_shard=512)).time["step_s"] == evaluate(make_plan(**kw)).time["step_s"]
+    with pytest.raises(PlanError) as e:
+        resolve(make_plan(**kw, dp_shard=3))
+    assert e.value.field == "dp_shard" and "must divide dp (512)" in e.value.rule
+    with pytest.raises(PlanError) as e:  # DeepSpeed: MiCS is ZeRO-3's
+        resolve(make_plan(**{**kw, "zero": 2, "framework": "deepspeed"}, dp_shard=8))
+    assert e.value.field == "dp_shard" and "MiCS" in e.value.rule
 
 
 def test_fsdp_pays_the_latency_of_every_layers_collectives():

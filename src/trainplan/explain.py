@@ -29,7 +29,8 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
     i = int(np.argmax(np.broadcast_to(m["total"], (L.pp,)))) if stage is None else stage
     P = pick(m["param_count"])
     T = pick(m["trainable_params"])
-    shard = L.dp * L.cp
+    shard = L.dp_shard * L.cp  # ZeRO's shard group (dp x cp unless hybrid sharding)
+    over = "dp_shard x cp" if L.dp_shard < L.dp else "dp x cp"
     tokens = L.mbs * L.seq_len / L.cp
     out = [f"Stage {i} of {L.pp} ({L.stage_layers[i]} layers) — the peak stage" if stage is None
            else f"Stage {i} of {L.pp} ({L.stage_layers[i]} layers)"]
@@ -39,7 +40,7 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
     if p.finetune != "full":
         out.append(f"  trainable (LoRA adapters, rank {p.lora_rank})  T = {_n(T)}")
     full = p.finetune == "full"
-    wdiv = f" / {shard} (ZeRO-{L.zero} over dp x cp)" if full and r.weights_sharded(L.zero) else ""
+    wdiv = f" / {shard} (ZeRO-{L.zero} over {over})" if full and r.weights_sharded(L.zero) else ""
     wb = r.weight_bytes if full else r.frozen_weight_bytes
     pipelined = bool(r.keeps_stage_gathered(L.pp, L.zero))
     kept = (" the stage kept gathered all step (pipelined FSDP)" if pipelined
@@ -175,7 +176,10 @@ def explain_time_lines(result: PlanResult) -> list[str]:
         passes = (f"; {p.framework}'s own passes over the gradients ({r.grad_reduce_passes:g} per reduction)"
                   + (f" and gathered parameters ({r.gather_copy_passes:g} per gather)" if r.gather_copy_passes else "")
                   + f" {_t(book)}, included") if book else ""
-        out.append(f"  + data parallel over {group} ranks: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
+        hybrid = (f" (sharded in groups of {L.dp_shard * L.cp}, {L.dp // L.dp_shard} replicas: each gradient "
+                  f"reduce-scatter includes their all-reduce of its output, {_t(coll['replica_all_reduce'])})"
+                  if L.zero >= 1 and L.dp_shard < L.dp else "")
+        out.append(f"  + data parallel over {group} ranks{hybrid}: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
                    f"each collective {calls} of {_t(lat)} NCCL latency{passes}")
     out.append(f"  + optimizer {_t(bd['optimizer'])} ({p.optimizer} {r.optimizer_impl}"
                + (f", {r.optimizer_traffic:g}x a fused step's traffic" if r.optimizer_traffic != 1 else "")

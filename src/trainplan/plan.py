@@ -59,6 +59,11 @@ class Plan(BaseModel):
     cp: int = Field(default=1, ge=1, le=MAX_GPUS)
     ep: int = Field(default=1, ge=1, le=MAX_GPUS)
     zero: int = Field(default=0, ge=0, le=3)
+    dp_shard: int | None = Field(
+        default=None, ge=1, le=MAX_GPUS, description="hybrid sharding (HSDP): ZeRO shards over groups of this many "
+        "data-parallel ranks and replicates across dp / dp_shard groups, whose gradients are all-reduced (FSDP "
+        "HYBRID_SHARD, torchtitan data_parallel_shard_degree, Megatron --num-distributed-optimizer-instances, "
+        "DeepSpeed MiCS); default: shard over all dp ranks")
     sp: bool = False
     mbs: int = Field(default=1, ge=1, le=MAX_BATCH)
     gbs: int | None = Field(default=None, ge=1, le=MAX_BATCH)
@@ -244,6 +249,7 @@ class Layout:
     cp: int
     ep: int
     zero: int
+    dp_shard: int  # data-parallel ranks ZeRO shards over (dp unless hybrid sharding)
     sp: bool
     mbs: int
     gbs: int
@@ -409,6 +415,21 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("ep", f"must divide dp x cp = {dp * cp} (experts are spread over "
                             f"data-parallel ranks); got {ep}")
 
+    # -- hybrid sharding: ZeRO over groups of dp_shard ranks (x cp), replicated across them
+    dp_shard = plan.dp_shard or dp
+    if dp % dp_shard:
+        raise PlanError("dp_shard", f"must divide dp ({dp}); got {dp_shard}")
+    if dp_shard < dp:
+        if plan.zero == 0:
+            warn("dp_shard_unused", "--dp-shard groups ZeRO's shards; with --zero 0 every rank holds everything",
+                 dp_shard=dp_shard)
+        if plan.framework == "deepspeed" and plan.zero in (1, 2):
+            raise PlanError("dp_shard", "DeepSpeed shards over part of the data-parallel ranks only at ZeRO-3 "
+                            "(MiCS, mics_shard_size); use --zero 3, or shard over all ranks")
+        if ep > 1 and (dp_shard * cp) % ep:
+            raise PlanError("dp_shard", f"dp_shard x cp ({dp_shard} x {cp}) must be a multiple of ep ({ep}): "
+                            "expert parameters shard over dp_shard x cp / ep ranks")
+
     # -- batch
     if plan.gbs is not None:
         gbs = plan.gbs
@@ -492,7 +513,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
 
     return Layout(
         plan=plan, model=model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
-        zero=plan.zero, sp=sp, mbs=plan.mbs, gbs=gbs, seq_len=seq_len,
+        zero=plan.zero, dp_shard=dp_shard, sp=sp, mbs=plan.mbs, gbs=gbs, seq_len=seq_len,
         micro_batches=micro_batches, vpp=vpp, stage_layers=split,
         stage_dense_layers=stage_dense, stage_moe_layers=stage_moe,
         vocab_padded=vocab_padded, warnings=warnings, warning_details=details,

@@ -80,7 +80,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                   "vocab_padded": L.vocab_padded},
         "gpu": {"name": L.gpu.name, "memory_gib": L.gpu.memory_gib, "gpus": L.gpus,
                 "gpus_per_node": p.gpus_per_node},
-        "parallel": {"tp": L.tp, "pp": L.pp, "dp": L.dp, "cp": L.cp, "ep": L.ep, "zero": L.zero,
+        "parallel": {"tp": L.tp, "pp": L.pp, "dp": L.dp, "cp": L.cp, "ep": L.ep, "zero": L.zero, "dp_shard": L.dp_shard,
                      "sp": L.sp, "mbs": L.mbs, "gbs": L.gbs, "seq_len": L.seq_len,
                      "micro_batches": L.micro_batches, "recompute": p.recompute,
                      "recompute_early_stop": r.recompute_skips_last_linear and p.recompute == "full",

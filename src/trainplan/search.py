@@ -31,7 +31,15 @@ from .estimate.memory import model_numbers, stage_memory
 from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
 from .estimate.recipe import recipe
 from .estimate.time import BACKWARD_PREFETCH_CODE, hardware, stage_times, step_from_stages
-from .plan import Plan, conventions, default_stage_split, interleaving_problem, load_model, resolve, zero_stages
+from .plan import (
+    Plan,
+    conventions,
+    default_stage_split,
+    interleaving_problem,
+    load_model,
+    resolve,
+    zero_stages,
+)
 from .units import GiB
 
 REPRESENTATIVE = 4
@@ -144,6 +152,14 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
     cols = _expand(cols, {"zero": space.zero})
     if plan.offload_params:
         cols = _keep(cols, cols["zero"] == 3)
+    if plan.dp_shard:
+        # hybrid sharding: shard groups of dp_shard ranks that divide dp (and hold whole expert
+        # groups); DeepSpeed has them only at ZeRO-3 (MiCS)
+        hybrid = cols["dp"] > plan.dp_shard
+        ok = (cols["dp"] % plan.dp_shard == 0) & ((plan.dp_shard * cols["cp"]) % cols["ep"] == 0)
+        if plan.framework == "deepspeed":
+            ok &= ~(hybrid & ((cols["zero"] == 1) | (cols["zero"] == 2)))
+        cols = _keep(cols, ok)
 
     # (schedule, vpp) pairs: interleaving needs v >= 2, every other schedule v = 1
     inter_code = SCHEDULE_CODE["interleaved"]
@@ -243,7 +259,7 @@ def _base(plan: Plan, gpus: int, model):
     key, value = _BASE
     if key is not None and key[0] is plan and key[1] == gpus and key[2] is model:
         return value
-    lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None,
+    lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None, "dp_shard": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
                                            "vpp": None, "recompute": "none", "stage_layers": None}), model)
     profile = None
@@ -280,6 +296,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
     conv = conventions()
     mult = int(conv["frameworks"][plan.framework]["vocab_multiple"])
     tp = col("tp")
+    dp_shard = np.full_like(col("dp"), plan.dp_shard) if plan.dp_shard else col("dp")
     sequence_parallel = _sequence_parallel(plan)
     vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
     run = conv["runtime"]
@@ -297,7 +314,8 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         first=g(stage_idx == 0).astype(float), last=g(stage_idx == pp - 1).astype(float),
         in_flight_mb=1.0, logits_in_flight=1.0,
         tp=g(tp), sp=(g(tp) > 1) & sequence_parallel,
-        cp=g(col("cp")), ep=g(col("ep")), dp=g(col("dp")), zero=g(col("zero")), mbs=g(col("mbs")), seq=seq,
+        cp=g(col("cp")), ep=g(col("ep")), dp=g(col("dp")), dp_shard=g(dp_shard), zero=g(col("zero")),
+        mbs=g(col("mbs")), seq=seq,
         vocab_padded=g(vocab_padded), attention=act.ATTENTION_CODE[plan.attention], recompute=g(col("recompute")),
         recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
         lora_saves=None, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
@@ -344,7 +362,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             gbs=sel(col("gbs")), seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
             sharp=plan.sharp, data_s=data_step_seconds(plan, model, sel(col("gbs")) * seq / sel(col("dp"))),
             prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-            stage_layers=model.layers / sel(pp))
+            stage_layers=model.layers / sel(pp), dp_shard=sel(dp_shard))
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,

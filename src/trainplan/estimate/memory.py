@@ -123,8 +123,9 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                  in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
                  vocab_padded, attention, recompute, recompute_layers, dropout, lora,
                  lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
-                 fragmentation, mask_bytes=act.MASK_BYTES) -> dict:
-    """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast)."""
+                 fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None) -> dict:
+    """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast);
+    `dp_shard`, the data-parallel ranks ZeRO shards over (all `dp` when None)."""
     h = mn.hidden
     first = np.asarray(first, dtype=float)
     last = np.asarray(last, dtype=float)
@@ -144,9 +145,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     trainable = trainable_dense + trainable_expert
 
     # ZeRO shards over the data-parallel group (times CP, whose ranks hold the same
-    # parameters); expert parameters over the expert-data-parallel group dp·cp/ep.
-    shard_dense = dp * cp
-    shard_expert = np.maximum(dp * cp / ep, 1)
+    # parameters), or under hybrid sharding over its dp_shard-rank part; expert parameters over
+    # the expert-data-parallel group dp·cp/ep (dp_shard·cp/ep).
+    shard_dense = (dp if dp_shard is None else dp_shard) * cp
+    shard_expert = np.maximum(shard_dense / ep, 1)
 
     def sharded(per_param_bytes, stage_from):
         div_d = np.where(zero >= stage_from, shard_dense, 1)
@@ -314,6 +316,7 @@ def layout_inputs(layout: Layout) -> dict:
         in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp),
         logits_in_flight=last_stage_logits_in_flight(sched, layout.micro_batches),
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
+        dp_shard=layout.dp_shard,
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
         attention=act.ATTENTION_CODE[plan.attention], recompute=act.RECOMPUTE_CODE[plan.recompute],
         recompute_layers=plan.recompute_layers if plan.recompute_layers is not None else 10**9,

@@ -378,7 +378,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
-                   data_s=0.0, prefetch=True, backward_prefetch=0) -> dict:
+                   data_s=0.0, prefetch=True, backward_prefetch=0, dp_shard=None) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
@@ -391,7 +391,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
-                           backward_prefetch=backward_prefetch,
+                           backward_prefetch=backward_prefetch, dp_shard=dp_shard,
                            stage_layers=(np.asarray(total_dense, dtype=float) + total_moe) / pp)
     return {**out, "detail": stages["detail"]}
 
@@ -562,10 +562,11 @@ def overlapped(comm_s, compute_s, slowdown):
 
 def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
                      offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops, sharp=False,
-                     data_s=0.0, prefetch=True, backward_prefetch=0, stage_layers=1) -> dict:
+                     data_s=0.0, prefetch=True, backward_prefetch=0, stage_layers=1, dp_shard=None) -> dict:
     """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
     data-parallel communication and the optimizer update; then the input pipeline's `data_s`
-    per step, overlapped with all that when prefetching (estimate/data.py)."""
+    per step, overlapped with all that when prefetching (estimate/data.py). `dp_shard`: the
+    data-parallel ranks ZeRO shards over (all `dp` when None: no hybrid sharding)."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
     overlap_dp = f(overlap_dp) > 0
@@ -577,6 +578,13 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
     dp_group = dp * cp
     dp_bw = link(hw, comm.ALL_GATHER, dp_group, tp, gpn)[0]
+    # ZeRO's collectives run over the shard group: all dp x cp ranks, or under hybrid sharding
+    # the dp_shard x cp neighbouring ones; the replicas of each shard (dp / dp_shard of them,
+    # dp_shard x cp x tp GPUs apart) then all-reduce their reduce-scattered gradients (FSDP2's
+    # HSDP: an all-reduce of the reduce-scatter's output, on the same stream, after it)
+    shard_group = (dp if dp_shard is None else f(dp_shard)) * cp
+    replicas = dp * cp / shard_group
+    shard_bw = link(hw, comm.ALL_GATHER, shard_group, tp, gpn)[0]
     wire_grad_bytes = trainable * r.reduce_bytes  # the gradients as the collectives carry them
     stage_compute = per_micro_batch["compute"]
     # ZeRO-3 / FSDP gathers the parameters for every micro-batch's forward and backward and
@@ -591,12 +599,16 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # nodes) 2.4 points further off, 7.7% -> 10.1% mean, and its 16B row from +1% to -6%.
     per_unit = (zero >= 3) | r.per_unit_collectives
     calls = np.where(per_unit, f(stage_layers) + 1, 1.0)
-    call_lat = {kind: link(hw, kind, dp_group, tp, gpn, sharp)[1]
+    call_lat = {kind: link(hw, kind, shard_group if kind != comm.ALL_REDUCE else dp_group, tp, gpn, sharp)[1]
                 for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_REDUCE)}
     lat = {kind: calls * v for kind, v in call_lat.items()}
-    gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, dp_group, dp_bw,
+    gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, shard_group, shard_bw,
                                   lat[comm.ALL_GATHER])
-    scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, dp_group, dp_bw, lat[comm.REDUCE_SCATTER])
+    replica_bw, replica_lat = link(hw, comm.ALL_REDUCE, replicas, tp * shard_group, gpn, sharp)
+    replica_ar = comm.collective_time(comm.ALL_REDUCE, wire_grad_bytes / shard_group, replicas, replica_bw,
+                                      calls * replica_lat, sharp)
+    scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, shard_group, shard_bw,
+                                   lat[comm.REDUCE_SCATTER]) + replica_ar
     # Pipelined FSDP gathers each unit once a step, for the first forward, and reduce-scatters
     # it once, after the last backward (Recipe.keeps_stage_gathered): ZeRO-1's timing, unit by
     # unit. Otherwise FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for
@@ -632,7 +644,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
                                                       * r.gather_copy_passes * r.compute_weight_bytes)
                            / hw.hbm, 0.0)
     dp_exposed = np.where(unit_by_unit, z3, np.where(zero >= 1, z1, z0)) + bookkeeping
-    shard = np.where(zero >= 1, dp_group, 1.0)
+    shard = np.where(zero >= 1, shard_group, 1.0)
     # One optimizer step over this rank's shard. A fused kernel reads the gradient, reads and
     # writes the master copy (the fp32 parameters themselves where there is none) and the
     # state, and writes the 16-bit working weights where there is a master copy: 28 bytes per
@@ -658,7 +670,10 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "stage_s": stages.get("stage_s"),
         "micro_batch_s": per_micro_batch,
         "pipeline_s": pipe,
-        "dp_collectives_s": {"all_gather": gather, "reduce_scatter": scatter, "all_reduce": ar},
+        # (reduce_scatter includes, under hybrid sharding, the replicas' all-reduce of its output)
+        "dp_collectives_s": {"all_gather": gather, "reduce_scatter": scatter, "all_reduce": ar,
+                             "replica_all_reduce": replica_ar},
+        "dp_shard_group": shard_group, "dp_replicas": replicas,
         # the framework's passes over gradients and gathered parameters, inside "dp_comm"
         "dp_bookkeeping_s": bookkeeping,
         # each collective's calls per pass and the latency of one call (`plan --explain`)
@@ -723,5 +738,6 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
         vocab_padded=layout.vocab_padded, trainable=float(np.max(mem["trainable_params"])),
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
         sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
-        prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch])
+        prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
+        dp_shard=layout.dp_shard)
     return out, fl, data

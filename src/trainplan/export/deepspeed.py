@@ -8,6 +8,10 @@ import json
 def deepspeed_config(layout) -> str:
     p = layout.plan
     zero: dict = {"stage": min(layout.zero, 3), "overlap_comm": bool(p.overlap_dp), "contiguous_gradients": True}
+    if layout.zero >= 3 and layout.dp_shard < layout.dp:
+        # MiCS: parameters, gradients and optimizer state partitioned within groups of this many
+        # ranks, replicated across the groups (ZeRO-3 only)
+        zero["mics_shard_size"] = layout.dp_shard * layout.cp
     if p.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if p.offload_params:

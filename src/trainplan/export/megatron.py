@@ -52,6 +52,8 @@ def megatron_args(layout) -> str:
                   ("--recompute-num-layers", p.recompute_layers if p.recompute_layers is not None else 1)]
     if layout.zero >= 1:
         flags.append("--use-distributed-optimizer")
+        if layout.dp_shard < layout.dp:  # the optimizer sharded within groups, replicated across them
+            a.append(("--num-distributed-optimizer-instances", layout.dp // layout.dp_shard))
     if p.precision in ("bf16", "fp8"):
         flags.append("--bf16")
     elif p.precision == "fp16":

@@ -5,7 +5,8 @@ CPU), each measuring its own bytes.
   `MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)` for mixed precision (the plan's
   reduce_dtype when it names one); ZeRO-2 under `--framework fsdp` with
   `reshard_after_forward=False` (SHARD_GRAD_OP), whose parameters are measured as their shards
-  plus the copies gathered for the forward and kept until the backward.
+  plus the copies gathered for the forward and kept until the backward; hybrid sharding
+  (`--dp-shard`) over a (replicate, shard) mesh.
 * ZeRO-1: `DistributedDataParallel` with `ZeroRedundancyOptimizer` (optimizer state sharded).
 * Tensor parallelism: DTensor `parallelize_module`, column-parallel Q/K/V and MLP input
   projections, row-parallel output projections, a vocabulary-parallel embedding and output
@@ -55,7 +56,13 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         loss_ctx = None
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device, (layout.dp, tp), mesh_dim_names=("dp", "tp"))
+        if layout.dp_shard < layout.dp:  # hybrid sharding: FSDP2 over a (replicate, shard) mesh
+            mesh = init_device_mesh(device, (layout.dp // layout.dp_shard, layout.dp_shard, tp),
+                                    mesh_dim_names=("replicate", "shard", "tp"))
+            dp_mesh = mesh["replicate", "shard"]
+        else:
+            mesh = init_device_mesh(device, (layout.dp, tp), mesh_dim_names=("dp", "tp"))
+            dp_mesh = mesh["dp"]
         if tp > 1:
             loss_ctx = _apply_tp(model, spec, mesh["tp"], tp)
         opt_params = None
@@ -67,8 +74,8 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
                 else MixedPrecisionPolicy(reduce_dtype=reduce if plan.reduce_dtype else None)
             reshard = layout.zero >= 3  # SHARD_GRAD_OP keeps each block gathered until its backward
             for blk in model.blocks:
-                fully_shard(blk, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=reshard)
-            fully_shard(model, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=reshard)
+                fully_shard(blk, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
             opt = make_optimizer(plan.optimizer, model.parameters())
         elif layout.zero >= 1 and layout.dp > 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -206,6 +213,9 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
     if layout.zero == 2 and plan.framework != "fsdp":
         raise PlanError("zero", "validate runs ZeRO-2 as FSDP2's SHARD_GRAD_OP (DeepSpeed is not installed): "
                         "use --framework fsdp")
+    if layout.dp_shard < layout.dp and (layout.zero < 2 or plan.framework != "fsdp"):
+        raise PlanError("dp_shard", "validate runs hybrid sharding as FSDP2 over a (replicate, shard) mesh: "
+                        "--zero 2 or 3 --framework fsdp")
     if layout.zero == 0 and layout.dp > 1 and plan.framework == "fsdp":
         raise PlanError("zero", "validate runs FSDP2 sharded over data parallelism (--zero 2 or 3); "
                         "a replicated run is DDP: --framework torch")

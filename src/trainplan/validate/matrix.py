@@ -1,5 +1,5 @@
 """The validation matrix: architectures x attention x recompute x precision recipe on one
-process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, TP x FSDP2) in local processes.
+process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, hybrid-sharded FSDP2, TP x FSDP2) in local processes.
 Small enough for a 2-core CI machine; used by the test suite and by
 `scripts/validation_report.py` (docs/validation.md)."""
 
@@ -23,6 +23,8 @@ TWO_D = ("TP 2 x FSDP2 dp 2", dict(model="llama-3-8b", gpus=4, tp=2, zero=3, pre
 # dp 4 tells the fp32 shards (1 byte per parameter) from the bf16 copies kept gathered (2)
 SHARD_GRAD_OP = ("ZeRO-2 (FSDP2 SHARD_GRAD_OP), dp 4",
                  dict(model="llama-3-8b", gpus=4, zero=2, precision="bf16", framework="fsdp"))
+HYBRID = ("HSDP: FSDP2 sharded over 2, replicated x 2",
+          dict(model="llama-3-8b", gpus=4, dp_shard=2, zero=3, precision="bf16", framework="fsdp"))
 RECOMPUTED = ("ZeRO-3 (FSDP2) + full recompute, dp 2",
               dict(model="llama-3-8b", gpus=2, zero=3, precision="bf16", framework="fsdp", recompute="full"))
 
@@ -40,4 +42,5 @@ def sharded_plans():
             yield label, dict(model=model, **kw)
     yield TWO_D
     yield SHARD_GRAD_OP
+    yield HYBRID
     yield RECOMPUTED

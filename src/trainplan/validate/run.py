@@ -409,7 +409,9 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
     layout = resolve(small_plan, small)
     name = (f"{spec.name}{' scaled to ' + _describe(small) if small is not spec else ''}, "
             f"{plan.precision}/{plan.framework}, attention {plan.attention}, recompute {plan.recompute}, "
-            f"tp {layout.tp} zero {layout.zero} dp {layout.dp}, b={layout.mbs} s={layout.seq_len}, {device}")
+            f"tp {layout.tp} zero {layout.zero} dp {layout.dp}"
+            + (f" (shards of {layout.dp_shard})" if layout.dp_shard < layout.dp else "")
+            + f", b={layout.mbs} s={layout.seq_len}, {device}")
     if progress:
         progress(f"running {name}")
     if plan.framework == "fsdp1":
