@@ -108,15 +108,19 @@ def test_fsdp_shard_grad_op_keeps_fp32_shards_and_the_bf16_model_gathered():
     and keeps each unit's bf16 copy from its forward to its backward: at the start of the
     backward the whole model, 2 bytes per parameter, lies gathered beside the shards (measured
     exactly by `trainplan validate --zero 2 --framework fsdp`, tests/test_validate.py). FSDP
-    has no ZeRO-1."""
+    has no ZeRO-1, and runs ZeRO-3 by default."""
     psi, n = 8_030_261_248, 8
     for fw in ("fsdp", "fsdp1"):
+        # FSDP shards fully unless told otherwise (FULL_SHARD); the other conventions replicate
+        assert resolve(make_plan(model="llama-3-8b", gpus=n, framework=fw)).zero == 3
         mem = estimate_memory(resolve(make_plan(model="llama-3-8b", gpus=n, zero=2, framework=fw)))
         assert float(mem["params"][0]) == pytest.approx(psi * (4 / n + 2))
         assert float(mem["grads"][0] + mem["optimizer"][0]) == pytest.approx(12 * psi / n)
         with pytest.raises(PlanError) as e:
             resolve(make_plan(model="llama-3-8b", gpus=n, zero=1, framework=fw))
         assert e.value.field == "zero" and "SHARD_GRAD_OP" in e.value.rule
+    assert {resolve(make_plan(model="llama-3-8b", gpus=n, framework=fw)).zero
+            for fw in ("deepspeed", "megatron", "torch")} == {0}
 
 
 def test_qlora_base_weights_4_127_bits():

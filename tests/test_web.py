@@ -205,7 +205,8 @@ def test_page_choose_model_gpu_move_tp_and_zero(server, browser):
 def test_page_offers_fsdp_only_its_sharding_strategies(server, browser):
     """FSDP has no ZeRO-1: with an FSDP framework the page disables that choice and, for a
     replicated plan, suggests its ZeRO-2 (SHARD_GRAD_OP), in both languages; DeepSpeed offers
-    ZeRO-1 again."""
+    ZeRO-1 again. Left at the framework's default, FSDP shards fully."""
+    assert _api({"model": "llama-3-8b", "gpus": 8, "framework": "fsdp"})["parallel"]["zero"] == 3
     page = _open(browser, server, {"model": "llama-3-8b", "gpus": 8, "zero": 0, "framework": "fsdp"})
     disabled = "s => [...s.options].filter(o => o.disabled).map(o => o.value)"
     assert page.eval_on_selector("select[name=zero]", disabled) == ["1"]

@@ -58,7 +58,8 @@ class Plan(BaseModel):
     dp: int | None = Field(default=None, ge=1, le=MAX_GPUS)
     cp: int = Field(default=1, ge=1, le=MAX_GPUS)
     ep: int = Field(default=1, ge=1, le=MAX_GPUS)
-    zero: int = Field(default=0, ge=0, le=3)
+    zero: int | None = Field(default=None, ge=0, le=3, description="ZeRO stage; default: the framework's "
+                             "(3 for fsdp and fsdp1, FULL_SHARD; 0 otherwise)")
     dp_shard: int | None = Field(
         default=None, ge=1, le=MAX_GPUS, description="hybrid sharding (HSDP): ZeRO shards over groups of this many "
         "data-parallel ranks and replicates across dp / dp_shard groups, whose gradients are all-reduced (FSDP "
@@ -196,6 +197,11 @@ def make_plan(**options) -> Plan:
 def conventions() -> dict:
     with open(catalog.CATALOG_DIR / "conventions.toml", "rb") as fh:
         return tomllib.load(fh)
+
+
+def default_zero(framework: str) -> int:
+    """The ZeRO stage a framework runs unless told otherwise (FSDP: FULL_SHARD)."""
+    return int(conventions()["frameworks"][framework].get("default_zero", 0))
 
 
 def zero_stages(framework: str) -> tuple[int, ...]:
@@ -336,6 +342,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         details.append({"code": code, "params": params, "message": message})
 
     tp, pp, cp, ep = plan.tp, plan.pp, plan.cp, plan.ep
+    zero = plan.zero if plan.zero is not None else default_zero(plan.framework)
 
     # -- world size and data parallelism
     model_parallel = tp * pp * cp
@@ -420,10 +427,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if dp % dp_shard:
         raise PlanError("dp_shard", f"must divide dp ({dp}); got {dp_shard}")
     if dp_shard < dp:
-        if plan.zero == 0:
+        if zero == 0:
             warn("dp_shard_unused", "--dp-shard groups ZeRO's shards; with --zero 0 every rank holds everything",
                  dp_shard=dp_shard)
-        if plan.framework == "deepspeed" and plan.zero in (1, 2):
+        if plan.framework == "deepspeed" and zero in (1, 2):
             raise PlanError("dp_shard", "DeepSpeed shards over part of the data-parallel ranks only at ZeRO-3 "
                             "(MiCS, mics_shard_size); use --zero 3, or shard over all ranks")
         if ep > 1 and (dp_shard * cp) % ep:
@@ -467,17 +474,17 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         raise PlanError("precision", f"{gpu.name} has no {plan.precision} support in the catalog; "
                         f"choose one of: {', '.join(sorted(gpu.peak_tflops))}")
     stages = zero_stages(plan.framework)
-    if plan.zero not in stages:
+    if zero not in stages:
         modes = conventions()["frameworks"][plan.framework].get("zero_modes", {})
         offered = [f"{z} = {modes[str(z)]}" if str(z) in modes else str(z) for z in stages]
-        raise PlanError("zero", f"{plan.framework} has no ZeRO-{plan.zero}: it shards the optimizer state only together "
+        raise PlanError("zero", f"{plan.framework} has no ZeRO-{zero}: it shards the optimizer state only together "
                         f"with the gradients and the fp32 parameters it updates; choose --zero "
                         f"{', '.join(offered[:-1])} or {offered[-1]}")
-    if plan.offload_params and plan.zero != 3:
+    if plan.offload_params and zero != 3:
         raise PlanError("offload_params", "parameter offload needs --zero 3")
-    if plan.finetune != "full" and plan.zero == 3:
+    if plan.finetune != "full" and zero == 3:
         warn("zero3_frozen", "ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
-    if plan.backward_prefetch != "pre" and (plan.zero < 3 or dp * cp == 1):
+    if plan.backward_prefetch != "pre" and (zero < 3 or dp * cp == 1):
         warn("prefetch_unused", f"--backward-prefetch {plan.backward_prefetch} changes only ZeRO-3/FSDP "
              "parameter gathers over data parallelism", mode=plan.backward_prefetch)
     if plan.reduce_dtype is not None and dp * cp == 1:
@@ -491,7 +498,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("reduce_dtype", f"Megatron-LM reduces its gradient buffer in place, in the gradients' "
                             f"dtype ({grad}); set --grad-dtype {plan.reduce_dtype} instead "
                             f"(--grad-reduce-in-bf16 keeps the buffer in bf16)")
-    if plan.framework == "megatron" and plan.zero == 2:
+    if plan.framework == "megatron" and zero == 2:
         warn("megatron_zero2", "Megatron-LM has no ZeRO-2 mode; bytes follow the generic ZeRO-2 rule")
     if plan.attention in ("flash", "triton", "cudnn") and gpu.vendor == "NVIDIA" and gpu.peak("bf16") is None:
         # FlashAttention-2 and its Triton kernel build for Ampere (sm80) and newer, the first with bf16 tensor cores
@@ -513,7 +520,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
 
     return Layout(
         plan=plan, model=model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
-        zero=plan.zero, dp_shard=dp_shard, sp=sp, mbs=plan.mbs, gbs=gbs, seq_len=seq_len,
+        zero=zero, dp_shard=dp_shard, sp=sp, mbs=plan.mbs, gbs=gbs, seq_len=seq_len,
         micro_batches=micro_batches, vpp=vpp, stage_layers=split,
         stage_dense_layers=stage_dense, stage_moe_layers=stage_moe,
         vocab_padded=vocab_padded, warnings=warnings, warning_details=details,
