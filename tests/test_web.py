@@ -219,6 +219,16 @@ def test_page_offers_fsdp_only_its_sharding_strategies(server, browser):
     _ready(page)
     assert page.eval_on_selector("select[name=zero]", disabled) == []
     assert "ZeRO-1" in page.inner_text("#hints")
+    # hybrid sharding: ZeRO-3 over groups of 2 of the 8 ranks holds 4x the shards, to the API's peak
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=zero]", "3")
+    _ready(page)
+    with page.expect_response("**/api/plan"):
+        page.fill("input[name=dp_shard]", "2")
+    hybrid = _api({"model": "llama-3-8b", "gpus": 8, "zero": 3, "framework": "deepspeed", "dp_shard": 2})
+    assert hybrid["memory"]["peak_bytes"] > _api({"model": "llama-3-8b", "gpus": 8, "zero": 3})["memory"]["peak_bytes"]
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {hybrid['memory']['peak_bytes']}")
+    assert "dp_shard=2" in page.url and "分片组" in page.inner_text("form")
     page.close()
 
 
@@ -453,4 +463,24 @@ def test_page_says_how_far_to_trust_the_step(server, browser):
     assert "not mixture of experts" in page.inner_text("#accuracy")
     page.click("#lang")
     page.wait_for_function("document.querySelector('#accuracy').innerText.includes('混合专家')")
+    page.close()
+
+
+def test_page_gradient_clipping_and_dropout_reach_the_plan(server, browser):
+    """Turning gradient clipping off (norm 0) drops its passes over the gradients from the
+    optimizer step, and dropout adds its masks to the activations: the page shows the API's
+    step and peak for each and keeps them in the shared URL."""
+    base = {"model": "llama-3-8b", "gpus": 8, "zero": 1}
+    page = _open(browser, server, base)
+    with page.expect_response("**/api/plan"):
+        page.fill("input[name=grad_clip]", "0")
+    unclipped = _api({**base, "grad_clip": 0})
+    assert unclipped["time"]["breakdown_s"]["optimizer"] < _api(base)["time"]["breakdown_s"]["optimizer"]
+    page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {unclipped['time']['step_s']}")
+    with page.expect_response("**/api/plan"):
+        page.fill("input[name=dropout]", "0.1")
+    dropped = _api({**base, "grad_clip": 0, "dropout": 0.1})
+    assert dropped["memory"]["peak_bytes"] > unclipped["memory"]["peak_bytes"]
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {dropped['memory']['peak_bytes']}")
+    assert "grad_clip=0" in page.url and "dropout=0.1" in page.url
     page.close()
