@@ -681,6 +681,12 @@ def test_hybrid_sharding_reduces_inside_the_node_and_all_reduces_the_shards_acro
     with pytest.raises(PlanError) as e:  # DeepSpeed: MiCS is ZeRO-3's
         resolve(make_plan(**{**kw, "zero": 2, "framework": "deepspeed"}, dp_shard=8))
     assert e.value.field == "dp_shard" and "MiCS" in e.value.rule
+    from typer.testing import CliRunner
+
+    from trainplan.cli import app
+
+    out = CliRunner().invoke(app, ["plan", "--model", "llama-3-8b", "--gpus", "512", "--zero", "3", "--dp-shard", "8"])
+    assert out.exit_code == 0 and "ZeRO-3 sharded over 8 of DP (HSDP)" in out.output
 
 
 def test_fsdp_pays_the_latency_of_every_layers_collectives():

@@ -51,6 +51,7 @@ def render_plan(data: dict) -> None:
             f"TP {par['tp']} · PP {par['pp']} · DP {par['dp']} · CP {par['cp']}"
             f"{' (' + par['cp_comm'] + ')' if par['cp'] > 1 else ''} · EP {par['ep']} · "
             f"ZeRO-{par['zero']}"
+            f"{' sharded over ' + str(par['dp_shard']) + ' of DP (HSDP)' if par['zero'] >= 1 and par['dp_shard'] < par['dp'] else ''}"
             f"{' (backward prefetch ' + par['backward_prefetch'] + ')' if par['zero'] >= 3 and par.get('backward_prefetch', 'pre') != 'pre' else ''}"
             f"{' · SP' if par['sp'] else ''}")
     c.print(f"micro-batch {par['mbs']} x seq {par['seq_len']}, global batch {par['gbs']} "
