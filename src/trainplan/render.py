@@ -167,7 +167,10 @@ def accuracy_sentence(a: dict, gpu: str) -> str:
     names = {"moe": "mixture of experts", "lora": "LoRA fine-tuning", "qlora": "QLoRA fine-tuning"}
     beyond = (f"; the published runs are dense models trained in full, not {' or '.join(names[b] for b in a['beyond'])}"
               if a.get("beyond") else "")
-    return _accuracy_basis(a, gpu) + beyond
+    moe = a.get("moe_runs")
+    experts = (f"; {moe} of them {'a mixture' if moe == 1 else 'mixtures'} of experts"
+               if moe and a.get("moe_plan") and "moe" not in a.get("beyond", []) else "")
+    return _accuracy_basis(a, gpu) + experts + beyond
 
 
 def _accuracy_basis(a: dict, gpu: str) -> str:

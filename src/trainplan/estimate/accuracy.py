@@ -41,17 +41,22 @@ def prediction_accuracy(gpu_name: str, profiled: bool = False, moe: bool = False
     """What the published comparison says about a plan on `gpu_name`: the runs compared and the
     mean and worst absolute error of their predicted throughput (fractions), with the
     accelerator they ran on; `compared_on` is None where no published run backs the figures.
-    Every published run is a dense model trained in full, so a mixture-of-experts or LoRA /
-    QLoRA plan carries `beyond`: what of it the comparison does not cover ("moe", "lora", "qlora")."""
-    beyond = [what for what, on in (("moe", moe), (finetune, finetune != "full")) if on]
-    extra = {"beyond": beyond} if beyond else {}
+    Every published run trains in full, and few are mixtures of experts: a LoRA / QLoRA plan, or
+    a mixture-of-experts plan where no such run backs the figures, carries `beyond`: what of it
+    the comparison does not cover ("moe", "lora", "qlora")."""
+    def _answer(basis: str, compared_on: str | None, figures: dict) -> dict:
+        beyond = [what for what, on in (("moe", moe and not figures.get("moe_runs")),
+                                         (finetune, finetune != "full")) if on]
+        return {"compared_on": compared_on, "basis": basis, **figures, **({"beyond": beyond} if beyond else {}),
+                **({"moe_plan": True} if moe else {})}
+
     if profiled:
-        return {"compared_on": None, "basis": "profile", **extra}
+        return _answer("profile", None, {})
     table = published_errors()
     if gpu_name in table:
-        return {"compared_on": gpu_name, "basis": "published runs", **table[gpu_name], **extra}
+        return _answer("published runs", gpu_name, table[gpu_name])
     mine = _defaults(gpu_name)
     for other, figures in table.items():
         if mine is not None and _defaults(other) == mine:
-            return {"compared_on": other, "basis": "shared defaults", **figures, **extra}
-    return {"compared_on": None, "basis": "none", **extra}
+            return _answer("shared defaults", other, figures)
+    return _answer("none", None, {})

@@ -190,7 +190,8 @@
   function accuracyText(a, gpu) {
     if (!a) return "";
     const beyond = (a.beyond || []).length ? " " + t("acc_beyond", { what: a.beyond.map((b) => t("acc_beyond_" + b)).join(" / ") }) : "";
-    return accuracyBasis(a, gpu) + beyond;
+    const moe = a.moe_plan && a.moe_runs && !(a.beyond || []).includes("moe") ? " " + t("acc_moe_runs", { n: a.moe_runs }) : "";
+    return accuracyBasis(a, gpu) + moe + beyond;
   }
 
   function accuracyBasis(a, gpu) {
