@@ -36,9 +36,10 @@ not give are chosen by one rule for all rows, never fitted per row:
   collectives overlapped; TP collectives not (the paper describes no TP overlap; the plan's
   default); context parallelism all-gathers K/V before attention, "exposed in the critical
   path" (§3.3.2);
-* NeMo AutoModel (H100, BF16): as each benchmark config sets it (the table's source): FSDP2
-  through FSDP2Manager, fully sharded (fully_shard's default) and reducing in bf16 (its
-  MixedPrecisionPolicy default), full activation checkpointing, the config's attention (Transformer
+* NeMo AutoModel (H100, BF16): as each benchmark config sets it (the table's source), with the
+  defaults of the code it runs through where the config is silent: FSDP2 through the MoE
+  parallelizer (reshard_after_forward False: ZeRO-2; fp32 reduction) or FSDP2Manager (ZeRO-3;
+  bf16 reduction), full activation checkpointing, the config's attention (Transformer
   Engine's, cuDNN on Hopper; or the Hugging Face model's SDPA), loss (MaskedCrossEntropy with or
   without its fp32 upcast: PyTorch's fp32 loss, or one that keeps the 16-bit logits) and optimizer
   step (Transformer Engine's FusedAdam: fused; torch.optim.Adam: foreach); context parallelism
@@ -199,9 +200,9 @@ def llama3_setup(cfg: dict, row: list) -> dict:
 
 def automodel_setup(cfg: dict, row: list) -> dict:
     """A NeMo AutoModel row: the plan options of its benchmark config (the rule in the docstring)."""
-    _, model, g, gbs, mbs, seq, tp, pp, cp, ep, attention, fp32_loss, impl = row[:13]
+    _, model, g, gbs, mbs, seq, tp, pp, cp, ep, zero, reduce, attention, fp32_loss, impl = row[:15]
     return dict(model=model, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, cp=cp, ep=ep, gbs=gbs, mbs=mbs, seq_len=seq,
-                zero=3, framework="fsdp", reduce_dtype="bf16", recompute="full", attention=attention,
+                zero=zero, framework="fsdp", reduce_dtype=reduce, recompute="full", attention=attention,
                 fused_loss=not fp32_loss, optimizer_impl=impl, cp_comm="allgather", precision="bf16")
 
 

@@ -40,7 +40,9 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
     if p.finetune != "full":
         out.append(f"  trainable (LoRA adapters, rank {p.lora_rank})  T = {_n(T)}")
     full = p.finetune == "full"
-    wdiv = f" / {shard} (ZeRO-{L.zero} over {over})" if full and r.weights_sharded(L.zero) else ""
+    exp_shard = max(shard // L.ep, 1)
+    experts = f"; experts / {exp_shard}" if L.model.is_moe else ""
+    wdiv = f" / {shard} (ZeRO-{L.zero} over {over}{experts})" if full and r.weights_sharded(L.zero) else ""
     wb = r.weight_bytes if full else r.frozen_weight_bytes
     pipelined = bool(r.keeps_stage_gathered(L.pp, L.zero))
     kept = (" the stage kept gathered all step (pipelined FSDP)" if pipelined
@@ -51,7 +53,6 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
     unsharded = (f" + T x {r.reduce_bytes:g} B accumulated unsharded until the last micro-batch"
                  if pick(m["grads_unsharded"]) else "")
     out.append(f"  gradients    = T x {r.grad_bytes:g} B{gdiv}{unsharded} = {_g(pick(m['grads']))}")
-    exp_shard = max(shard // L.ep, 1)
     odiv = (f" / {shard}" + (f" (experts / {exp_shard})" if L.model.is_moe else "")) if L.zero >= 1 else ""
     opt = f"{r.optimizer_bytes:g} B ({p.optimizer})" + (" + 4 B x (rows + cols) per matrix" if r.factored_optimizer else "")
     out.append(f"  optimizer    = T x ({r.master_bytes:g} B master + {opt}){odiv}"
