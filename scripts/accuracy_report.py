@@ -260,11 +260,20 @@ def _automodel(data: list[dict]) -> str:
                      for r, p in zip(rs, peaks, strict=True))
     return ("The held-out NeMo AutoModel rows (FSDP2 as its benchmark configs set it; the mixture of experts with\n"
             "8-way expert parallelism, its experts routed evenly as the configs' balanced gate does, and a dense\n"
-            f"model with 2-way context parallelism) are off by: {said}. Both ran on 80 GB\n"
-            "GPUs: the memory model puts the mixture of experts over, pricing its local experts as FSDP\n"
-            "parameters (fp32 shards of one rank, fp32 gradients and Adam state, and a bf16 copy kept from\n"
-            "forward to backward), where AutoModel leaves experts that expert parallelism alone shards out\n"
-            "of FSDP (ignored_params), in the dtype the model was built in.\n")
+            f"model with 2-way context parallelism) are off by: {said}, on 80 GB GPUs. Both\n"
+            "models are built in bf16 and train without an fp32 master copy (`--no-master-weights`); priced\n"
+            "with one, as mixed precision, the mixture of experts would not fit "
+            f"({_automodel_mixed_peak(cfg):.1f} GiB).\n")
+
+
+def _automodel_mixed_peak(cfg: dict) -> float:
+    """The AutoModel mixture of experts' predicted peak GiB with fp32 master weights and state."""
+    from trainplan.calibration import automodel_setup
+    from trainplan.estimate.memory import estimate_memory
+    from trainplan.plan import make_plan, resolve
+
+    kw = {**automodel_setup(cfg, cfg["rows"][0]), "master_weights": True, "optimizer_state_dtype": None}
+    return float(np.max(estimate_memory(resolve(make_plan(**kw)))["total"])) / 2**30
 
 
 def main() -> None:

@@ -222,3 +222,20 @@ def test_hybrid_sharding_in_each_frameworks_terms():
     plain = _megatron_args(export(resolve(make_plan(**{**kw, "dp_shard": None}, zero=1, framework="megatron")),
                                   "megatron"))
     assert "--num-distributed-optimizer-instances" not in plain
+
+
+def test_16_bit_optimizer_state_and_pure_16_bit_training_in_each_frameworks_terms():
+    """Adam's moments in bf16 export to Megatron's precision-aware optimizer; DeepSpeed's config
+    can express neither bf16 moments nor pure 16-bit training and refuses them by name."""
+    kw = dict(model="llama-3-8b", gpus=8, zero=1)
+    args = _megatron_args(export(resolve(make_plan(**kw, framework="megatron", optimizer_state_dtype="bf16")),
+                                 "megatron"))
+    assert args["--use-precision-aware-optimizer"] is True
+    assert args["--exp-avg-dtype"] == args["--exp-avg-sq-dtype"] == "bf16"
+    for bad, field in ((dict(master_weights=False), "master_weights"), (dict(optimizer_state_dtype="bf16"),
+                                                                         "optimizer_state_dtype")):
+        with pytest.raises(PlanError) as e:
+            export(resolve(make_plan(**kw, **bad)), "deepspeed")
+        assert e.value.field == field
+    text = export(resolve(make_plan(**{**kw, "zero": 3}, framework="fsdp", master_weights=False)), "torchtitan")
+    assert "# no master weights" in text

@@ -123,6 +123,25 @@ def test_fsdp_shard_grad_op_keeps_fp32_shards_and_the_bf16_model_gathered():
             for fw in ("deepspeed", "megatron", "torch")} == {0}
 
 
+def test_pure_16_bit_training_model_states():
+    """Pure 16-bit training (--no-master-weights: a model cast to bf16) keeps 2-byte weights and
+    gradients and no fp32 copy; torch.optim's AdamW creates its moments like the parameters
+    (torch.zeros_like), 2 x 2 bytes: 8 bytes per parameter against mixed precision's 16.
+    Transformer Engine's FusedAdam keeps them in fp32 by default (exp_avg_dtype): 12 bytes.
+    Measured exactly by `trainplan validate --no-master-weights` (tests/test_validate.py)."""
+    psi = 8_030_261_248
+    kw = dict(model="llama-3-8b", gpus=1, framework="torch")
+    assert static_bytes(**kw, master_weights=False) == pytest.approx(8 * psi)
+    assert static_bytes(**kw, master_weights=False, optimizer_state_dtype="fp32") == pytest.approx(12 * psi)
+    assert static_bytes(**kw) == pytest.approx(16 * psi)
+    # Megatron's precision-aware optimizer with bf16 moments keeps its fp32 master copy and main
+    # gradients: 2 + 4 + 4 + 2 x 2 = 14 bytes
+    assert static_bytes(model="llama-3-8b", gpus=1, framework="megatron",
+                        optimizer_state_dtype="bf16") == pytest.approx(14 * psi)
+    lay = resolve(make_plan(**kw, master_weights=False))
+    assert recipe(lay.plan).autocast_copy_bytes == 0 and recipe(lay.plan).residual_bytes == 2
+
+
 def test_qlora_base_weights_4_127_bits():
     """QLoRA (Dettmers et al. 2023) §3: NF4 + double quantization = 4.127 bits/param."""
     mem = estimate_memory(resolve(make_plan(model="llama-3-8b", gpus=1, gpu="RTX-4090",

@@ -470,10 +470,11 @@ def test_page_says_how_far_to_trust_the_step(server, browser):
     page.close()
 
 
-def test_page_gradient_clipping_and_dropout_reach_the_plan(server, browser):
+def test_page_gradient_clipping_dropout_and_precision_reach_the_plan(server, browser):
     """Turning gradient clipping off (norm 0) drops its passes over the gradients from the
-    optimizer step, and dropout adds its masks to the activations: the page shows the API's
-    step and peak for each and keeps them in the shared URL."""
+    optimizer step, dropout adds its masks to the activations, pure 16-bit training and the
+    optimizer state's dtype change the bytes per parameter: the page shows the API's step and
+    peak for each and keeps them in the shared URL."""
     base = {"model": "llama-3-8b", "gpus": 8, "zero": 1}
     page = _open(browser, server, base)
     with page.expect_response("**/api/plan"):
@@ -487,4 +488,15 @@ def test_page_gradient_clipping_and_dropout_reach_the_plan(server, browser):
     assert dropped["memory"]["peak_bytes"] > unclipped["memory"]["peak_bytes"]
     page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {dropped['memory']['peak_bytes']}")
     assert "grad_clip=0" in page.url and "dropout=0.1" in page.url
+    # pure 16-bit training, then fp32 moments beside the bf16 weights: 8, then 12 bytes per parameter
+    with page.expect_response("**/api/plan"):
+        page.check("input[name=no_master_weights]")
+    pure = {**base, "grad_clip": 0, "dropout": 0.1, "master_weights": False}
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {_api(pure)['memory']['peak_bytes']}")
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=optimizer_state_dtype]", "fp32")
+    fp32_state = _api({**pure, "optimizer_state_dtype": "fp32"})
+    assert fp32_state["recipe"]["optimizer_state_bytes"] == 4 and _api(pure)["recipe"]["optimizer_state_bytes"] == 2
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {fp32_state['memory']['peak_bytes']}")
+    assert "no_master_weights=true" in page.url and "optimizer_state_dtype=fp32" in page.url
     page.close()

@@ -39,7 +39,9 @@ not give are chosen by one rule for all rows, never fitted per row:
 * NeMo AutoModel (H100, BF16): as each benchmark config sets it (the table's source), with the
   defaults of the code it runs through where the config is silent: FSDP2 through the MoE
   parallelizer (reshard_after_forward False: ZeRO-2; fp32 reduction) or FSDP2Manager (ZeRO-3;
-  bf16 reduction), full activation checkpointing, the config's attention (Transformer
+  bf16 reduction), the model built in bf16 and trained without an fp32 master copy (the optimizer's
+  state in bf16 for torch.optim, fp32 for Transformer Engine's FusedAdam), full activation
+  checkpointing, the config's attention (Transformer
   Engine's, cuDNN on Hopper; or the Hugging Face model's SDPA), loss (MaskedCrossEntropy with or
   without its fp32 upcast: PyTorch's fp32 loss, or one that keeps the 16-bit logits) and optimizer
   step (Transformer Engine's FusedAdam: fused; torch.optim.Adam: foreach); context parallelism
@@ -200,10 +202,11 @@ def llama3_setup(cfg: dict, row: list) -> dict:
 
 def automodel_setup(cfg: dict, row: list) -> dict:
     """A NeMo AutoModel row: the plan options of its benchmark config (the rule in the docstring)."""
-    _, model, g, gbs, mbs, seq, tp, pp, cp, ep, zero, reduce, attention, fp32_loss, impl = row[:15]
+    _, model, g, gbs, mbs, seq, tp, pp, cp, ep, zero, reduce, attention, fp32_loss, impl, state = row[:16]
     return dict(model=model, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, cp=cp, ep=ep, gbs=gbs, mbs=mbs, seq_len=seq,
                 zero=zero, framework="fsdp", reduce_dtype=reduce, recompute="full", attention=attention,
-                fused_loss=not fp32_loss, optimizer_impl=impl, cp_comm="allgather", precision="bf16")
+                fused_loss=not fp32_loss, optimizer_impl=impl, cp_comm="allgather", precision="bf16",
+                master_weights=cfg["master_weights"], optimizer_state_dtype=state)
 
 
 def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str = "triton") -> dict:

@@ -98,6 +98,8 @@ def _plan_options(
     stage_layers: Annotated[str | None, typer.Option(help="Layers per pipeline stage, e.g. 7,8,8,7")] = None,
     precision: Annotated[PrecisionOpt, typer.Option(help="fp32, or 16-bit / fp8 mixed precision with fp32 master weights")] = PrecisionOpt("bf16"),
     grad_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Override the framework's gradient dtype")] = None,
+    master_weights: Annotated[bool, typer.Option("--master-weights/--no-master-weights", help="Keep fp32 master weights under 16-bit mixed precision (default); --no-master-weights: pure 16-bit training, weights and gradients in the compute dtype with no fp32 copy")] = True,
+    optimizer_state_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Optimizer state dtype (AdamW's moments): default fp32, or the weights' dtype under --no-master-weights (torch.optim); Transformer Engine FusedAdam exp_avg_dtype, Megatron --exp-avg-dtype")] = None,
     reduce_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Dtype of the data-parallel gradient reduction (default: the gradients' own; FSDP reduce_dtype, DeepSpeed communication_data_type)")] = None,
     optimizer: Annotated[OptimizerOpt, typer.Option(help="Optimizer")] = OptimizerOpt("adamw"),
     optimizer_impl: Annotated[OptimizerImplOpt | None, typer.Option(help="How the optimizer step runs: fused (one kernel: Apex/TE FusedAdam, torch fused=True), foreach (torch.optim's default on GPUs) or for-loop (one kernel per operation and tensor); default: the framework's (fused for deepspeed, megatron, fsdp; foreach for fsdp1, torch)")] = None,

@@ -82,6 +82,14 @@ class Plan(BaseModel):
     stage_layers: list[int] | None = None
     precision: Precision = "bf16"
     grad_dtype: GradDtype | None = None
+    master_weights: bool = Field(
+        default=True, description="keep fp32 master weights under 16-bit mixed precision; off: pure 16-bit training, "
+        "the weights and gradients in the compute dtype with no fp32 copy (a model cast to bf16 and trained by "
+        "torch.optim or Transformer Engine's FusedAdam without master_weights)")
+    optimizer_state_dtype: GradDtype | None = Field(
+        default=None, description="dtype of the optimizer state (AdamW's moments, momentum): default fp32, or the "
+        "weights' dtype under pure 16-bit training (torch.optim's zeros_like); Transformer Engine FusedAdam "
+        "exp_avg_dtype, Megatron --exp-avg-dtype")
     reduce_dtype: GradDtype | None = Field(default=None, description="dtype of the data-parallel gradient "
                                            "collectives (default: the gradients' own; FSDP1's: the compute dtype): FSDP "
                                            "MixedPrecision reduce_dtype, DeepSpeed communication_data_type")
@@ -473,6 +481,15 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if plan.precision != "fp32" and gpu.peak(plan.precision) is None:
         raise PlanError("precision", f"{gpu.name} has no {plan.precision} support in the catalog; "
                         f"choose one of: {', '.join(sorted(gpu.peak_tflops))}")
+    if not plan.master_weights and plan.precision != "fp32" and plan.framework in ("deepspeed", "megatron"):
+        warn("pure16_unsupported", f"{plan.framework} keeps fp32 master weights in 16-bit training; priced as pure "
+             "16-bit training as asked", framework=plan.framework)
+    if not plan.master_weights and plan.precision == "fp32":
+        warn("master_weights_unused", "--no-master-weights drops the fp32 copy of 16-bit training; fp32 training "
+             "has none")
+    if plan.optimizer_state_dtype is not None and plan.optimizer not in conv["optimizers"]["state_dtype_follows"]:
+        warn("state_dtype_unused", f"{plan.optimizer} keeps its state in its own format; --optimizer-state-dtype "
+             "does not change it", optimizer=plan.optimizer)
     stages = zero_stages(plan.framework)
     if zero not in stages:
         modes = conventions()["frameworks"][plan.framework].get("zero_modes", {})

@@ -193,7 +193,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         fac = (dense_layers * (mn.dense.factored_rep + mn.dense.factored_split / tp)
                + moe_layers * (mn.moe.factored_rep + mn.moe.factored_split / tp)
                + first * (vocab_padded + h) + last * (vocab_padded + h + mn.norm_params))
-        opt_state = opt_state + fac * FP32 / np.where(zero >= 1, shard_dense, 1)
+        opt_state = opt_state + fac * r.state_bytes / np.where(zero >= 1, shard_dense, 1)
     opt_state = np.where(offload_optimizer, 0.0, opt_state)
 
     # ---- activations: one micro-batch's saved tensors x micro-batches in flight

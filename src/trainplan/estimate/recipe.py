@@ -18,6 +18,7 @@ class Recipe:
     reduce_bytes: float  # per gradient element in the data-parallel reduce-scatter / all-reduce
     master_bytes: float
     optimizer_bytes: float  # optimizer state per trainable parameter (elementwise part)
+    state_bytes: float  # bytes per optimizer state element (fp32: 4), for the factored part too
     factored_optimizer: bool  # Adafactor: add 4 bytes x (rows + cols) per matrix
     act_bytes: float  # activation element
     residual_bytes: float  # residual stream and norm inputs (fp32 under torch.autocast)
@@ -88,7 +89,11 @@ def recipe(plan: Plan) -> Recipe:
     fw = conv["frameworks"][plan.framework]
     opt = float(conv["optimizers"][plan.optimizer])
     mixed = plan.precision != "fp32"
-    if mixed:
+    # pure 16-bit training: the weights and gradients stay in the compute dtype, no fp32 copy
+    pure16 = mixed and not plan.master_weights
+    if pure16:
+        weight, grad, master, act, compute_w = 2.0, 2.0, 0.0, 2.0, 2.0
+    elif mixed:
         weight = float(fw["weight_bytes"])
         grad = float(fw.get(f"grad_bytes_{plan.precision}", fw["grad_bytes"]))
         master = float(fw["master_bytes"])
@@ -96,6 +101,14 @@ def recipe(plan: Plan) -> Recipe:
         compute_w = 2.0
     else:
         weight, grad, master, act, compute_w = 4.0, 4.0, 0.0, 4.0, 4.0
+    # the optimizer state's dtype: fp32 (the [optimizers] figures), the weights' own under pure
+    # 16-bit training (torch.optim's zeros_like), or as set
+    state = (DTYPE_BYTES[plan.optimizer_state_dtype] if plan.optimizer_state_dtype
+             else 2.0 if pure16 else 4.0)
+    if plan.optimizer in conv["optimizers"]["state_dtype_follows"]:
+        opt *= state / 4.0
+    else:
+        state = 4.0
     if plan.grad_dtype is not None:
         grad = float(DTYPE_BYTES[plan.grad_dtype])
     linear_in = act
@@ -107,7 +120,7 @@ def recipe(plan: Plan) -> Recipe:
         frozen = float(conv["quantized_base"][key]) / 8
     else:
         frozen = compute_w
-    autocast = 2.0 if (mixed and fw.get("autocast_weight_copy", False)) else 0.0
+    autocast = 2.0 if (mixed and not pure16 and fw.get("autocast_weight_copy", False)) else 0.0
     # Under autocast the parameters and the residual stream stay fp32: norms run in fp32
     # (they are on autocast's fp32 list) and only matmul inputs are cast to 16 bits.
     residual = 4.0 if autocast else act
@@ -127,7 +140,7 @@ def recipe(plan: Plan) -> Recipe:
         weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
         reduce_bytes=float(DTYPE_BYTES[plan.reduce_dtype]) if plan.reduce_dtype
         else compute_w if fw.get("reduce_in_compute_dtype", False) else grad,
-        optimizer_bytes=opt, factored_optimizer=plan.optimizer == "adafactor", act_bytes=act,
+        optimizer_bytes=opt, state_bytes=float(state), factored_optimizer=plan.optimizer == "adafactor", act_bytes=act,
         residual_bytes=residual,
         linear_in_bytes=linear_in, frozen_weight_bytes=frozen,
         fused_kernels=bool(fw["fused_kernels"] if plan.fused_kernels is None else plan.fused_kernels),

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import json
 
+from ..errors import PlanError
+
 
 def deepspeed_config(layout) -> str:
     p = layout.plan
+    mixed = p.precision != "fp32"
+    if mixed and not p.master_weights:
+        raise PlanError("master_weights", "DeepSpeed's bf16/fp16 optimizers keep fp32 master weights: a DeepSpeed "
+                        "config cannot train in pure 16 bits (plan with --master-weights to export it)")
+    if p.optimizer_state_dtype not in (None, "fp32"):
+        raise PlanError("optimizer_state_dtype", "DeepSpeed keeps the optimizer state in fp32; its config has no "
+                        "16-bit state (plan without --optimizer-state-dtype to export it)")
     zero: dict = {"stage": min(layout.zero, 3), "overlap_comm": bool(p.overlap_dp), "contiguous_gradients": True}
     if layout.zero >= 3 and layout.dp_shard < layout.dp:
         # MiCS: parameters, gradients and optimizer state partitioned within groups of this many

@@ -50,6 +50,9 @@ def megatron_args(layout) -> str:
         if p.recompute == "full":
             a += [("--recompute-method", "block" if p.recompute_layers is not None else "uniform"),
                   ("--recompute-num-layers", p.recompute_layers if p.recompute_layers is not None else 1)]
+    if p.optimizer_state_dtype not in (None, "fp32"):  # Adam's moments in 16 bits, the master copy fp32
+        flags.append("--use-precision-aware-optimizer")
+        a += [("--exp-avg-dtype", p.optimizer_state_dtype), ("--exp-avg-sq-dtype", p.optimizer_state_dtype)]
     if layout.zero >= 1:
         flags.append("--use-distributed-optimizer")
         if layout.dp_shard < layout.dp:  # the optimizer sharded within groups, replicated across them
@@ -79,6 +82,9 @@ def megatron_args(layout) -> str:
     if layout.zero >= 2:
         notes.append(f"# ZeRO-{layout.zero}: Megatron's distributed optimizer shards optimizer state (ZeRO-1); "
                      "use Megatron-FSDP for ZeRO-3")
+    if p.precision != "fp32" and not p.master_weights:
+        notes.append("# no master weights: Megatron-LM keeps fp32 main parameters and gradients in 16-bit training; "
+                     "the plan's memory is pure 16-bit training's")
     if p.recompute == "full" and recipe(p).recompute_skips_last_linear:
         notes.append("# recompute full: Megatron-LM re-runs every checkpointed layer whole; plan with "
                      "--no-recompute-early-stop to match")

@@ -74,6 +74,12 @@ def torchtitan_toml(layout) -> str:
     if p.recompute == "selective":
         sections["activation_checkpoint"]["selective_ac_option"] = "op"
     lines = []
+    if p.precision != "fp32" and not p.master_weights:
+        lines.append("# no master weights: torchtitan keeps fp32 parameters (FSDP's sharded master copy); the plan's "
+                     "memory is pure 16-bit training's")
+    if p.optimizer_state_dtype not in (None, "fp32"):
+        lines.append(f"# optimizer state {p.optimizer_state_dtype}: torchtitan's optimizers keep it in the parameters' "
+                     "dtype, fp32")
     if layout.zero == 1:
         lines.append("# ZeRO-1 maps to ZeRO-2 (fsdp_reshard_after_forward = \"never\"): FSDP shards the optimizer "
                      "state only together with the gradients and the parameters")

@@ -53,6 +53,9 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         device = "cpu"
         model = build_model(spec, plan, device)
         tp, mixed = layout.tp, plan.precision != "fp32"
+        pure16 = mixed and not plan.master_weights
+        if pure16:  # pure 16-bit training: the model itself in bf16/fp16
+            model.to(low_dtype(plan))
         loss_ctx = None
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -94,7 +97,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         core = model.module if hasattr(model, "module") else model
         g = torch.Generator().manual_seed(1 + rank // tp)  # same batch within a TP group
         ids = torch.randint(0, spec.vocab, (layout.mbs, layout.seq_len), generator=g)
-        autocast = mixed and plan.framework == "torch" and layout.zero < 3
+        autocast = mixed and plan.framework == "torch" and layout.zero < 3 and not pure16
 
         def forward():
             import contextlib
@@ -232,6 +235,9 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
                         "layer's working set is measured on an unsharded twin)")
     if plan.sp:
         raise PlanError("sp", "validate's DTensor run covers tensor parallelism without sequence parallelism")
+    from .run import check_state_dtype
+
+    check_state_dtype(plan)
     if layout.zero == 1 and plan.precision != "fp32" and plan.framework != "torch":
         raise PlanError("framework", "ZeRO-1 validation uses PyTorch DDP + autocast: --framework torch")
     if (layout.zero >= 3 or plan.framework == "fsdp") and plan.framework not in ("fsdp",) and plan.precision != "fp32":

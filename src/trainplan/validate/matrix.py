@@ -1,5 +1,5 @@
 """The validation matrix: architectures x attention x recompute x precision recipe on one
-process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, hybrid-sharded FSDP2, TP x FSDP2) in local processes.
+process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, hybrid-sharded FSDP2, TP x FSDP2, pure bf16) in local processes.
 Small enough for a 2-core CI machine; used by the test suite and by
 `scripts/validation_report.py` (docs/validation.md)."""
 
@@ -25,6 +25,11 @@ SHARD_GRAD_OP = ("ZeRO-2 (FSDP2 SHARD_GRAD_OP), dp 4",
                  dict(model="llama-3-8b", gpus=4, zero=2, precision="bf16", framework="fsdp"))
 HYBRID = ("HSDP: FSDP2 sharded over 2, replicated x 2",
           dict(model="llama-3-8b", gpus=4, dp_shard=2, zero=3, precision="bf16", framework="fsdp"))
+# pure 16-bit training: the model cast to bf16, torch.optim's state in bf16 too
+PURE16 = (("pure bf16 (torch.optim on a bf16 model)",
+           dict(model="llama-3-8b", gpus=1, precision="bf16", framework="torch", master_weights=False)),
+          ("pure bf16, ZeRO-3 (FSDP2), dp 2",
+           dict(model="llama-3-8b", gpus=2, zero=3, precision="bf16", framework="fsdp", master_weights=False)))
 RECOMPUTED = ("ZeRO-3 (FSDP2) + full recompute, dp 2",
               dict(model="llama-3-8b", gpus=2, zero=3, precision="bf16", framework="fsdp", recompute="full"))
 
@@ -43,4 +48,5 @@ def sharded_plans():
     yield TWO_D
     yield SHARD_GRAD_OP
     yield HYBRID
+    yield from PURE16
     yield RECOMPUTED

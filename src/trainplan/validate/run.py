@@ -31,7 +31,7 @@ from ..estimate import activations as act
 from ..estimate.flops import step_flops
 from ..estimate.memory import layout_inputs, numbers_for, stage_memory
 from ..estimate.recipe import recipe
-from ..plan import Layout, Plan, resolve
+from ..plan import DTYPE_BYTES, Layout, Plan, resolve
 from ..specs.model import ModelSpec
 
 TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "flops")
@@ -197,6 +197,17 @@ def build_model(spec: ModelSpec, plan: Plan, device: str):
     return model
 
 
+def check_state_dtype(plan: Plan) -> None:
+    """validate trains with torch.optim, whose state takes its parameters' dtype: the fp32 master
+    copy's, or the 16-bit weights' under pure 16-bit training."""
+    if plan.optimizer_state_dtype is None:
+        return
+    kept = "fp32" if plan.precision == "fp32" or plan.master_weights else plan.precision
+    if DTYPE_BYTES[plan.optimizer_state_dtype] != DTYPE_BYTES[kept]:
+        raise PlanError("optimizer_state_dtype", f"validate steps torch.optim, whose state here is {kept} "
+                        "(the dtype of the parameters it updates); drop --optimizer-state-dtype to measure")
+
+
 def low_dtype(plan: Plan):
     import torch
 
@@ -230,17 +241,19 @@ def measure(layout: Layout, device: str = "cpu", impl: str = "reference") -> dic
         model = build_hf_model(spec, plan.attention, plan.recompute, device, recipe(plan).recompute_skips_last_linear)
     else:
         model = build_model(spec, plan, device)
-    autocast = mixed and fw == "torch"
-    if mixed and fw in ("deepspeed", "megatron"):
+    pure16 = mixed and not plan.master_weights  # the model cast to 16 bits, trained as it is
+    check_state_dtype(plan)
+    autocast = mixed and fw == "torch" and not pure16
+    if mixed and (fw in ("deepspeed", "megatron") or pure16):
         model.to(low_dtype(plan))
     params = [p for p in model.parameters() if p.requires_grad]
     masters = None
-    if mixed and fw in ("deepspeed", "megatron"):
+    if mixed and fw in ("deepspeed", "megatron") and not pure16:
         masters = [p.detach().float().clone().requires_grad_() for p in params]
         opt = make_optimizer(plan.optimizer, masters)
     else:
         opt = make_optimizer(plan.optimizer, params)
-    if fw == "megatron" and mixed and plan.grad_dtype in (None, "fp32"):
+    if fw == "megatron" and mixed and not pure16 and plan.grad_dtype in (None, "fp32"):
         for p in params:  # Megatron accumulates into an fp32 main_grad buffer
             p.main_grad = torch.zeros_like(p, dtype=torch.float32)
 

@@ -38,7 +38,8 @@
     const body = { timeline: true };
     for (const [k, v] of Object.entries(state)) {
       if (k === "hf_config") continue;
-      if (["model", "gpu", "recompute", "schedule", "precision", "optimizer", "optimizer_impl", "attention", "cp_comm", "reduce_dtype", "framework"].includes(k)) body[k] = v;
+      if (k === "no_master_weights") body.master_weights = false;
+      else if (["model", "gpu", "recompute", "schedule", "precision", "optimizer", "optimizer_impl", "attention", "cp_comm", "reduce_dtype", "optimizer_state_dtype", "framework"].includes(k)) body[k] = v;
       else if (["sp", "sharp", "overlap_tp", "fused_loss", "recompute_early_stop", "fused_kernels"].includes(k)) body[k] = true;
       else body[k] = Number(v);
     }
