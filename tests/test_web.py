@@ -50,6 +50,8 @@ def test_api_plan_matches_cli_json():
     ({"model": "llama-3-8b", "attention": "fa3"}, "attention", "'triton' or 'cudnn'"),
     ({"model": "llama-3-8b", "optimizer_impl": "apex"}, "optimizer_impl", "'fused', 'foreach' or 'for-loop'"),
     ({"model": "llama-3-8b", "gpus": 8, "framework": "fsdp", "zero": 1}, "zero", "2 = SHARD_GRAD_OP"),
+    ({"model": "llama-3-8b", "gpus": 8, "zero": 3, "dp_shard": 3}, "dp_shard", "must divide dp (8)"),
+    ({"model": "llama-3-8b", "optimizer_state_dtype": "fp8"}, "optimizer_state_dtype", "'fp32', 'bf16' or 'fp16'"),
 ])
 def test_api_invalid_input_is_422_with_field_and_rule(body, field, words):
     res = client.post("/api/plan", json=body)
