@@ -23,6 +23,7 @@ from trainplan.search import default_space, enumerate_layouts, evaluate_bulk, la
          fused_loss=True, cp_comm="allgather", framework="fsdp", reduce_dtype="bf16",
          backward_prefetch="post"),
     dict(model="llama-3-70b", gpus=128, gbs=256, framework="fsdp", dp_shard=4),  # hybrid sharding
+    dict(model="llama-3-8b", gpus=16, gbs=64, finetune="lora", lora_rank=64),  # frozen base, adapters
 ])
 def test_bulk_equals_scalar_on_random_layouts(kw):
     """DESIGN §2: the bulk search evaluation and `plan` agree exactly (peak memory, fit, step)."""

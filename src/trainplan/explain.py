@@ -123,6 +123,10 @@ def explain_time_lines(result: PlanResult) -> list[str]:
            f"and loss traffic at {hw.hbm / 1e12:.2f} TB/s"]
     early = " (early stop: without the last linear)" if r.recompute_skips_last_linear and \
         p.recompute == "full" else ""
+    frozen = p.finetune != "full"
+    if frozen:
+        out.append(f"  {p.finetune}: the base weights are frozen (input gradients only in the backward), with "
+                   f"rank-{p.lora_rank} adapters on {', '.join(p.lora_targets)}, their GEMMs included")
     for kind, count in (("dense", L.stage_dense_layers[i]), ("moe", L.stage_moe_layers[i])):
         if not count:
             continue
@@ -133,7 +137,7 @@ def explain_time_lines(result: PlanResult) -> list[str]:
                    f"{_t(t['elementwise_backward'])}; recompute {_t(t['recompute'])}{early}"
                    f" = {_t(t['total'])} x {count} layers = {_t(t['total'] * count)}")
     if i == L.pp - 1:
-        out.append(f"  output head (3 GEMMs) and loss ({r.loss_traffic_bytes:g} + "
+        out.append(f"  output head ({2 if frozen else 3} GEMMs) and loss ({r.loss_traffic_bytes:g} + "
                    f"{r.loss_backward_bytes:g} B per logit) = {_t(at(det['head']))}")
     if i == 0:
         out.append(f"  embedding = {_t(at(det['embedding']))}")

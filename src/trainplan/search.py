@@ -27,10 +27,16 @@ from .errors import PlanError
 from .estimate import activations as act
 from .estimate.data import data_step_seconds
 from .estimate.flops import step_flops
-from .estimate.memory import model_numbers, stage_memory
+from .estimate.memory import lora_saves, plan_numbers, stage_memory
 from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
 from .estimate.recipe import recipe
-from .estimate.time import BACKWARD_PREFETCH_CODE, hardware, stage_times, step_from_stages
+from .estimate.time import (
+    BACKWARD_PREFETCH_CODE,
+    hardware,
+    lora_arguments,
+    stage_times,
+    step_from_stages,
+)
 from .plan import (
     Plan,
     conventions,
@@ -310,7 +316,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
     g = lambda a: a[heads]  # noqa: E731
     fragmentation = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
     mem = stage_memory(
-        model_numbers(model), r, dense_layers=g(dense), moe_layers=g(moe),
+        plan_numbers(model, plan), r, dense_layers=g(dense), moe_layers=g(moe),
         first=g(stage_idx == 0).astype(float), last=g(stage_idx == pp - 1).astype(float),
         in_flight_mb=1.0, logits_in_flight=1.0,
         tp=g(tp), sp=(g(tp) > 1) & sequence_parallel,
@@ -318,7 +324,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         mbs=g(col("mbs")), seq=seq,
         vocab_padded=g(vocab_padded), attention=act.ATTENTION_CODE[plan.attention], recompute=g(col("recompute")),
         recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
-        lora_saves=None, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
+        lora_saves=lora_saves(plan), offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
         fragmentation=fragmentation)
     total = (mem["total"][group]
@@ -336,7 +342,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         fl = step_flops(model, tokens=sel(col("gbs")) * seq, seq=seq,
                         dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                         attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
-                        skip_last=r.recompute_skips_last_linear)
+                        skip_last=r.recompute_skips_last_linear, frozen_base=plan.finetune != "full")
         # per-stage times do not depend on the schedule either: once per group, then each
         # layout's pipeline schedule, data-parallel communication and optimizer
         # runs of fitting layouts that differ only in ZeRO stage, schedule and interleaving
@@ -350,7 +356,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             first=h(stage_idx == 0).astype(float), last=h(stage_idx == pp - 1).astype(float),
             total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
             vocab_padded=h(vocab_padded), sp=(h(tp) > 1) & sequence_parallel, sharp=plan.sharp,
-            cp_allgather=plan.cp_comm == "allgather")
+            cp_allgather=plan.cp_comm == "allgather", **lora_arguments(plan))
         spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
         stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
                   "p2p": spread(stages["p2p"]),

@@ -9,7 +9,9 @@ Per token and layer, forward:
   halves the useful work (`causal=True`; FlashAttention-2 §4.1).
 * output head: 2·h·V per token.
 
-Backward costs 2x the forward GEMMs (input and weight gradients). The attention backward
+Backward costs 2x the forward GEMMs (input and weight gradients), 1x where the weights are
+frozen (LoRA/QLoRA's base and output head: input gradients only; the rank-r adapters' own
+FLOPs, under 1% at the usual ranks, are left out of the count). The attention backward
 is 2.5x its forward for fused kernels (they recompute the scores: five s²-sized matmuls
 against two) and 2x when the scores are materialised (eager). Model FLOPs exclude
 recomputation (PaLM's MFU definition); hardware FLOPs add a second forward of every fully
@@ -71,13 +73,14 @@ def layer_flops(model: ModelSpec) -> LayerFlops:
 
 
 def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head, attention_eager,
-               recompute, causal=False, vocab_padded=None, skip_last=False) -> dict:
+               recompute, causal=False, vocab_padded=None, skip_last=False, frozen_base=False) -> dict:
     """Forward, backward, recompute FLOPs for `tokens` tokens of sequences of length `seq`.
 
     dense_layers/moe_layers: layers counted (a stage's, or the model's); head: 1 when the
     output head is included; attention_eager: 1 for materialised scores; recompute: the
     RECOMPUTE_CODE (0 none, 1 selective, 2 full); causal: halve the attention work;
-    skip_last: a full recomputation stops after each block's last saved tensor (see above).
+    skip_last: a full recomputation stops after each block's last saved tensor (see above);
+    frozen_base: the weights are frozen (LoRA/QLoRA), no weight gradients.
     """
     lf = layer_flops(model)
     keys = seq * np.where(causal, 0.5, 1.0)
@@ -87,7 +90,7 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     head_fwd = tokens * head_flops * head
     attn_bwd = attn_fwd * np.where(attention_eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
     forward = gemm_fwd + attn_fwd + head_fwd
-    backward = GEMM_BWD * (gemm_fwd + head_fwd) + attn_bwd
+    backward = np.where(frozen_base, 1.0, GEMM_BWD) * (gemm_fwd + head_fwd) + attn_bwd
     rc = np.asarray(recompute)
     full = gemm_fwd + attn_fwd - np.where(skip_last, tokens * (lf.dense_last * dense_layers + lf.moe_last * moe_layers),
                                           0.0)

@@ -304,8 +304,6 @@ def layout_inputs(layout: Layout) -> dict:
     stages = np.arange(pp)
     sched = SCHEDULE_CODE[plan.schedule]
     lora = plan.finetune != "full"
-    lora_saves = {t: float(t in plan.lora_targets) for t in ("q", "k", "v", "o", "gate", "up", "down")} \
-        if lora else None
     run = conv["runtime"]
     reserved = (plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB
     frag = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
@@ -320,16 +318,28 @@ def layout_inputs(layout: Layout) -> dict:
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
         attention=act.ATTENTION_CODE[plan.attention], recompute=act.RECOMPUTE_CODE[plan.recompute],
         recompute_layers=plan.recompute_layers if plan.recompute_layers is not None else 10**9,
-        dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves,
+        dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves(plan),
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
         reserved_bytes=reserved, fragmentation=frag,
     )
 
 
 def numbers_for(layout: Layout) -> ModelNumbers:
-    plan = layout.plan
+    return plan_numbers(layout.model, layout.plan)
+
+
+def plan_numbers(model: ModelSpec, plan) -> ModelNumbers:
+    """The model's parameter groups with the plan's LoRA adapters (none when it trains in full)."""
     targets = tuple(plan.lora_targets) if plan.finetune != "full" else ()
-    return model_numbers(layout.model, targets, plan.lora_rank if targets else 0)
+    return model_numbers(model, targets, plan.lora_rank if targets else 0)
+
+
+def lora_saves(plan) -> dict | None:
+    """Which linears' inputs a LoRA plan saves for its adapters' gradients (1.0 for a target);
+    None when it trains in full."""
+    if plan.finetune == "full":
+        return None
+    return {t: float(t in plan.lora_targets) for t in ("q", "k", "v", "o", "gate", "up", "down")}
 
 
 def estimate_memory(layout: Layout) -> dict:

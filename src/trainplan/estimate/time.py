@@ -271,29 +271,47 @@ def layer_gemms(model, moe: bool) -> LayerGemms:
                       col(lambda x: float(x.expert)), col(lambda x: x.count))
 
 
+@lru_cache(maxsize=256)
+def lora_gemms(model, moe: bool, targets: tuple, rank: int) -> LayerGemms:
+    """LoRA's adapter matrices on one layer kind's targeted linears (Hu et al. 2021: W + A·B, A of
+    fan_in x r, B of r x fan_out): A splits like its base's input (row-parallel bases split it,
+    the others see the whole input) and B like its base's output."""
+    index = model.first_layer(moe)
+    lins = [lin for lin in (_linears(model, index) if index is not None else ()) if lin.name in targets]
+    pairs = [((lin.fan_in, rank, SPLIT["row"] if lin.tp == "row" else SPLIT["none"]),
+              (rank, lin.fan_out, SPLIT[lin.tp] if lin.tp in ("col", "kv") else SPLIT["none"]), lin)
+             for lin in lins]
+    mats = [(a, lin) for pa, pb, lin in pairs for a in (pa, pb)]
+    col = lambda f: np.array([f(m, lin) for m, lin in mats], dtype=float)  # noqa: E731
+    return LayerGemms(col(lambda m, _: m[0]), col(lambda m, _: m[1]), col(lambda m, _: m[2]),
+                      col(lambda _, lin: float(lin.expert)), col(lambda _, lin: lin.count))
+
+
 def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None,
-                    backward=False):
-    """GEMM seconds of one layer's forward (or, `backward`, its input- and weight-gradient
-    GEMMs) for `tokens` tokens on one rank; every argument may be an array (layouts), the
-    layer's linears are the last axis. Layouts share few GEMM shapes, so each distinct
-    (tokens, tp, ep) is timed once."""
+                    backward=False, weight_grad=True):
+    """GEMM seconds of one layer's forward (or, `backward`, its input-gradient GEMMs and, with
+    `weight_grad`, its weight-gradient ones: frozen weights have none) for `tokens` tokens on one
+    rank; every argument may be an array (layouts), the layer's linears are the last axis.
+    Layouts share few GEMM shapes, so each distinct (tokens, tp, ep) is timed once."""
     if g.fan_in.size == 0:
         return np.zeros(np.broadcast(tokens, tp).shape)
     if np.ndim(tokens) == np.ndim(tp) == np.ndim(ep) == 0:  # one layout (plan, explorer): memoised
         return _one_layer_gemm_time(g, float(tokens), float(tp), float(ep), kv_heads, top_k, peak, eff, sms,
-                                    elem_bytes, curve, backward)
+                                    elem_bytes, curve, backward, weight_grad)
     return per_distinct(_layer_gemm_time, {"tokens": tokens, "tp": tp, "ep": ep}, g=g, kv_heads=kv_heads,
                         top_k=top_k, peak=peak, eff=eff, sms=sms, elem_bytes=elem_bytes, curve=curve,
-                        backward=backward)
+                        backward=backward, weight_grad=weight_grad)
 
 
 @lru_cache(maxsize=4096)
-def _one_layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve, backward):
-    return _layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve, backward)
+def _one_layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve, backward,
+                         weight_grad):
+    return _layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve, backward,
+                            weight_grad)
 
 
 def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None,
-                     backward=False):
+                     backward=False, weight_grad=True):
     ex = lambda x: np.asarray(x, dtype=float)[..., None]  # noqa: E731
     tokens, tp, ep = ex(tokens), ex(tp), ex(ep)
     k = np.where(g.split == SPLIT["row"], g.fan_in / tp, g.fan_in)
@@ -303,8 +321,8 @@ def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, 
     m = np.where(g.expert > 0, top_k * tokens * ep / g.count, tokens)
     count = np.where(g.expert > 0, g.count / ep, 1.0)
     if backward:  # dX = dY·Wᵀ (inner dimension n) and dW = Xᵀ·dY (inner dimension m, the tokens)
-        return np.sum(_gemm_time(m, k, n, count, peak, eff, sms, elem_bytes, curve)
-                      + _gemm_time(k, n, m, count, peak, eff, sms, elem_bytes, curve), axis=-1)
+        dw = _gemm_time(k, n, m, count, peak, eff, sms, elem_bytes, curve) if weight_grad else 0.0
+        return np.sum(_gemm_time(m, k, n, count, peak, eff, sms, elem_bytes, curve) + dw, axis=-1)
     return np.sum(_gemm_time(m, n, k, count, peak, eff, sms, elem_bytes, curve), axis=-1)
 
 
@@ -378,7 +396,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
-                   data_s=0.0, prefetch=True, backward_prefetch=0, dp_shard=None) -> dict:
+                   data_s=0.0, prefetch=True, backward_prefetch=0, dp_shard=None, lora=None) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
@@ -386,7 +404,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
                          total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
-                         cp_allgather=cp_allgather)
+                         cp_allgather=cp_allgather, **(lora or {}))
     out = step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
@@ -396,12 +414,20 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
     return {**out, "detail": stages["detail"]}
 
 
+def lora_arguments(plan) -> dict:
+    """`stage_times`' LoRA arguments for a plan: its targets and rank under LoRA/QLoRA, none
+    when it trains in full."""
+    return {"lora_targets": tuple(plan.lora_targets), "lora_rank": plan.lora_rank} if plan.finetune != "full" else {}
+
+
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
                 overlap_tp, gpn, stage_dense, stage_moe, first, last, total_dense, total_moe,
-                vocab_padded, sp=False, sharp=False, cp_allgather=False) -> dict:
+                vocab_padded, sp=False, sharp=False, cp_allgather=False, lora_targets=None, lora_rank=0) -> dict:
     """One micro-batch's forward + backward seconds on each stage, by part ("parts", stage
     axis last), the same summed over all stages ("totals") and the point-to-point transfer
-    between stages ("p2p"). Nothing here depends on the pipeline schedule."""
+    between stages ("p2p"). Nothing here depends on the pipeline schedule. `lora_targets`
+    (LoRA/QLoRA fine-tuning): the base weights are frozen, so their backward computes input
+    gradients only, and rank-`lora_rank` adapters on the targeted linears add their GEMMs."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     tp, pp, dp, cp, ep, mbs, seq = (f(x) for x in (tp, pp, dp, cp, ep, mbs, seq))
     rc = f(recompute)
@@ -410,9 +436,17 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     h = model.hidden
     tokens = mbs * seq / cp
     kvh = model.heads if model.is_mla else model.n_kv_heads
+    frozen = lora_targets is not None
     gemm, gemm_bwd = ({kind: layer_gemm_time(layer_gemms(model, kind == "moe"), tokens, tp, ep, kvh, model.top_k,
-                                             hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve, backward)
+                                             hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve, backward,
+                                             weight_grad=not frozen)
                        for kind in ("dense", "moe")} for backward in (False, True))
+    if frozen:  # the adapters: x·A then ·B forward, both gradients of each in the backward
+        for backward, out in ((False, gemm), (True, gemm_bwd)):
+            for kind in ("dense", "moe"):
+                out[kind] = out[kind] + layer_gemm_time(
+                    lora_gemms(model, kind == "moe", tuple(lora_targets), int(lora_rank)), tokens, tp, ep, kvh,
+                    model.top_k, hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve, backward)
     heads_local = model.heads / tp
     qk = model.q_dim / model.heads
     vd = model.attn_out_dim / model.heads
@@ -481,15 +515,18 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # path of 1F1B; neighbouring stages are tp·cp·dp ranks apart.
     p2p = np.where(pp > 1, comm.collective_time(comm.SEND_RECV, tokens * h * elem / tp, 2,
                                                 *link(hw, comm.SEND_RECV, 2, tp * cp * dp, gpn)), 0.0)
-    # the output head's GEMM forward and its two backward GEMMs, and the loss's passes over the logits
+    # the output head's GEMM forward and its two backward GEMMs (frozen: the input gradient's
+    # only), and the loss's passes over the logits
     eff16, curve16 = hw.gemm16
-    head = 3 * _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, eff16, hw.sms, elem, curve16) \
+    head = (2 if frozen else 3) * _gemm_time(tokens, vocab_padded / tp, h, 1, hw.peak, eff16, hw.sms, elem, curve16) \
         + tokens * vocab_padded / tp * (r.loss_traffic_bytes + r.loss_backward_bytes) / hw.hbm
+    # the embedding's lookup, and its gradient's two passes unless it is frozen
     embed_fwd = tokens * h * elem * 2 / hw.hbm
+    embed_passes = 1 if frozen else 3
 
     def per_stage(dense, moe, first_, last_, n_stages):
         return {
-            "compute": dense * compute["dense"] + moe * compute["moe"] + last_ * head + 3 * first_ * embed_fwd,
+            "compute": dense * compute["dense"] + moe * compute["moe"] + last_ * head + embed_passes * first_ * embed_fwd,
             "tp_comm": dense * tp_layer["dense"] + moe * tp_layer["moe"],
             "ep_comm": moe * 4 * a2a,
             "cp_comm": (dense + moe) * cp_layer,
@@ -500,7 +537,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp)
     # the terms above, one layer of each kind and one micro-batch (for `plan --explain`)
     detail = {"layer": layer, "tp_layer": tp_layer, "cp_layer": cp_layer, "ep_layer": 4 * a2a,
-              "head": head, "embedding": 3 * embed_fwd, "p2p": p2p}
+              "head": head, "embedding": embed_passes * embed_fwd, "p2p": p2p}
     return {**slowest_stage(parts), "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
 
 
@@ -722,7 +759,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                     attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
-                    skip_last=recipe(plan).recompute_skips_last_linear)
+                    skip_last=recipe(plan).recompute_skips_last_linear, frozen_base=plan.finetune != "full")
     stages = np.arange(layout.pp)
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
     out = step_time_core(
@@ -739,5 +776,5 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
         sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-        dp_shard=layout.dp_shard)
+        dp_shard=layout.dp_shard, lora=lora_arguments(plan))
     return out, fl, data
