@@ -76,6 +76,11 @@ def test_validate_rejects_what_it_cannot_run():
     with pytest.raises(PlanError) as e:  # validate runs FSDP2; FSDP1's bytes per parameter are the same
         validate(make_plan(model="llama-3-8b", gpus=2, zero=3, framework="fsdp1"), device="cpu")
     assert e.value.field == "framework" and "--framework fsdp" in e.value.rule
+    for bad in (dict(model="llama-3-8b", gpus=1, finetune="qlora"), dict(model="llama-3-8b", gpus=2, finetune="lora"),
+                dict(model="gpt2", gpus=1, finetune="lora")):
+        with pytest.raises(PlanError) as e:  # QLoRA, sharded LoRA and fused-QKV LoRA are not measured
+            validate(make_plan(**bad), device="cpu")
+        assert e.value.field == "finetune"
     with pytest.raises(PlanError) as e:  # ZeRO-2 runs as FSDP2's SHARD_GRAD_OP only
         validate(make_plan(model="llama-3-8b", gpus=2, zero=2, framework="deepspeed"), device="cpu")
     assert e.value.field == "zero" and "--framework fsdp" in e.value.rule

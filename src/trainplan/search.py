@@ -190,9 +190,10 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
                                  "gbs")}
 
 
-def _stage_tables(model, pps: np.ndarray):
+def _stage_tables(model, pps: np.ndarray, lora: bool = False):
     """Per pp value: the representative stages' indices, dense/MoE layer counts, and how many
-    of them are distinct (the rest repeat stage 0 and change no maximum)."""
+    of them are distinct (the rest repeat stage 0 and change no maximum); `lora`: stage 1 too,
+    as LoRA's stage 0 keeps nothing for its first layer's input norm and may hold less."""
     idx = np.zeros((len(pps), REPRESENTATIVE), dtype=np.int64)
     dense = np.zeros((len(pps), REPRESENTATIVE))
     moe = np.zeros((len(pps), REPRESENTATIVE))
@@ -205,7 +206,7 @@ def _stage_tables(model, pps: np.ndarray):
         # the first stage holding each distinct layer count: in-flight micro-batches fall with
         # the stage index, so no later stage with the same count can hold or take more
         firsts = [split.index(c) for c in sorted(set(split))]
-        reps = list(dict.fromkeys([0, int(p) - 1] + firsts))[:REPRESENTATIVE]
+        reps = list(dict.fromkeys([0, int(p) - 1] + ([1] if lora and p > 1 else []) + firsts))[:REPRESENTATIVE]
         width[row] = len(reps)
         for j, s in enumerate(reps + [0] * (REPRESENTATIVE - len(reps))):
             lo, hi = bounds[s], bounds[s + 1]
@@ -223,7 +224,7 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
     depth has (one without pipelining, two for an even split), so no stage is computed twice."""
     model = spec or load_model(plan)
     pps, inverse = np.unique(layouts["pp"], return_inverse=True)
-    idx_t, dense_t, moe_t, width_t = _stage_tables(model, pps)
+    idx_t, dense_t, moe_t, width_t = _stage_tables(model, pps, lora=plan.finetune != "full")
     width = width_t[inverse]
     # a small group costs more in per-call overhead than its spare stages: it joins the next
     # wider one (a narrower layout evaluated at a larger width repeats stage 0, changing nothing)
@@ -324,7 +325,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         mbs=g(col("mbs")), seq=seq,
         vocab_padded=g(vocab_padded), attention=act.ATTENTION_CODE[plan.attention], recompute=g(col("recompute")),
         recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
-        lora_saves=lora_saves(plan), offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
+        lora_saves=lora_saves(plan), lora_rank=plan.lora_rank, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
         fragmentation=fragmentation)
     total = (mem["total"][group]
@@ -342,7 +343,8 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         fl = step_flops(model, tokens=sel(col("gbs")) * seq, seq=seq,
                         dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                         attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
-                        skip_last=r.recompute_skips_last_linear, frozen_base=plan.finetune != "full")
+                        skip_last=r.recompute_skips_last_linear, frozen_base=plan.finetune != "full",
+                        **lora_arguments(plan))
         # per-stage times do not depend on the schedule either: once per group, then each
         # layout's pipeline schedule, data-parallel communication and optimizer
         # runs of fitting layouts that differ only in ZeRO stage, schedule and interleaving

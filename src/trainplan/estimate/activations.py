@@ -84,7 +84,7 @@ class LayerShape:
 
 def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                 linear_in_bytes, residual_bytes=None, autocast=0, attention, recompute, fused, dropout,
-                saves=None, mask_bytes=MASK_BYTES) -> dict:
+                saves=None, mask_bytes=MASK_BYTES, adapter_rank=0) -> dict:
     """Bytes one layer saves for one micro-batch, by term.
 
     tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
@@ -92,9 +92,11 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     parallelism; attention: ATTENTION_CODE; recompute: RECOMPUTE_CODE (full recompute is
     applied by the caller); fused: 1 for fused norm/SwiGLU kernels; dropout: 1 when
     dropout is on; saves: 0/1 per LoRA target name for whether a linear's input is kept
-    (None = full training, every linear trainable).
+    (None = full training, every linear trainable; under LoRA the norms' weights are frozen
+    too); adapter_rank: LoRA's rank, whose x·A each adapter keeps for B's gradient.
     """
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
+    frozen = float(saves is not None)
     s = saves or {}
     save = {n: s.get(n, 1) for n in ("q", "k", "v", "o", "gate", "up", "down")}
     save_attn_in = np.maximum(np.maximum(save["q"], save["k"]), save["v"])
@@ -110,7 +112,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     kv_div = np.where(eager & (np.asarray(recompute) == 0), tp, np.minimum(tp, shape.kv_heads))
     t = {}
     # -- attention block
-    norm = _norm_bytes(h, eager_norm, residual_bytes, stats)
+    norm = _norm_bytes(h, eager_norm, residual_bytes, stats, frozen)
     t["attn_norm"] = tokens * norm / rep
     # torch.autocast casts a shared fp32 input once per linear that reads it (only weights
     # are cached), so q, k and v projections each keep their own 16-bit copy.
@@ -164,14 +166,17 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     else:
         t["mlp"] = tokens * _mlp_elems(shape.ffn, shape.mlp_matrices, fused, save["down"],
                                        act_bytes, linear_in_bytes) / tp
+    # LoRA: each adapter keeps its r-wide x·A for B's weight gradient
+    t["lora_adapters"] = tokens * adapter_rank * act_bytes * sum(s.values())
     return t
 
 
-def _norm_bytes(h, eager_rms, residual_bytes, stats):
+def _norm_bytes(h, eager_rms, residual_bytes, stats, frozen=0):
     """Per token: the norm's input (residual dtype) and fp32 statistics; an eager RMSNorm
     upcasts to fp32 first (transformers' LlamaRMSNorm, F.rms_norm on CPU) and keeps the fp32
-    input and the fp32 normalised input instead."""
-    return np.where(eager_rms, 2 * h * FP32, h * residual_bytes) + stats * FP32
+    input and the fp32 normalised input instead, the latter only for its weight's gradient (not
+    kept when the weight is `frozen`: LoRA)."""
+    return np.where(eager_rms, (2 - frozen) * h * FP32, h * residual_bytes) + stats * FP32
 
 
 def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes):
@@ -209,16 +214,18 @@ def embedding_terms(hidden, *, tokens, seq, cp, tp, sp, dropout, learned_positio
 
 
 def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_bytes, layernorm, fused,
-               logit_bytes=FP32) -> dict:
+               logit_bytes=FP32, frozen=0) -> dict:
     """act_bytes here is the residual stream's dtype (the final norm's input); logit_bytes
-    what the loss keeps per logit (fp32 log-probabilities, or a fused loss's 16-bit logits)."""
+    what the loss keeps per logit (fp32 log-probabilities, or a fused loss's 16-bit logits);
+    frozen: the final norm and the output head are frozen (LoRA), so neither keeps what only
+    its weight's gradient needs (the normalised input, the head's input)."""
     # Final norm, the output layer's input and the logits the loss keeps (vocab-parallel
     # cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t in fp32).
     rep = np.where(sp, tp, 1)
     eager_norm = (1 - np.asarray(fused)) * (0 if layernorm else 1)
     stats = 2 if layernorm else 1
     return {
-        "final_norm": tokens * _norm_bytes(hidden, eager_norm, act_bytes, stats) / rep,
-        "head_input": tokens * hidden * linear_in_bytes / rep,
+        "final_norm": tokens * _norm_bytes(hidden, eager_norm, act_bytes, stats, frozen) / rep,
+        "head_input": tokens * hidden * linear_in_bytes * (1 - frozen) / rep,
         "logits": tokens * vocab_padded * logit_bytes / tp,
     }

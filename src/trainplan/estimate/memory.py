@@ -123,7 +123,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                  in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
                  vocab_padded, attention, recompute, recompute_layers, dropout, lora,
                  lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
-                 fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None) -> dict:
+                 fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None, lora_rank=0) -> dict:
     """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast);
     `dp_shard`, the data-parallel ranks ZeRO shards over (all `dp` when None)."""
     h = mn.hidden
@@ -201,7 +201,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     common = dict(tokens=tokens, seq=seq, tp=tp, sp=sp, act_bytes=r.act_bytes, residual_bytes=r.residual_bytes,
                   autocast=float(r.autocast_copy_bytes > 0),
                   linear_in_bytes=r.linear_in_bytes, attention=attention, recompute=recompute,
-                  fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves, mask_bytes=mask_bytes)
+                  fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves, mask_bytes=mask_bytes,
+                  adapter_rank=lora_rank if lora_saves is not None else 0)
     dense_terms = act.layer_terms(mn.shape, moe=False, **common)
     moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
@@ -224,11 +225,16 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     frac_ckpt = np.where(layers > 0, n_ckpt / np.maximum(layers, 1), 0.0)
     stored_layers = dense_layers * dense_layer + moe_layers * moe_layer
     per_mb_layers = stored_layers * (1 - frac_ckpt) + n_ckpt * ckpt
+    if lora_saves is not None:
+        # LoRA: the frozen embedding's output needs no gradient, so the first layer's input
+        # norm (its weight frozen too) has no backward and keeps nothing (the same in either
+        # layer kind)
+        per_mb_layers = per_mb_layers - first * dense_terms["attn_norm"] * (1 - frac_ckpt)
     emb = act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
                               learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes)
     hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
                         linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
-                        fused=float(r.fused_kernels), logit_bytes=r.logit_bytes)
+                        fused=float(r.fused_kernels), logit_bytes=r.logit_bytes, frozen=float(lora_saves is not None))
     # what one more micro-batch in flight (or one more set of live logits) holds
     per_in_flight = {
         "layers": per_mb_layers,
@@ -249,8 +255,9 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # matrices and the output head, tied or not) and the matmuls save those casts; a
         # fully recomputed layer runs its forward without grad (nothing saved) and keeps its
         # casts only while it is re-run in backward, one layer at a time.
-        "autocast_weight_copies": ((1 - frac_ckpt) * layer_matrices + last * vocab_padded * h / tp
-                                   + np.where(n_ckpt > 0, layer_max_matrices, 0.0)) * r.autocast_copy_bytes,
+        # (LoRA's frozen base is already in the 16-bit dtype: nothing of it to cast)
+        "autocast_weight_copies": np.where(lora, 0.0, (1 - frac_ckpt) * layer_matrices + last * vocab_padded * h / tp
+                                           + np.where(n_ckpt > 0, layer_max_matrices, 0.0)) * r.autocast_copy_bytes,
     }
     activations = sum(parts.values())
 
@@ -318,7 +325,7 @@ def layout_inputs(layout: Layout) -> dict:
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
         attention=act.ATTENTION_CODE[plan.attention], recompute=act.RECOMPUTE_CODE[plan.recompute],
         recompute_layers=plan.recompute_layers if plan.recompute_layers is not None else 10**9,
-        dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves(plan),
+        dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves(plan), lora_rank=plan.lora_rank,
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
         reserved_bytes=reserved, fragmentation=frag,
     )

@@ -759,7 +759,8 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                     attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
-                    skip_last=recipe(plan).recompute_skips_last_linear, frozen_base=plan.finetune != "full")
+                    skip_last=recipe(plan).recompute_skips_last_linear, frozen_base=plan.finetune != "full",
+                    **lora_arguments(plan))
     stages = np.arange(layout.pp)
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
     out = step_time_core(

@@ -1,5 +1,5 @@
 """The validation matrix: architectures x attention x recompute x precision recipe on one
-process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, hybrid-sharded FSDP2, TP x FSDP2, pure bf16) in local processes.
+process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, hybrid-sharded FSDP2, TP x FSDP2, pure bf16, LoRA) in local processes.
 Small enough for a 2-core CI machine; used by the test suite and by
 `scripts/validation_report.py` (docs/validation.md)."""
 
@@ -30,6 +30,11 @@ PURE16 = (("pure bf16 (torch.optim on a bf16 model)",
            dict(model="llama-3-8b", gpus=1, precision="bf16", framework="torch", master_weights=False)),
           ("pure bf16, ZeRO-3 (FSDP2), dp 2",
            dict(model="llama-3-8b", gpus=2, zero=3, precision="bf16", framework="fsdp", master_weights=False)))
+# LoRA (rank 16 on every linear, the base frozen in bf16), one process
+LORA = (("LoRA rank 16, bf16 base (deepspeed)", dict(model="llama-3-8b", gpus=1, finetune="lora", framework="deepspeed")),
+        ("LoRA rank 16, bf16 base (megatron)", dict(model="llama-3-8b", gpus=1, finetune="lora", framework="megatron")),
+        ("LoRA rank 16 on a mixture of experts", dict(model="mixtral-8x7b", gpus=1, finetune="lora",
+                                                       framework="deepspeed")))
 RECOMPUTED = ("ZeRO-3 (FSDP2) + full recompute, dp 2",
               dict(model="llama-3-8b", gpus=2, zero=3, precision="bf16", framework="fsdp", recompute="full"))
 
@@ -49,4 +54,5 @@ def sharded_plans():
     yield SHARD_GRAD_OP
     yield HYBRID
     yield from PURE16
+    yield from LORA
     yield RECOMPUTED

@@ -253,6 +253,34 @@ class FusedCrossEntropy(torch.autograd.Function):
         return (probs * (grad / len(targets))).to(logits.dtype), None
 
 
+class LoRALinear(nn.Module):
+    """A frozen linear with a trainable low-rank update (Hu et al. 2021): y = x·Wᵀ + (x·A)·B,
+    A of in x r, B of r x out (B starts at zero, so the update starts at nothing)."""
+
+    def __init__(self, base: nn.Linear, rank: int):
+        super().__init__()
+        self.base = base
+        for w in base.parameters():
+            w.requires_grad_(False)
+        self.lora_a = nn.Parameter(torch.randn(base.in_features, rank, dtype=base.weight.dtype) / rank)
+        self.lora_b = nn.Parameter(torch.zeros(rank, base.out_features, dtype=base.weight.dtype))
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.lora_a) @ self.lora_b
+
+
+def apply_lora(model: nn.Module, targets, rank: int) -> None:
+    """LoRA on every linear named in `targets` (q, k, v, o, gate, up, down); every other
+    parameter frozen (the embedding, norms and output head too)."""
+    for w in model.parameters():
+        w.requires_grad_(False)
+    for module in list(model.modules()):
+        for name in targets:
+            child = getattr(module, name, None)
+            if isinstance(child, nn.Linear):
+                setattr(module, name, LoRALinear(child, rank))
+
+
 class DecoderLM(nn.Module):
     """Embedding, blocks, final norm, output head and the cross-entropy loss (PyTorch's, on
     fp32 logits, or `fused_loss`: one that keeps the 16-bit logits). Full recompute checkpoints

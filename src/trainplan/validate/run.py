@@ -31,6 +31,7 @@ from ..estimate import activations as act
 from ..estimate.flops import step_flops
 from ..estimate.memory import layout_inputs, numbers_for, stage_memory
 from ..estimate.recipe import recipe
+from ..estimate.time import lora_arguments
 from ..plan import DTYPE_BYTES, Layout, Plan, resolve
 from ..specs.model import ModelSpec
 
@@ -144,7 +145,8 @@ def predict(layout: Layout, device: str = "cpu") -> dict:
                     dense_layers=layout.stage_dense_layers[0], moe_layers=layout.stage_moe_layers[0],
                     head=float(layout.pp == 1), attention_eager=eager,
                     recompute=act.RECOMPUTE_CODE[plan.recompute], vocab_padded=layout.vocab_padded,
-                    skip_last=r.recompute_skips_last_linear)
+                    skip_last=r.recompute_skips_last_linear, frozen_base=plan.finetune != "full",
+                    **lora_arguments(plan))
     return {
         "params_bytes": first(mem["params"]),
         "grads_bytes": first(mem["grads"]),
@@ -194,6 +196,15 @@ def build_model(spec: ModelSpec, plan: Plan, device: str):
     model = DecoderLM(spec, attention=plan.attention, dropout=plan.dropout, recompute=plan.recompute,
                       fused=fused, fused_loss=plan.fused_loss,
                       early_stop=recipe(plan).recompute_skips_last_linear).to(device)
+    if plan.finetune == "lora":
+        from .models import apply_lora
+
+        apply_lora(model, plan.lora_targets, plan.lora_rank)
+        if plan.precision != "fp32":  # the frozen base in the 16-bit compute dtype, as PEFT loads it
+            for w in model.parameters():
+                if not w.requires_grad:
+                    w.data = w.data.to(low_dtype(plan))
+        model.to(device)
     return model
 
 
@@ -392,8 +403,14 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
         import torch  # noqa: F401
     except ImportError:
         raise PlanError("validate", "needs PyTorch: pip install 'trainplan[torch]'") from None
-    if plan.finetune != "full":
-        raise PlanError("finetune", "validate measures full training; LoRA/QLoRA runs are not measured yet")
+    if plan.finetune == "qlora":
+        raise PlanError("finetune", "validate measures full training and LoRA; QLoRA's quantized base needs "
+                        "bitsandbytes, which is not measured here")
+    if plan.finetune == "lora" and (plan.tp > 1 or (plan.gpus or 1) > 1 or plan.zero):
+        raise PlanError("finetune", "validate measures LoRA on one process (tp = dp = 1, no ZeRO)")
+    if plan.finetune == "lora" and resolve(plan).model.fused_qkv:
+        raise PlanError("finetune", "validate's LoRA adapters attach to separate q, k and v projections; "
+                        "this model fuses them")
     if plan.pp > 1:
         raise PlanError("pp", "validate runs pp = 1 layouts (one pipeline stage holds the whole model)")
     if plan.cp > 1 or plan.ep > 1:
