@@ -495,7 +495,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         modes = conventions()["frameworks"][plan.framework].get("zero_modes", {})
         offered = [f"{z} = {modes[str(z)]}" if str(z) in modes else str(z) for z in stages]
         raise PlanError("zero", f"{plan.framework} has no ZeRO-{zero}: it shards the optimizer state only together "
-                        f"with the gradients and the fp32 parameters it updates; choose --zero "
+                        f"with the gradients and the parameters it updates; choose --zero "
                         f"{', '.join(offered[:-1])} or {offered[-1]}")
     if plan.offload_params and zero != 3:
         raise PlanError("offload_params", "parameter offload needs --zero 3")

@@ -85,45 +85,46 @@ def lora_flops(model: ModelSpec, targets: tuple, rank: int) -> tuple[float, floa
     return per_layer(model.first_layer(False)), per_layer(model.first_layer(True))
 
 
+# the projections of a layer's normalised input, whose input gradient the first layer of a frozen
+# model skips (its input, the frozen embedding's output, needs none)
+ATTENTION_INPUTS = ("q", "k", "v", "qkv")
+
+
 @lru_cache(maxsize=256)
 def _first_input_grad_flops(model: ModelSpec, targets: tuple, rank: int) -> float:
-    """Per token: the input-gradient FLOPs of the first layer's projections of its normalised
-    input (q, k, v or a fused qkv) and of their LoRA adapters' A."""
-    index = 0 if model.layers else None
-    if index is None:
-        return 0.0
-    lins = [lin for lin in model.layer_linears(index) if lin.name in ("q", "k", "v", "qkv")]
+    """Per token: the input-gradient FLOPs of the first layer's attention input projections and
+    of their LoRA adapters' A."""
     return sum(2.0 * lin.fan_in * lin.fan_out + (2.0 * lin.fan_in * rank if lin.name in targets else 0.0)
-               for lin in lins)
+               for lin in model.layer_linears(0) if lin.name in ATTENTION_INPUTS)
 
 
 def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head, attention_eager,
-               recompute, causal=False, vocab_padded=None, skip_last=False, frozen_base=False,
-               lora_targets=(), lora_rank=0) -> dict:
+               recompute, causal=False, vocab_padded=None, skip_last=False, lora_targets=None,
+               lora_rank=0) -> dict:
     """Forward, backward, recompute FLOPs for `tokens` tokens of sequences of length `seq`.
 
     dense_layers/moe_layers: layers counted (a stage's, or the model's); head: 1 when the
     output head is included; attention_eager: 1 for materialised scores; recompute: the
     RECOMPUTE_CODE (0 none, 1 selective, 2 full); causal: halve the attention work;
     skip_last: a full recomputation stops after each block's last saved tensor (see above);
-    frozen_base: the weights are frozen (LoRA/QLoRA), no weight gradients; lora_targets,
-    lora_rank: the adapters trained beside them.
+    lora_targets, lora_rank (LoRA/QLoRA, as `estimate.time.lora_arguments` gives them; None: full
+    training): the base weights are frozen, no weight gradients, and rank-r adapters train on the
+    targeted linears.
     """
     lf = layer_flops(model)
     keys = seq * np.where(causal, 0.5, 1.0)
     attn_fwd = tokens * lf.attn_per_key * keys * (dense_layers + moe_layers)
-    lora_dense, lora_moe = lora_flops(model, tuple(lora_targets), int(lora_rank)) if lora_rank else (0.0, 0.0)
+    frozen = lora_targets is not None
+    targets = tuple(lora_targets or ())
+    lora_dense, lora_moe = lora_flops(model, targets, int(lora_rank)) if frozen else (0.0, 0.0)
     adapters_fwd = tokens * (lora_dense * dense_layers + lora_moe * moe_layers)
-    # frozen, the embedding's output needs no gradient: the first layer's attention input
-    # projections (and their adapters' A) skip their input-gradient GEMMs
-    first_input_grad = tokens * _first_input_grad_flops(model, tuple(lora_targets), int(lora_rank)) \
-        * np.asarray(frozen_base, dtype=float)
+    first_input_grad = tokens * _first_input_grad_flops(model, targets, int(lora_rank)) if frozen else 0.0
     gemm_fwd = tokens * (lf.dense_gemm * dense_layers + lf.moe_gemm * moe_layers) + adapters_fwd
     head_flops = lf.head if vocab_padded is None else 2.0 * model.hidden * vocab_padded
     head_fwd = tokens * head_flops * head
     attn_bwd = attn_fwd * np.where(attention_eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
     forward = gemm_fwd + attn_fwd + head_fwd
-    backward = np.where(frozen_base, 1.0, GEMM_BWD) * (gemm_fwd - adapters_fwd + head_fwd) \
+    backward = (1.0 if frozen else GEMM_BWD) * (gemm_fwd - adapters_fwd + head_fwd) \
         + GEMM_BWD * adapters_fwd + attn_bwd - first_input_grad
     rc = np.asarray(recompute)
     full = gemm_fwd + attn_fwd - np.where(skip_last, tokens * (lf.dense_last * dense_layers + lf.moe_last * moe_layers),

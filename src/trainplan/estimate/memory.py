@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..plan import Layout, conventions
-from ..specs.model import Linear, ModelSpec
+from ..specs.model import LORA_TARGETS, Linear, ModelSpec
 from ..units import GiB
 from . import activations as act
 from .pipeline import SCHEDULE_CODE, in_flight, last_stage_logits_in_flight
@@ -346,7 +346,7 @@ def lora_saves(plan) -> dict | None:
     None when it trains in full."""
     if plan.finetune == "full":
         return None
-    return {t: float(t in plan.lora_targets) for t in ("q", "k", "v", "o", "gate", "up", "down")}
+    return {t: float(t in plan.lora_targets) for t in LORA_TARGETS}
 
 
 def estimate_memory(layout: Layout) -> dict:

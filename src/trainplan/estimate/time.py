@@ -43,7 +43,7 @@ from . import activations as act
 from . import comm
 from .data import data_report, step_with_data
 from .distinct import per_distinct
-from .flops import ATTN_BWD_EAGER, ATTN_BWD_FUSED, step_flops
+from .flops import ATTENTION_INPUTS, ATTN_BWD_EAGER, ATTN_BWD_FUSED, step_flops
 from .gemm_shape import GemmShape
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .recipe import recipe
@@ -287,6 +287,15 @@ def lora_gemms(model, moe: bool, targets: tuple, rank: int) -> LayerGemms:
                       col(lambda _, lin: float(lin.expert)), col(lambda _, lin: lin.count))
 
 
+@lru_cache(maxsize=256)
+def attention_input_gemms(model) -> LayerGemms:
+    """The first layer's projections of its normalised input (flops.ATTENTION_INPUTS)."""
+    lins = [lin for lin in _linears(model, 0) if lin.name in ATTENTION_INPUTS]
+    col = lambda f: np.array([f(lin) for lin in lins], dtype=float)  # noqa: E731
+    return LayerGemms(col(lambda x: x.fan_in), col(lambda x: x.fan_out), col(lambda x: SPLIT[x.tp]),
+                      col(lambda x: float(x.expert)), col(lambda x: x.count))
+
+
 def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None,
                     backward=False, weight_grad=True):
     """GEMM seconds of one layer's forward (or, `backward`, its input-gradient GEMMs and, with
@@ -441,12 +450,18 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                                              hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve, backward,
                                              weight_grad=not frozen)
                        for kind in ("dense", "moe")} for backward in (False, True))
+    first_input_grad = 0.0
     if frozen:  # the adapters: x·A then ·B forward, both gradients of each in the backward
         for backward, out in ((False, gemm), (True, gemm_bwd)):
             for kind in ("dense", "moe"):
                 out[kind] = out[kind] + layer_gemm_time(
                     lora_gemms(model, kind == "moe", tuple(lora_targets), int(lora_rank)), tokens, tp, ep, kvh,
                     model.top_k, hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve, backward)
+        # the frozen embedding's output needs no gradient: the first layer's attention input
+        # projections skip their input-gradient GEMMs (flops.step_flops counts the same)
+        first_input_grad = layer_gemm_time(attention_input_gemms(model), tokens, tp, ep, kvh, model.top_k,
+                                           hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve, True,
+                                           weight_grad=False)
     heads_local = model.heads / tp
     qk = model.q_dim / model.heads
     vd = model.attn_out_dim / model.heads
@@ -526,7 +541,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
 
     def per_stage(dense, moe, first_, last_, n_stages):
         return {
-            "compute": dense * compute["dense"] + moe * compute["moe"] + last_ * head + embed_passes * first_ * embed_fwd,
+            "compute": dense * compute["dense"] + moe * compute["moe"] + last_ * head
+            + first_ * (embed_passes * embed_fwd - first_input_grad),
             "tp_comm": dense * tp_layer["dense"] + moe * tp_layer["moe"],
             "ep_comm": moe * 4 * a2a,
             "cp_comm": (dense + moe) * cp_layer,
@@ -759,7 +775,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                     attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
-                    skip_last=recipe(plan).recompute_skips_last_linear, frozen_base=plan.finetune != "full",
+                    skip_last=recipe(plan).recompute_skips_last_linear,
                     **lora_arguments(plan))
     stages = np.arange(layout.pp)
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)

@@ -145,7 +145,7 @@ def predict(layout: Layout, device: str = "cpu") -> dict:
                     dense_layers=layout.stage_dense_layers[0], moe_layers=layout.stage_moe_layers[0],
                     head=float(layout.pp == 1), attention_eager=eager,
                     recompute=act.RECOMPUTE_CODE[plan.recompute], vocab_padded=layout.vocab_padded,
-                    skip_last=r.recompute_skips_last_linear, frozen_base=plan.finetune != "full",
+                    skip_last=r.recompute_skips_last_linear,
                     **lora_arguments(plan))
     return {
         "params_bytes": first(mem["params"]),
@@ -408,9 +408,6 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
                         "bitsandbytes, which is not measured here")
     if plan.finetune == "lora" and (plan.tp > 1 or (plan.gpus or 1) > 1 or plan.zero):
         raise PlanError("finetune", "validate measures LoRA on one process (tp = dp = 1, no ZeRO)")
-    if plan.finetune == "lora" and resolve(plan).model.fused_qkv:
-        raise PlanError("finetune", "validate's LoRA adapters attach to separate q, k and v projections; "
-                        "this model fuses them")
     if plan.pp > 1:
         raise PlanError("pp", "validate runs pp = 1 layouts (one pipeline stage holds the whole model)")
     if plan.cp > 1 or plan.ep > 1:
@@ -419,6 +416,9 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
     device = resolve_device(device)
     full = resolve(plan)
     spec = full.model
+    if plan.finetune == "lora" and spec.fused_qkv:
+        raise PlanError("finetune", "validate's LoRA adapters attach to separate q, k and v projections; "
+                        "this model fuses them")
     scale = scale or Scale()
     auto = needs_scaling(spec, plan, full.seq_len)
     eff = Scale(
