@@ -103,12 +103,13 @@ def recipe(plan: Plan) -> Recipe:
         weight, grad, master, act, compute_w = 4.0, 4.0, 0.0, 4.0, 4.0
     # the optimizer state's dtype: fp32 (the [optimizers] figures), the weights' own under pure
     # 16-bit training (torch.optim's zeros_like), or as set
+    fp32 = float(DTYPE_BYTES["fp32"])
     state = (DTYPE_BYTES[plan.optimizer_state_dtype] if plan.optimizer_state_dtype
-             else 2.0 if pure16 else 4.0)
+             else weight if pure16 else fp32)
     if plan.optimizer in conv["optimizers"]["state_dtype_follows"]:
-        opt *= state / 4.0
+        opt *= state / fp32
     else:
-        state = 4.0
+        state = fp32
     if plan.grad_dtype is not None:
         grad = float(DTYPE_BYTES[plan.grad_dtype])
     linear_in = act
