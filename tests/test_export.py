@@ -159,6 +159,17 @@ def test_torchtitan_context_parallel_exchange():
     assert "context_parallel_rotate_method" not in no_cp
 
 
+def test_recomputing_some_layers_in_megatron_and_torchtitan():
+    """Recomputing the first 8 layers of each stage is Megatron-LM's block method with 8 layers;
+    torchtitan's full checkpointing wraps every block, so its config says what the plan prices."""
+    lay = resolve(make_plan(model="llama-3-8b", gpus=8, recompute="full", recompute_layers=8, framework="fsdp"))
+    args = _megatron_args(export(lay, "megatron"))
+    assert args["--recompute-method"] == "block" and args["--recompute-num-layers"] == "8"
+    text = export(lay, "torchtitan")
+    assert tomllib.loads(text)["activation_checkpoint"]["mode"] == "full"
+    assert "# recompute full of the first 8 layers of each stage" in text
+
+
 def test_reduce_dtype_reaches_every_export(names):
     """bf16 gradient reduction: FSDP2's reduce_dtype in torchtitan, DeepSpeed's
     communication_data_type, and Megatron-LM's --grad-reduce-in-bf16, which also keeps the

@@ -72,6 +72,10 @@ def test_search_reports_broken_fixed_value():
     with pytest.raises(PlanError) as e:
         search(make_plan(model="llama-3-70b", gpus=64, tp=3), fixed={"tp"})
     assert e.value.field == "gpus"
+    # a search recomputes all of a stage's layers or none: a chosen number is refused by name
+    res = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gpus", "8", "--recompute", "full",
+                                   "--recompute-layers", "4"])
+    assert res.exit_code == 2 and "recompute_layers" in res.output and "Traceback" not in res.output
 
 
 def test_search_cli_json():

@@ -757,3 +757,23 @@ def test_fsdp_pays_the_latency_of_every_layers_collectives():
     lines = explain_time_lines(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=512, zero=3,
                                                   framework="fsdp", gbs=1024)))
     assert "each collective 33 calls (a layer each, and the root) of 2.41 ms NCCL latency" in lines[-2]
+
+
+def test_recomputing_some_layers_pays_their_share_of_the_recomputation():
+    """--recompute-layers n under full recomputation re-runs the first n layers of each stage
+    (Megatron's --recompute-method block): Llama 3 70B on TP 8 x PP 2 has 40 layers a stage,
+    so 10 of them pay a quarter of full recomputation's extra compute, TP collectives and
+    hardware FLOPs, and 0 of them nothing (the step and the FLOPs of no recomputation)."""
+    kw = dict(model="llama-3-70b", gpus=64, tp=8, pp=2, gbs=32)
+    none, full, some, zero = (evaluate(make_plan(**kw, **extra)).time for extra in (
+        dict(recompute="none"), dict(recompute="full"), dict(recompute="full", recompute_layers=10),
+        dict(recompute="full", recompute_layers=0)))
+    for part in ("compute", "tp_comm"):
+        a, b = none["breakdown_s"][part], full["breakdown_s"][part]
+        assert b > a
+        assert some["breakdown_s"][part] == pytest.approx(a + (b - a) / 4, rel=1e-9)
+        assert zero["breakdown_s"][part] == pytest.approx(a, rel=1e-9)
+    extra = full["hardware_flops_per_step"] - full["model_flops_per_step"]
+    assert some["hardware_flops_per_step"] == pytest.approx(some["model_flops_per_step"] + extra / 4, rel=1e-9)
+    assert zero["hardware_flops_per_step"] == pytest.approx(none["hardware_flops_per_step"], rel=1e-9)
+    assert none["step_s"] < some["step_s"] < full["step_s"]

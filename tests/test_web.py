@@ -502,3 +502,34 @@ def test_page_gradient_clipping_dropout_and_precision_reach_the_plan(server, bro
     page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {fp32_state['memory']['peak_bytes']}")
     assert "no_master_weights=true" in page.url and "optimizer_state_dtype=fp32" in page.url
     page.close()
+
+
+def test_page_recomputes_the_chosen_layers_only_under_full_recompute(server, browser):
+    """The layers-recomputed field is open only under full recomputation. Recomputing 8 of
+    Llama 3 8B's 32 layers keeps the other 24 layers' activations (a higher peak than all 32
+    recomputed) and re-runs a quarter of the forward (a shorter step): the page shows the API's
+    peak and step, keeps the field in the shared URL and says it in Chinese."""
+    base = {"model": "llama-3-8b", "gpus": 8, "zero": 1}
+    page = _open(browser, server, base)
+    assert page.is_disabled("input[name=recompute_layers]")
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=recompute]", "full")
+    _ready(page)
+    assert page.is_enabled("input[name=recompute_layers]")
+    with page.expect_response("**/api/plan"):
+        page.fill("input[name=recompute_layers]", "8")
+    every, some = _api({**base, "recompute": "full"}), _api({**base, "recompute": "full", "recompute_layers": 8})
+    assert some["memory"]["peak_bytes"] > every["memory"]["peak_bytes"]
+    assert some["time"]["step_s"] < every["time"]["step_s"]
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {some['memory']['peak_bytes']}")
+    page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {some['time']['step_s']}")
+    assert "recompute_layers=8" in page.url
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    assert "每个流水线阶段重计算的层数" in page.inner_text("form")
+    # back to selective: the field closes and leaves the request
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=recompute]", "selective")
+    _ready(page)
+    assert page.is_disabled("input[name=recompute_layers]") and "recompute_layers" not in page.url
+    page.close()

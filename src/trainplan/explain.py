@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .estimate import activations as act
 from .estimate.pipeline import SCHEDULE_CODE, in_flight
 from .estimate.recipe import recipe
 from .report import PlanResult
@@ -101,7 +102,7 @@ def gemm_terms(hw) -> str:
 def explain_time_lines(result: PlanResult) -> list[str]:
     """The step's terms with the plan's numbers: one micro-batch on the slowest stage, by layer
     kind and part, then the pipeline, the data-parallel collectives and the optimizer."""
-    from .estimate.time import flash_efficiency, step_derivation
+    from .estimate.time import flash_efficiency, recomputed_share, step_derivation
     from .profile import load_profile
 
     L, p = result.layout, result.layout.plan
@@ -127,21 +128,27 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     if frozen:
         out.append(f"  {p.finetune}: the base weights are frozen (input gradients only in the backward), with "
                    f"rank-{p.lora_rank} adapters on {', '.join(p.lora_targets)}, their GEMMs included")
+    layers = L.stage_dense_layers[i] + L.stage_moe_layers[i]
+    share = float(recomputed_share(act.RECOMPUTE_CODE[p.recompute], p.recompute_layers, layers))
     for kind, count in (("dense", L.stage_dense_layers[i]), ("moe", L.stage_moe_layers[i])):
         if not count:
             continue
         t = {k: at(v) for k, v in det["layer"][kind].items()}
-        out.append(f"  per {'MoE' if kind == 'moe' else kind} layer: GEMMs {_t(t['gemm_forward'])} forward + "
-                   f"{_t(t['gemm_backward'])} backward; attention {_t(t['attention_forward'])} + "
-                   f"{_t(t['attention_backward'])}; element-wise {_t(t['elementwise_forward'])} + "
-                   f"{_t(t['elementwise_backward'])}; recompute {_t(t['recompute'])}{early}"
-                   f" = {_t(t['total'])} x {count} layers = {_t(t['total'] * count)}")
+        head = (f"  per {'MoE' if kind == 'moe' else kind} layer: GEMMs {_t(t['gemm_forward'])} forward + "
+                f"{_t(t['gemm_backward'])} backward; attention {_t(t['attention_forward'])} + "
+                f"{_t(t['attention_backward'])}; element-wise {_t(t['elementwise_forward'])} + "
+                f"{_t(t['elementwise_backward'])}; recompute {_t(t['recompute'])}{early}")
+        if share < 1:  # full recomputation of the stage's first recompute_layers layers only
+            plain, redone = t["total"] - t["recompute"], count * share
+            out.append(f"{head} on {redone:g} of the {count} = {_t(plain)} x {count} + {_t(t['recompute'])} x "
+                       f"{redone:g} = {_t(plain * count + t['recompute'] * redone)}")
+        else:
+            out.append(f"{head} = {_t(t['total'])} x {count} layers = {_t(t['total'] * count)}")
     if i == L.pp - 1:
         out.append(f"  output head ({2 if frozen else 3} GEMMs) and loss ({r.loss_traffic_bytes:g} + "
                    f"{r.loss_backward_bytes:g} B per logit) = {_t(at(det['head']))}")
     if i == 0:
         out.append(f"  embedding = {_t(at(det['embedding']))}")
-    layers = L.stage_dense_layers[i] + L.stage_moe_layers[i]
     tp_layer = det["tp_layer"]["dense" if L.stage_dense_layers[i] else "moe"]
     comm = [("TP collectives", tp_layer, L.tp > 1), ("CP exchange", det["cp_layer"], L.cp > 1),
             ("EP all-to-alls", det["ep_layer"], L.ep > 1)]

@@ -83,7 +83,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
         "parallel": {"tp": L.tp, "pp": L.pp, "dp": L.dp, "cp": L.cp, "ep": L.ep, "zero": L.zero, "dp_shard": L.dp_shard,
                      "sp": L.sp, "mbs": L.mbs, "gbs": L.gbs, "seq_len": L.seq_len,
                      "micro_batches": L.micro_batches, "recompute": p.recompute,
-                     "recompute_early_stop": r.recompute_skips_last_linear and p.recompute == "full",
+                     "recompute_early_stop": r.early_stop_checkpoint and p.recompute == "full",
                      "recompute_layers": p.recompute_layers, "schedule": p.schedule, "vpp": L.vpp,
                      "stage_layers": L.stage_layers, "cp_comm": p.cp_comm,
                      "backward_prefetch": p.backward_prefetch},

@@ -266,6 +266,9 @@ def _base(plan: Plan, gpus: int, model):
     key, value = _BASE
     if key is not None and key[0] is plan and key[1] == gpus and key[2] is model:
         return value
+    if plan.recompute_layers is not None:
+        raise PlanError("recompute_layers", "a search recomputes all of a stage's layers or none; price some "
+                        "of them with `trainplan plan --recompute full --recompute-layers N`")
     lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None, "dp_shard": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
                                            "vpp": None, "recompute": "none", "stage_layers": None}), model)

@@ -150,13 +150,18 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # expert input projection's own 16-bit cast of them), the expert outputs kept by the
         # gate-weight multiply and, with an eager `index_add` combine, the weighted outputs
         # (its derivative formula reads `source`; a fused unpermute kernel does not).
+        # (under LoRA the gathered inputs only for the gate and up adapters' gradients)
         inputs = (1 - autocast) * residual_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes
-        per_copy = inputs + act_bytes + residual_bytes * (1 - np.asarray(fused))
+        per_copy = inputs * save_mlp_in + act_bytes + residual_bytes * (1 - np.asarray(fused))
         t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep
-        # Under autocast the router and the shared experts' input projections each cast the
-        # shared fp32 input; mlp_copies above counted one reader.
-        shared_readers = (shape.mlp_matrices - 1) * (shape.shared_ffn > 0) + shape.shared_gate
-        t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * (1 + autocast * shared_readers) / rep
+        # The block's normalised input is kept by the linears that read it directly, for their
+        # weight gradients: the router and the shared experts' gate (frozen under LoRA) and the
+        # shared experts' input projections (under LoRA, when adapted). They share one copy,
+        # or under autocast each casts the fp32 input itself.
+        shared_in = save_mlp_in * (shape.shared_ffn > 0)
+        readers = (1 - frozen) * (1 + shape.shared_gate) + shared_in * (shape.mlp_matrices - 1)
+        copies = np.where(autocast > 0, readers, np.minimum(readers, 1))
+        t["mlp_input"] = tokens * h * linear_in_bytes * copies / rep
         t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused,
                                                       save["down"], act_bytes, linear_in_bytes) / tp
         t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused,
@@ -166,8 +171,12 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     else:
         t["mlp"] = tokens * _mlp_elems(shape.ffn, shape.mlp_matrices, fused, save["down"],
                                        act_bytes, linear_in_bytes) / tp
-    # LoRA: each adapter keeps its r-wide x·A for B's weight gradient
-    t["lora_adapters"] = tokens * adapter_rank * act_bytes * sum(s.values())
+    # LoRA: each adapter keeps its r-wide x·A for B's weight gradient: once per token in attention
+    # and dense MLPs, once per routed copy in the experts (and per token in shared experts)
+    attn_adapters = sum(s.get(n, 0) for n in ("q", "k", "v", "o"))
+    mlp_adapters = sum(s.get(n, 0) for n in ("gate", "up", "down"))
+    mlp_passes = shape.top_k * shape.capacity_factor + (shape.shared_ffn > 0) if moe else 1
+    t["lora_adapters"] = tokens * adapter_rank * act_bytes * (attn_adapters + mlp_adapters * mlp_passes)
     return t
 
 

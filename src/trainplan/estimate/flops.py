@@ -90,6 +90,14 @@ def lora_flops(model: ModelSpec, targets: tuple, rank: int) -> tuple[float, floa
 ATTENTION_INPUTS = ("q", "k", "v", "qkv")
 
 
+def first_input_grad_skipped(recompute, reentrant_checkpoint):
+    """1 where a frozen model's first layer skips its input gradients, 0 where it computes them:
+    a reentrant checkpoint (no early stop) of the first layer gives gradients only if an input
+    needs one, so the frozen embedding's output is made to (transformers'
+    enable_input_require_grads) and the first layer's input gradients are computed."""
+    return 1.0 - (np.asarray(recompute) == 2) * float(reentrant_checkpoint)
+
+
 @lru_cache(maxsize=256)
 def _first_input_grad_flops(model: ModelSpec, targets: tuple, rank: int) -> float:
     """Per token: the input-gradient FLOPs of the first layer's attention input projections and
@@ -100,7 +108,7 @@ def _first_input_grad_flops(model: ModelSpec, targets: tuple, rank: int) -> floa
 
 def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head, attention_eager,
                recompute, causal=False, vocab_padded=None, skip_last=False, lora_targets=None,
-               lora_rank=0) -> dict:
+               lora_rank=0, reentrant_checkpoint=False, recompute_share=1.0) -> dict:
     """Forward, backward, recompute FLOPs for `tokens` tokens of sequences of length `seq`.
 
     dense_layers/moe_layers: layers counted (a stage's, or the model's); head: 1 when the
@@ -109,7 +117,8 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     skip_last: a full recomputation stops after each block's last saved tensor (see above);
     lora_targets, lora_rank (LoRA/QLoRA, as `estimate.time.lora_arguments` gives them; None: full
     training): the base weights are frozen, no weight gradients, and rank-r adapters train on the
-    targeted linears.
+    targeted linears; reentrant_checkpoint: see `first_input_grad_skipped`; recompute_share: the
+    share of the layers a full recomputation re-runs (`estimate.time.recomputed_share`).
     """
     lf = layer_flops(model)
     keys = seq * np.where(causal, 0.5, 1.0)
@@ -118,7 +127,8 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     targets = tuple(lora_targets or ())
     lora_dense, lora_moe = lora_flops(model, targets, int(lora_rank)) if frozen else (0.0, 0.0)
     adapters_fwd = tokens * (lora_dense * dense_layers + lora_moe * moe_layers)
-    first_input_grad = tokens * _first_input_grad_flops(model, targets, int(lora_rank)) if frozen else 0.0
+    first_input_grad = (tokens * _first_input_grad_flops(model, targets, int(lora_rank))
+                        * first_input_grad_skipped(recompute, reentrant_checkpoint)) if frozen else 0.0
     gemm_fwd = tokens * (lf.dense_gemm * dense_layers + lf.moe_gemm * moe_layers) + adapters_fwd
     head_flops = lf.head if vocab_padded is None else 2.0 * model.hidden * vocab_padded
     head_fwd = tokens * head_flops * head
@@ -129,7 +139,7 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     rc = np.asarray(recompute)
     full = gemm_fwd + attn_fwd - np.where(skip_last, tokens * (lf.dense_last * dense_layers + lf.moe_last * moe_layers),
                                           0.0)
-    recomputed = np.where(rc == 2, full, np.where(rc == 1, attn_fwd, 0.0))
+    recomputed = np.where(rc == 2, full * recompute_share, np.where(rc == 1, attn_fwd, 0.0))
     model_flops = forward + backward
     return {"forward": forward, "backward": backward, "recompute": recomputed,
             "model": model_flops, "hardware": model_flops + recomputed,

@@ -21,6 +21,7 @@ from ..plan import Layout, conventions
 from ..specs.model import LORA_TARGETS, Linear, ModelSpec
 from ..units import GiB
 from . import activations as act
+from .flops import ATTENTION_INPUTS
 from .pipeline import SCHEDULE_CODE, in_flight, last_stage_logits_in_flight
 from .recipe import Recipe, recipe
 
@@ -38,11 +39,12 @@ class LayerParams:
     factored_rep: float = 0  # Adafactor row+column state elements (not split)
     factored_split: float = 0  # ... split by tp
     lora: float = 0  # LoRA adapter parameters (split by tp)
+    lora_input_a: float = 0  # ... the A matrices of those on the attention's input projections
 
 
 def _group(linears: list[Linear], vectors: int, kv_heads: int, lora_targets, lora_rank) -> LayerParams:
     g = dict(split=0.0, kv=0.0, rep=float(vectors), expert=0.0, factored_rep=float(vectors),
-             factored_split=0.0, lora=0.0)
+             factored_split=0.0, lora=0.0, lora_input_a=0.0)
     for lin in linears:
         w = lin.count * lin.fan_in * lin.fan_out
         b = lin.count * lin.fan_out if lin.bias else 0
@@ -63,6 +65,7 @@ def _group(linears: list[Linear], vectors: int, kv_heads: int, lora_targets, lor
         g["factored_split"] += lin.count * split
         if lin.name in lora_targets:
             g["lora"] += lin.count * lora_rank * (lin.fan_in + lin.fan_out)
+            g["lora_input_a"] += lin.count * lora_rank * lin.fan_in * (lin.name in ATTENTION_INPUTS)
     return LayerParams(**g)
 
 
@@ -140,6 +143,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     p_expert = dense_layers * d_exp + moe_layers * m_exp
     p_stage = p_dense + p_expert
     adapters = (dense_layers * mn.dense.lora + moe_layers * mn.moe.lora) / tp
+    layer_max_adapters = np.maximum(np.where(dense_layers > 0, mn.dense.lora, 0.0),
+                                    np.where(moe_layers > 0, mn.moe.lora, 0.0)) / tp
     trainable_dense = np.where(lora, adapters, p_dense)
     trainable_expert = np.where(lora, 0.0, p_expert)
     trainable = trainable_dense + trainable_expert
@@ -199,7 +204,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # ---- activations: one micro-batch's saved tensors x micro-batches in flight
     tokens = mbs * seq / cp
     common = dict(tokens=tokens, seq=seq, tp=tp, sp=sp, act_bytes=r.act_bytes, residual_bytes=r.residual_bytes,
-                  autocast=float(r.autocast_copy_bytes > 0),
+                  autocast=float(r.casts_linear_inputs),
                   linear_in_bytes=r.linear_in_bytes, attention=attention, recompute=recompute,
                   fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves, mask_bytes=mask_bytes,
                   adapter_rank=lora_rank if lora_saves is not None else 0)
@@ -212,15 +217,18 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # RMSNorm upcasts a 16-bit input to a new fp32 copy.
     eager_rms = (not r.fused_kernels) and not mn.layernorm and r.residual_bytes < FP32
     ckpt_reused = 0.0 if eager_rms else ckpt
-    full_terms = {**common, "recompute": act.RECOMPUTE_CODE["none"]}
-    if np.any(np.asarray(recompute) == act.RECOMPUTE_CODE["full"]):
-        working_set = np.maximum(
-            np.where(dense_layers > 0, sum(act.layer_terms(mn.shape, moe=False, **full_terms).values()), 0.0),
-            np.where(moe_layers > 0, sum(act.layer_terms(mn.shape, moe=True, **full_terms).values())
-                     if moe_terms else 0.0, 0.0))
+    full = np.asarray(recompute) == act.RECOMPUTE_CODE["full"]
+    if np.any(full):
+        # a layer full recomputation leaves out (or re-runs) saves what it saves without recompute
+        plain = {**common, "recompute": act.RECOMPUTE_CODE["none"]}
+        dense_plain = sum(act.layer_terms(mn.shape, moe=False, **plain).values())
+        moe_plain = sum(act.layer_terms(mn.shape, moe=True, **plain).values()) if moe_terms else 0.0
+        working_set = np.maximum(np.where(dense_layers > 0, dense_plain, 0.0),
+                                 np.where(moe_layers > 0, moe_plain, 0.0))
+        dense_layer = np.where(full, dense_plain, dense_layer)
+        moe_layer = np.where(full, moe_plain, moe_layer)
     else:
         working_set = 0.0
-    full = np.asarray(recompute) == act.RECOMPUTE_CODE["full"]
     n_ckpt = np.where(full, np.minimum(recompute_layers, layers), 0)
     frac_ckpt = np.where(layers > 0, n_ckpt / np.maximum(layers, 1), 0.0)
     stored_layers = dense_layers * dense_layer + moe_layers * moe_layer
@@ -228,8 +236,9 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     if lora_saves is not None:
         # LoRA: the frozen embedding's output needs no gradient, so the first layer's input
         # norm (its weight frozen too) has no backward and keeps nothing (the same in either
-        # layer kind)
-        per_mb_layers = per_mb_layers - first * dense_terms["attn_norm"] * (1 - frac_ckpt)
+        # layer kind), unless the first layer is checkpointed (full recompute checkpoints each
+        # stage's first layers) and keeps its input instead
+        per_mb_layers = per_mb_layers - first * dense_terms["attn_norm"] * (n_ckpt == 0)
     emb = act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
                               learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes)
     hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
@@ -255,9 +264,14 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # matrices and the output head, tied or not) and the matmuls save those casts; a
         # fully recomputed layer runs its forward without grad (nothing saved) and keeps its
         # casts only while it is re-run in backward, one layer at a time.
-        # (LoRA's frozen base is already in the 16-bit dtype: nothing of it to cast)
-        "autocast_weight_copies": np.where(lora, 0.0, (1 - frac_ckpt) * layer_matrices + last * vocab_padded * h / tp
-                                           + np.where(n_ckpt > 0, layer_max_matrices, 0.0)) * r.autocast_copy_bytes,
+        # (LoRA's frozen base is already in the 16-bit dtype: only its fp32 adapters are cast, and
+        # the A of the first layer's attention-input adapters only where that layer's input
+        # needs a gradient: a checkpointed first layer)
+        "autocast_weight_copies": np.where(
+            lora, (1 - frac_ckpt) * adapters + np.where(n_ckpt > 0, layer_max_adapters, 0.0)
+            - first * (n_ckpt == 0) * max(mn.dense.lora_input_a, mn.moe.lora_input_a) / tp,
+            (1 - frac_ckpt) * layer_matrices + last * vocab_padded * h / tp
+            + np.where(n_ckpt > 0, layer_max_matrices, 0.0)) * r.autocast_copy_bytes,
     }
     activations = sum(parts.values())
 
@@ -266,9 +280,12 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                       np.where(moe_layers > 0, m_dense + m_exp, 0))
     unit = np.maximum(unit, np.maximum(first * embed, last * head))
     # ZeRO-3: the current unit + the prefetched next one in the compute dtype, plus the
-    # unsharded gradient of the current unit before its reduce-scatter; SHARD_GRAD_OP, whose
-    # units are already gathered (above): that gradient only.
-    zero3_gather = np.where((zero >= 3) & ~pipelined_fsdp, unit * (2 * r.compute_weight_bytes + r.reduce_bytes),
+    # unsharded gradient of the current unit before its reduce-scatter (under LoRA its
+    # adapters' only: the frozen base has none); SHARD_GRAD_OP, whose units are already
+    # gathered (above): that gradient only.
+    unit_grad = np.where(lora, layer_max_adapters, unit)
+    zero3_gather = np.where((zero >= 3) & ~pipelined_fsdp,
+                            unit * 2 * r.compute_weight_bytes + unit_grad * r.reduce_bytes,
                             np.where(forward_to_backward, unit * r.reduce_bytes, 0.0))
     bucket = np.minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
     bucket = bucket + np.where(r.grad_bucket_copy & (np.asarray(dp) > 1), trainable * r.grad_bytes, 0.0)

@@ -36,10 +36,13 @@ class Recipe:
     loss_traffic_bytes: float  # HBM bytes per logit the loss's forward moves
     loss_backward_bytes: float  # ... and its backward
     tp_embedding_grad_replicated: bool = False
-    # A fully recomputed block stops after its last saved tensor (flops.py: before a dense
-    # block's MLP down projection, an MoE block's ungated shared experts' one): non-reentrant
-    # checkpointing with early stop, and no dropout after that linear (a dropout saves its mask
-    # after it, so the recomputation would have to run it)
+    # Full recomputation checkpoints non-reentrantly with early stop (PyTorch >= 2.1): a
+    # recomputed block stops after its last saved tensor. Without dropout after the block's last
+    # linear (a dropout saves its mask after it, so the recomputation would have to run it)...
+    early_stop_checkpoint: bool = False
+    # ... that is before the last linear (flops.py: a dense block's MLP down projection, an MoE
+    # block's ungated shared experts' one), unless LoRA adapts it: the adapter's x·A, kept for
+    # B's gradient, is computed after the frozen base's GEMM
     recompute_skips_last_linear: bool = False
     # the optimizer step's HBM traffic relative to one fused kernel (conventions.toml
     # [optimizer_step]): foreach and for-loop steps run one pass per operation
@@ -63,6 +66,13 @@ class Recipe:
     # master copy); ZeRO-2 (SHARD_GRAD_OP) keeps the compute-dtype copy it gathers for a unit's
     # forward until that unit's backward
     shards_params_at_rest: bool = False
+
+    @property
+    def casts_linear_inputs(self) -> bool:
+        """torch.autocast over an fp32 residual stream: every linear casts its fp32 input to
+        16 bits itself (autocast caches weights' casts only), so linears that share an input
+        each keep their own copy, and RoPE's fp32 tables promote q and k."""
+        return self.autocast_copy_bytes > 0 and self.residual_bytes > self.act_bytes
 
     def keeps_stage_gathered(self, pp, zero):
         """Where ZeRO-2/3 runs as pipelined FSDP (`pp_accumulates_unsharded` and more than one
@@ -123,8 +133,10 @@ def recipe(plan: Plan) -> Recipe:
         frozen = compute_w
     autocast = 2.0 if (mixed and not pure16 and fw.get("autocast_weight_copy", False)) else 0.0
     # Under autocast the parameters and the residual stream stay fp32: norms run in fp32
-    # (they are on autocast's fp32 list) and only matmul inputs are cast to 16 bits.
-    residual = 4.0 if autocast else act
+    # (they are on autocast's fp32 list) and only matmul inputs are cast to 16 bits. A LoRA
+    # base frozen in 16 bits keeps a 16-bit stream (its embedding's output; norms cast back to
+    # their input's dtype): only the fp32 adapters' weights are cast.
+    residual = 4.0 if autocast and plan.finetune == "full" else act
     # The loss (conventions.toml [runtime]): PyTorch's cross-entropy works on an fp32 copy of
     # the logits and keeps the fp32 log-probabilities; a fused kernel keeps the 16-bit logits and
     # writes a 16-bit gradient, its only workspace.
@@ -137,6 +149,8 @@ def recipe(plan: Plan) -> Recipe:
     if not plan.fused_loss and "loss_forward_bytes" in fw:  # the framework's own loss kernels
         traffic, backward = float(fw["loss_forward_bytes"]), float(fw["loss_backward_bytes"])
     impl = plan.optimizer_impl or fw["optimizer_impl"]
+    early_stop = bool(fw["recompute_early_stop"] if plan.recompute_early_stop is None
+                      else plan.recompute_early_stop) and plan.dropout == 0
     return Recipe(
         weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
         reduce_bytes=float(DTYPE_BYTES[plan.reduce_dtype]) if plan.reduce_dtype
@@ -149,8 +163,8 @@ def recipe(plan: Plan) -> Recipe:
         per_unit_collectives=bool(fw.get("per_unit_collectives", False)),
         grad_bucket_copy=bool(fw["grad_bucket_copy"]),
         tp_embedding_grad_replicated=bool(fw.get("tp_embedding_grad_replicated", False)),
-        recompute_skips_last_linear=bool(fw["recompute_early_stop"] if plan.recompute_early_stop is None
-                                         else plan.recompute_early_stop) and plan.dropout == 0,
+        early_stop_checkpoint=early_stop,
+        recompute_skips_last_linear=early_stop and not (plan.finetune != "full" and "down" in plan.lora_targets),
         logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,
         loss_backward_bytes=backward,
         optimizer_impl=impl, optimizer_traffic=float(conv["optimizer_step"][impl]),

@@ -43,7 +43,13 @@ from . import activations as act
 from . import comm
 from .data import data_report, step_with_data
 from .distinct import per_distinct
-from .flops import ATTENTION_INPUTS, ATTN_BWD_EAGER, ATTN_BWD_FUSED, step_flops
+from .flops import (
+    ATTENTION_INPUTS,
+    ATTN_BWD_EAGER,
+    ATTN_BWD_FUSED,
+    first_input_grad_skipped,
+    step_flops,
+)
 from .gemm_shape import GemmShape
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .recipe import recipe
@@ -405,7 +411,8 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
-                   data_s=0.0, prefetch=True, backward_prefetch=0, dp_shard=None, lora=None) -> dict:
+                   data_s=0.0, prefetch=True, backward_prefetch=0, dp_shard=None, lora=None,
+                   recompute_layers=None) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
@@ -413,7 +420,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
                          total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
-                         cp_allgather=cp_allgather, **(lora or {}))
+                         cp_allgather=cp_allgather, recompute_layers=recompute_layers, **(lora or {}))
     out = step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
@@ -424,19 +431,26 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
 
 
 def lora_arguments(plan) -> dict:
-    """`stage_times`' LoRA arguments for a plan: its targets and rank under LoRA/QLoRA, none
-    when it trains in full."""
-    return {"lora_targets": tuple(plan.lora_targets), "lora_rank": plan.lora_rank} if plan.finetune != "full" else {}
+    """`stage_times`' and `step_flops`' LoRA arguments for a plan: its targets and rank under
+    LoRA/QLoRA, and whether its recomputation checkpoints reentrantly (without early stop);
+    none when it trains in full."""
+    if plan.finetune == "full":
+        return {}
+    return {"lora_targets": tuple(plan.lora_targets), "lora_rank": plan.lora_rank,
+            "reentrant_checkpoint": not recipe(plan).early_stop_checkpoint}
 
 
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
                 overlap_tp, gpn, stage_dense, stage_moe, first, last, total_dense, total_moe,
-                vocab_padded, sp=False, sharp=False, cp_allgather=False, lora_targets=None, lora_rank=0) -> dict:
+                vocab_padded, sp=False, sharp=False, cp_allgather=False, lora_targets=None, lora_rank=0,
+                reentrant_checkpoint=False, recompute_layers=None) -> dict:
     """One micro-batch's forward + backward seconds on each stage, by part ("parts", stage
     axis last), the same summed over all stages ("totals") and the point-to-point transfer
     between stages ("p2p"). Nothing here depends on the pipeline schedule. `lora_targets`
     (LoRA/QLoRA fine-tuning): the base weights are frozen, so their backward computes input
-    gradients only, and rank-`lora_rank` adapters on the targeted linears add their GEMMs."""
+    gradients only, and rank-`lora_rank` adapters on the targeted linears add their GEMMs
+    (`reentrant_checkpoint`: see `flops.first_input_grad_skipped`). Full recomputation re-runs
+    the first `recompute_layers` layers of each stage (all when None)."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     tp, pp, dp, cp, ep, mbs, seq = (f(x) for x in (tp, pp, dp, cp, ep, mbs, seq))
     rc = f(recompute)
@@ -461,7 +475,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
         # projections skip their input-gradient GEMMs (flops.step_flops counts the same)
         first_input_grad = layer_gemm_time(attention_input_gemms(model), tokens, tp, ep, kvh, model.top_k,
                                            hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve, True,
-                                           weight_grad=False)
+                                           weight_grad=False) * first_input_grad_skipped(rc, reentrant_checkpoint)
     heads_local = model.heads / tp
     qk = model.q_dim / model.heads
     vd = model.attn_out_dim / model.heads
@@ -497,14 +511,16 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                                                 hw.sms, elem, hw.gemm_curve),
                "moe": skip * (_gemm_time(tokens, h, shared / tp, 1, hw.gemm_peak, hw.gemm_eff, hw.sms, elem,
                                          hw.gemm_curve) if shared else 0.0)}
-    compute, layer = {}, {}
+    # per layer: its time without recomputation, and what recomputation adds to it
+    compute, recompute_extra, layer = {}, {}, {}
     for kind in gemm:
         fwd = gemm[kind] + attn + elementwise
-        recomputed = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
-        compute[kind] = fwd + gemm_bwd[kind] + attn_backward + 2 * elementwise + recomputed
+        recompute_extra[kind] = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
+        compute[kind] = fwd + gemm_bwd[kind] + attn_backward + 2 * elementwise
         layer[kind] = {"gemm_forward": gemm[kind], "gemm_backward": gemm_bwd[kind], "attention_forward": attn,
                        "attention_backward": attn_backward, "elementwise_forward": elementwise,
-                       "elementwise_backward": 2 * elementwise, "recompute": recomputed, "total": compute[kind]}
+                       "elementwise_backward": 2 * elementwise, "recompute": recompute_extra[kind],
+                       "total": compute[kind] + recompute_extra[kind]}
 
     # -- communication per layer and micro-batch
     tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp, *link(hw, comm.ALL_REDUCE, tp, 1, gpn, sharp),
@@ -513,7 +529,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
     tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]), 2 * tp_ar)
-    tp_layer = {kind: tp_fwd + tp_bwd + np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip), 0.0)
+    tp_extra = {kind: np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip), 0.0)
                 for kind in ("dense", "moe")}  # early stop: the attention's collective only
     a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
                                *link(hw, comm.ALL_TO_ALL, ep, tp * cp, gpn)) \
@@ -524,7 +540,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # gradients in the backward); the all-gather variant (Llama 3, Dubey et al. 2024 §3.3.2)
     # gathers K/V before attention and reduce-scatters their gradients after it, "exposed in
     # the critical path", again for a recomputed forward.
-    cp_layer = np.where(f(cp_allgather) > 0, (2 + (rc == 2)) * cp_ring, 3 * np.maximum(0.0, cp_ring - attn))
+    cp_layer = np.where(f(cp_allgather) > 0, 2 * cp_ring, 3 * np.maximum(0.0, cp_ring - attn))
+    cp_extra = np.where(f(cp_allgather) > 0, (rc == 2) * cp_ring, 0.0)
     # PP: each micro-batch sends 1/t of its activations forward and their gradients back
     # (Megatron's scatter-gather optimization, Narayanan et al. 2021 §4.1), on the critical
     # path of 1F1B; neighbouring stages are tp·cp·dp ranks apart.
@@ -539,22 +556,43 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     embed_fwd = tokens * h * elem * 2 / hw.hbm
     embed_passes = 1 if frozen else 3
 
-    def per_stage(dense, moe, first_, last_, n_stages):
+    def per_stage(dense, moe, first_, last_, n_stages, recomputed):
+        """recomputed: the share of the layers whose recomputation is paid"""
         return {
-            "compute": dense * compute["dense"] + moe * compute["moe"] + last_ * head
+            "compute": dense * (compute["dense"] + recomputed * recompute_extra["dense"])
+            + moe * (compute["moe"] + recomputed * recompute_extra["moe"]) + last_ * head
             + first_ * (embed_passes * embed_fwd - first_input_grad),
-            "tp_comm": dense * tp_layer["dense"] + moe * tp_layer["moe"],
+            "tp_comm": dense * (tp_fwd + tp_bwd + recomputed * tp_extra["dense"])
+            + moe * (tp_fwd + tp_bwd + recomputed * tp_extra["moe"]),
             "ep_comm": moe * 4 * a2a,
-            "cp_comm": (dense + moe) * cp_layer,
+            "cp_comm": (dense + moe) * (cp_layer + recomputed * cp_extra),
             "pp_comm": n_stages * 2 * p2p,
         }
 
-    parts = per_stage(f(stage_dense), f(stage_moe), f(first), f(last), 1.0)
-    totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp)
+    stage_layers = f(stage_dense) + f(stage_moe)
+    share = recomputed_share(rc, recompute_layers, stage_layers)
+    # over all stages (given with recompute_layers: every stage is on the stage axis)
+    total_share = 1.0 if recompute_layers is None else \
+        np.sum(share * stage_layers, axis=-1) / np.maximum(np.sum(stage_layers, axis=-1), 1.0)
+    parts = per_stage(f(stage_dense), f(stage_moe), f(first), f(last), 1.0, share)
+    totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp, total_share)
     # the terms above, one layer of each kind and one micro-batch (for `plan --explain`)
-    detail = {"layer": layer, "tp_layer": tp_layer, "cp_layer": cp_layer, "ep_layer": 4 * a2a,
+    # (the collectives per layer: with a recomputation's share of them where only some layers are recomputed)
+    detail = {"layer": layer, "tp_layer": {kind: tp_fwd + tp_bwd + share * tp_extra[kind] for kind in tp_extra},
+              "cp_layer": cp_layer + share * cp_extra, "ep_layer": 4 * a2a,
               "head": head, "embedding": embed_passes * embed_fwd, "p2p": p2p}
     return {**slowest_stage(parts), "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
+
+
+def recomputed_share(recompute, recompute_layers, layers):
+    """The share of `layers` whose recomputation is paid: under full recomputation its first
+    `recompute_layers` (Megatron's --recompute-method block; all when None), every layer
+    otherwise (selective recomputation, or none, which adds nothing)."""
+    if recompute_layers is None:
+        return 1.0
+    layers = np.asarray(layers, dtype=float)
+    share = np.minimum(recompute_layers, layers) / np.maximum(layers, 1.0)
+    return np.where(np.asarray(recompute) == 2, share, 1.0)
 
 
 def slowest_stage(parts: dict) -> dict:
@@ -772,10 +810,13 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
     plan, model = layout.plan, layout.model
     mem = memory if memory is not None else estimate_memory(layout)
     rc = act.RECOMPUTE_CODE[plan.recompute]
+    stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
+    share = recomputed_share(rc, plan.recompute_layers, stage_layers)
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                     attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
                     skip_last=recipe(plan).recompute_skips_last_linear,
+                    recompute_share=float(np.sum(share * stage_layers) / np.sum(stage_layers)),
                     **lora_arguments(plan))
     stages = np.arange(layout.pp)
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
@@ -793,5 +834,5 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
         sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-        dp_shard=layout.dp_shard, lora=lora_arguments(plan))
+        dp_shard=layout.dp_shard, lora=lora_arguments(plan), recompute_layers=plan.recompute_layers)
     return out, fl, data

@@ -85,7 +85,7 @@ def megatron_args(layout) -> str:
     if p.precision != "fp32" and not p.master_weights:
         notes.append("# no master weights: Megatron-LM keeps fp32 main parameters and gradients in 16-bit training; "
                      "the plan's memory is pure 16-bit training's")
-    if p.recompute == "full" and recipe(p).recompute_skips_last_linear:
+    if p.recompute == "full" and recipe(p).early_stop_checkpoint:
         notes.append("# recompute full: Megatron-LM re-runs every checkpointed layer whole; plan with "
                      "--no-recompute-early-stop to match")
     hopper_cudnn = te_prefers_cudnn(layout.gpu.name)

@@ -1,5 +1,6 @@
 """The validation matrix: architectures x attention x recompute x precision recipe on one
-process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, hybrid-sharded FSDP2, TP x FSDP2, pure bf16, LoRA) in local processes.
+process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, hybrid-sharded FSDP2,
+TP x FSDP2) in local processes, and pure bf16, LoRA and recomputing some layers.
 Small enough for a 2-core CI machine; used by the test suite and by
 `scripts/validation_report.py` (docs/validation.md)."""
 
@@ -34,9 +35,25 @@ PURE16 = (("pure bf16 (torch.optim on a bf16 model)",
 LORA = (("LoRA rank 16, bf16 base (deepspeed)", dict(model="llama-3-8b", gpus=1, finetune="lora", framework="deepspeed")),
         ("LoRA rank 16, bf16 base (megatron)", dict(model="llama-3-8b", gpus=1, finetune="lora", framework="megatron")),
         ("LoRA rank 16 on a mixture of experts", dict(model="mixtral-8x7b", gpus=1, finetune="lora",
-                                                       framework="deepspeed")))
+                                                       framework="deepspeed")),
+        ("LoRA on shared and routed experts", dict(model="qwen1.5-moe-a2.7b", gpus=1, finetune="lora",
+                                                   framework="deepspeed")),
+        # PEFT's fp32 adapters under autocast beside the bf16 base
+        ("LoRA under autocast (fp32 adapters, torch)", dict(model="llama-3-8b", gpus=1, finetune="lora",
+                                                            framework="torch")),
+        # a reentrant checkpoint needs an input that requires grad: the embedding's output
+        ("LoRA + full recompute (reentrant)", dict(model="llama-3-8b", gpus=1, finetune="lora",
+                                                   framework="deepspeed", recompute="full")),
+        ("LoRA + full recompute (non-reentrant, early stop)", dict(model="llama-3-8b", gpus=1, finetune="lora",
+                                                                   framework="fsdp", recompute="full")))
 RECOMPUTED = ("ZeRO-3 (FSDP2) + full recompute, dp 2",
               dict(model="llama-3-8b", gpus=2, zero=3, precision="bf16", framework="fsdp", recompute="full"))
+# full recompute of each stage's first half of the layers (scaled: 1 of 2)
+SOME_RECOMPUTED = (("full recompute of half the layers",
+                    dict(model="llama-3-8b", gpus=1, framework="megatron", recompute="full", recompute_layers=16)),
+                   ("LoRA + full recompute of half the layers",
+                    dict(model="llama-3-8b", gpus=1, finetune="lora", framework="torch", recompute="full",
+                         recompute_layers=16)))
 
 
 def single_process_plans():
@@ -56,3 +73,4 @@ def sharded_plans():
     yield from PURE16
     yield from LORA
     yield RECOMPUTED
+    yield from SOME_RECOMPUTED

@@ -288,12 +288,16 @@ class DecoderLM(nn.Module):
     saved tensor is back (before the block's last linear, PyTorch >= 2.1)."""
 
     def __init__(self, spec: ModelSpec, attention: str = "sdpa", dropout: float = 0.0,
-                 recompute: str = "none", fused: bool = False, fused_loss: bool = False, early_stop: bool = False):
+                 recompute: str = "none", fused: bool = False, fused_loss: bool = False, early_stop: bool = False,
+                 recompute_layers: int | None = None):
         super().__init__()
         if spec.is_mla:
             raise ValueError("the reference models do not implement multi-head latent attention")
         self.spec, self.recompute, self.attention = spec, recompute, attention
         self.early_stop = early_stop  # full recompute: non-reentrant checkpoint, which stops early
+        # full recompute checkpoints the first `recompute_layers` blocks (Megatron's "block"
+        # method), every block when None
+        self.checkpointed = spec.layers if recompute_layers is None else recompute_layers
         self.embed = nn.Embedding(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.max_position, spec.hidden) if spec.position == "learned" else None
         self.blocks = nn.ModuleList(
@@ -318,8 +322,14 @@ class DecoderLM(nn.Module):
             cos, sin = rope_tables(s, self.spec.dim_head, ids.device, x.dtype)
         if self.attention == "eager":  # one boolean causal mask per forward, shared by the layers
             causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).triu(1)
-        for blk in self.blocks:
-            if self.recompute == "full":  # keep only each block's input
+        full = self.recompute == "full" and self.checkpointed > 0
+        if full and not self.early_stop and not x.requires_grad:
+            # A reentrant checkpoint's output needs a gradient only if an input does: under LoRA
+            # the frozen embedding's output is made to require one, as transformers'
+            # enable_input_require_grads does for gradient checkpointing.
+            x.requires_grad_()
+        for i, blk in enumerate(self.blocks):
+            if full and i < self.checkpointed:  # keep only the block's input
                 x = checkpoint(blk, x, cos, sin, causal, use_reentrant=not self.early_stop)
             else:
                 x = blk(x, cos, sin, causal)

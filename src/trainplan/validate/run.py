@@ -31,7 +31,7 @@ from ..estimate import activations as act
 from ..estimate.flops import step_flops
 from ..estimate.memory import layout_inputs, numbers_for, stage_memory
 from ..estimate.recipe import recipe
-from ..estimate.time import lora_arguments
+from ..estimate.time import lora_arguments, recomputed_share
 from ..plan import DTYPE_BYTES, Layout, Plan, resolve
 from ..specs.model import ModelSpec
 
@@ -146,6 +146,9 @@ def predict(layout: Layout, device: str = "cpu") -> dict:
                     head=float(layout.pp == 1), attention_eager=eager,
                     recompute=act.RECOMPUTE_CODE[plan.recompute], vocab_padded=layout.vocab_padded,
                     skip_last=r.recompute_skips_last_linear,
+                    recompute_share=float(recomputed_share(act.RECOMPUTE_CODE[plan.recompute], plan.recompute_layers,
+                                                           first(layout.stage_dense_layers)
+                                                           + first(layout.stage_moe_layers))),
                     **lora_arguments(plan))
     return {
         "params_bytes": first(mem["params"]),
@@ -195,7 +198,8 @@ def build_model(spec: ModelSpec, plan: Plan, device: str):
     torch.manual_seed(0)
     model = DecoderLM(spec, attention=plan.attention, dropout=plan.dropout, recompute=plan.recompute,
                       fused=fused, fused_loss=plan.fused_loss,
-                      early_stop=recipe(plan).recompute_skips_last_linear).to(device)
+                      early_stop=recipe(plan).early_stop_checkpoint,
+                      recompute_layers=plan.recompute_layers).to(device)
     if plan.finetune == "lora":
         from .models import apply_lora
 
@@ -249,7 +253,7 @@ def measure(layout: Layout, device: str = "cpu", impl: str = "reference") -> dic
                             "validate fused kernels with the reference models (--impl reference)")
         from .hf_models import build_hf_model
 
-        model = build_hf_model(spec, plan.attention, plan.recompute, device, recipe(plan).recompute_skips_last_linear)
+        model = build_hf_model(spec, plan.attention, plan.recompute, device, recipe(plan).early_stop_checkpoint)
     else:
         model = build_model(spec, plan, device)
     pure16 = mixed and not plan.master_weights  # the model cast to 16 bits, trained as it is
@@ -369,7 +373,7 @@ def recompute_working_set(model, layout: Layout, device: str, autocast: bool) ->
     if plan.attention == "eager":
         causal = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
     best = 0
-    for blk in model.blocks:
+    for blk in model.blocks[:model.checkpointed]:  # the checkpointed layers
         def run(blk=blk):
             if autocast:
                 with torch.autocast(device_type=device, dtype=low_dtype(plan)):
@@ -432,13 +436,22 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
     small = scale_model(spec, eff, plan.tp) if any(
         v is not None for v in (eff.layers, eff.hidden, eff.vocab, eff.experts)) else spec
     world = plan.tp * (plan.dp or max(1, (plan.gpus or 1) // plan.tp))
+    recompute_layers = plan.recompute_layers
+    if recompute_layers is not None:
+        if impl == "transformers" and recompute_layers < spec.layers:
+            raise PlanError("recompute_layers", "transformers models checkpoint every layer; validate "
+                            "recomputing some of them with the reference models (--impl reference)")
+        # the same share of the scaled model's layers, at least one when any
+        recompute_layers = min(small.layers, max(round(recompute_layers * small.layers / spec.layers),
+                                                 int(recompute_layers > 0)))
     small_plan = plan.model_copy(update={
         "model": "", "hf_config": None, "seq_len": eff.seq_len or full.seq_len, "mbs": eff.mbs or plan.mbs,
-        "gbs": None, "gpus": world, "dp": None, "stage_layers": None,
+        "gbs": None, "gpus": world, "dp": None, "stage_layers": None, "recompute_layers": recompute_layers,
     })
     layout = resolve(small_plan, small)
+    some = f" (first {recompute_layers} of {small.layers} layers)" if recompute_layers is not None else ""
     name = (f"{spec.name}{' scaled to ' + _describe(small) if small is not spec else ''}, "
-            f"{plan.precision}/{plan.framework}, attention {plan.attention}, recompute {plan.recompute}, "
+            f"{plan.precision}/{plan.framework}, attention {plan.attention}, recompute {plan.recompute}{some}, "
             f"tp {layout.tp} zero {layout.zero} dp {layout.dp}"
             + (f" (shards of {layout.dp_shard})" if layout.dp_shard < layout.dp else "")
             + f", b={layout.mbs} s={layout.seq_len}, {device}")

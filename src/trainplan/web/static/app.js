@@ -26,7 +26,7 @@
   function readForm() {
     const out = {};
     for (const el of form.elements) {
-      if (!el.name) continue;
+      if (!el.name || el.disabled) continue;
       if (el.type === "checkbox") { if (el.checked) out[el.name] = true; continue; }
       const v = el.value.trim();
       if (v !== "") out[el.name] = v;
@@ -93,8 +93,14 @@
     for (const o of form.elements.zero.options) o.disabled = fsdp && o.value === "1";
   }
 
+  // only full recomputation re-runs a chosen number of each stage's layers
+  function offerRecomputeLayers() {
+    form.elements.recompute_layers.disabled = form.elements.recompute.value !== "full";
+  }
+
   async function update() {
     offerZeroStages();
+    offerRecomputeLayers();
     const state = readForm();
     writeUrl(state);
     clearErrors();
@@ -274,6 +280,7 @@
         for (const k of ["tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule"]) form.elements[k].value = String(p[k]);
         form.elements.vpp.value = p.schedule === "interleaved" ? String(p.vpp) : "";
         form.elements.dp.value = "";
+        form.elements.recompute_layers.value = "";  // a search recomputes every layer it recomputes
         form.elements.gbs.value = String(p.gbs);
         form.elements.sp.checked = !!p.sp;
         update();
@@ -289,7 +296,7 @@
     if (req.error) { showError(req.error.field, req.error.rule); return; }
     const body = req.body;
     delete body.timeline;
-    for (const k of ["tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp"]) delete body[k];
+    for (const k of ["tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "recompute_layers", "schedule", "vpp", "sp"]) delete body[k];
     body.top = 5;
     $("search-status").textContent = t("searching");
     const res = await fetch("/api/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
