@@ -761,7 +761,7 @@ def test_fsdp_pays_the_latency_of_every_layers_collectives():
 
 def test_recomputing_some_layers_pays_their_share_of_the_recomputation():
     """--recompute-layers n under full recomputation re-runs the first n layers of each stage
-    (Megatron's --recompute-method block): Llama 3 70B on TP 8 x PP 2 has 40 layers a stage,
+    (Megatron's --recompute-method block; of each virtual stage when interleaved): Llama 3 70B on TP 8 x PP 2 has 40 layers a stage,
     so 10 of them pay a quarter of full recomputation's extra compute, TP collectives and
     hardware FLOPs, and 0 of them nothing (the step and the FLOPs of no recomputation)."""
     kw = dict(model="llama-3-70b", gpus=64, tp=8, pp=2, gbs=32)
@@ -777,3 +777,13 @@ def test_recomputing_some_layers_pays_their_share_of_the_recomputation():
     assert some["hardware_flops_per_step"] == pytest.approx(some["model_flops_per_step"] + extra / 4, rel=1e-9)
     assert zero["hardware_flops_per_step"] == pytest.approx(none["hardware_flops_per_step"], rel=1e-9)
     assert none["step_s"] < some["step_s"] < full["step_s"]
+    # interleaved over 4 virtual stages of 10 layers, Megatron counts the layers per virtual stage:
+    # 3 of each is 12 of a stage's 40, and more than 10 is refused by name
+    kw = {**kw, "schedule": "interleaved", "vpp": 4}
+    none, full, some = (evaluate(make_plan(**kw, **extra)).time for extra in (
+        dict(recompute="none"), dict(recompute="full"), dict(recompute="full", recompute_layers=3)))
+    a, b = none["breakdown_s"]["compute"], full["breakdown_s"]["compute"]
+    assert some["breakdown_s"]["compute"] == pytest.approx(a + (b - a) * 12 / 40, rel=1e-9)
+    with pytest.raises(PlanError) as e:
+        resolve(make_plan(**kw, recompute="full", recompute_layers=11))
+    assert e.value.field == "recompute_layers" and "virtual stage (10" in e.value.rule

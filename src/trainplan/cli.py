@@ -90,7 +90,7 @@ def _plan_options(
     gbs: Annotated[int | None, typer.Option(help="Global batch (sequences); gradient accumulation = gbs / (dp x mbs)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length (default min(model max, 4096))")] = None,
     recompute: Annotated[RecomputeOpt, typer.Option(help="Activation recomputation")] = RecomputeOpt("none"),
-    recompute_layers: Annotated[int | None, typer.Option(help="With --recompute full: recompute only the first N layers of each stage (Megatron's --recompute-method block); default all")] = None,
+    recompute_layers: Annotated[int | None, typer.Option(help="With --recompute full: recompute only the first N layers of each stage, or virtual stage when interleaved (Megatron's --recompute-method block); default all")] = None,
     fused_kernels: Annotated[bool | None, typer.Option("--fused-kernels/--no-fused-kernels", help="Fused norm and SwiGLU kernels that save only their inputs (Megatron's, Liger Kernel's, Apex's); default: the framework's (on for megatron)")] = None,
     recompute_early_stop: Annotated[bool | None, typer.Option("--recompute-early-stop/--no-recompute-early-stop", help="Non-reentrant checkpointing stops recomputing before each block's last linear (PyTorch >= 2.1); default: the framework's (on for fsdp)")] = None,
     schedule: Annotated[ScheduleOpt, typer.Option(help="Pipeline schedule")] = ScheduleOpt("1f1b"),

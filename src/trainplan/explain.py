@@ -129,7 +129,7 @@ def explain_time_lines(result: PlanResult) -> list[str]:
         out.append(f"  {p.finetune}: the base weights are frozen (input gradients only in the backward), with "
                    f"rank-{p.lora_rank} adapters on {', '.join(p.lora_targets)}, their GEMMs included")
     layers = L.stage_dense_layers[i] + L.stage_moe_layers[i]
-    share = float(recomputed_share(act.RECOMPUTE_CODE[p.recompute], p.recompute_layers, layers))
+    share = float(recomputed_share(act.RECOMPUTE_CODE[p.recompute], L.recompute_layers_per_stage, layers))
     for kind, count in (("dense", L.stage_dense_layers[i]), ("moe", L.stage_moe_layers[i])):
         if not count:
             continue

@@ -282,6 +282,13 @@ class Layout:
     def grad_accum(self) -> int:
         return self.micro_batches
 
+    @property
+    def recompute_layers_per_stage(self) -> int | None:
+        """Layers a stage recomputes under `--recompute-layers N`: the first N of each of its
+        virtual stages (Megatron's block method counts per model chunk); None for all."""
+        n = self.plan.recompute_layers
+        return None if n is None else n * self.vpp
+
 
 def interleaving_problem(split: list[int], v: int, framework: str) -> str | None:
     """Why `split` (layers per stage) cannot run v virtual stages per rank, or None. Megatron-LM
@@ -466,8 +473,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if plan.recompute_layers is not None:
         if plan.recompute != "full":
             raise PlanError("recompute_layers", "applies to --recompute full only")
-        if plan.recompute_layers > max(split):
-            raise PlanError("recompute_layers", f"cannot exceed the layers on a stage ({max(split)})")
+        if plan.recompute_layers * vpp > max(split):
+            where = (f"on a stage ({max(split)})" if vpp == 1 else
+                     f"of a virtual stage ({max(split) // vpp}, with {vpp} virtual stages per stage)")
+            raise PlanError("recompute_layers", f"cannot exceed the layers {where}")
 
     if plan.recompute_early_stop and plan.recompute != "full":
         warn("early_stop_unused", "--recompute-early-stop changes only full recomputation; recompute is "

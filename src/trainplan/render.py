@@ -56,7 +56,7 @@ def render_plan(data: dict) -> None:
             f"{' · SP' if par['sp'] else ''}")
     c.print(f"micro-batch {par['mbs']} x seq {par['seq_len']}, global batch {par['gbs']} "
             f"({par['micro_batches']} micro-batch{'es' if par['micro_batches'] != 1 else ''} per step), recompute {par['recompute']}"
-            f"{' (the first ' + str(par['recompute_layers']) + ' layers of each stage)' if par.get('recompute_layers') is not None else ''}"
+            f"{' (the first ' + str(par['recompute_layers']) + ' layers of each ' + ('virtual stage' if par['vpp'] > 1 else 'stage') + ')' if par.get('recompute_layers') is not None else ''}"
             f"{' (early stop)' if par.get('recompute_early_stop') else ''}, "
             f"schedule {par['schedule']}{' v=' + str(par['vpp']) if par['vpp'] > 1 else ''}")
     bpp = tr["bytes_per_param"]

@@ -341,7 +341,7 @@ def layout_inputs(layout: Layout) -> dict:
         dp_shard=layout.dp_shard,
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
         attention=act.ATTENTION_CODE[plan.attention], recompute=act.RECOMPUTE_CODE[plan.recompute],
-        recompute_layers=plan.recompute_layers if plan.recompute_layers is not None else 10**9,
+        recompute_layers=layout.recompute_layers_per_stage if plan.recompute_layers is not None else 10**9,
         dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves(plan), lora_rank=plan.lora_rank,
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
         reserved_bytes=reserved, fragmentation=frag,

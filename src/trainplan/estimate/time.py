@@ -811,7 +811,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
     mem = memory if memory is not None else estimate_memory(layout)
     rc = act.RECOMPUTE_CODE[plan.recompute]
     stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
-    share = recomputed_share(rc, plan.recompute_layers, stage_layers)
+    share = recomputed_share(rc, layout.recompute_layers_per_stage, stage_layers)
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                     attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
@@ -834,5 +834,5 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
         sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-        dp_shard=layout.dp_shard, lora=lora_arguments(plan), recompute_layers=plan.recompute_layers)
+        dp_shard=layout.dp_shard, lora=lora_arguments(plan), recompute_layers=layout.recompute_layers_per_stage)
     return out, fl, data

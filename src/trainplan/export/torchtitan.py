@@ -87,7 +87,8 @@ def torchtitan_toml(layout) -> str:
         lines.append(f"# backward prefetch {p.backward_prefetch}: FSDP2 always gathers the next layer's parameters "
                      "ahead in the backward; plan with --backward-prefetch pre to match")
     if p.recompute == "full" and p.recompute_layers is not None:
-        lines.append(f"# recompute full of the first {p.recompute_layers} layers of each stage: torchtitan's full "
+        chunk = "stage" if layout.vpp == 1 else "virtual stage"
+        lines.append(f"# recompute full of the first {p.recompute_layers} layers of each {chunk}: torchtitan's full "
                      "activation checkpointing wraps every block; the plan's memory and step are for those layers only")
     if p.recompute == "full" and p.dropout == 0 and not recipe(p).early_stop_checkpoint:
         lines.append("# torchtitan's activation checkpointing is non-reentrant and stops before each block's last "

@@ -146,7 +146,7 @@ def predict(layout: Layout, device: str = "cpu") -> dict:
                     head=float(layout.pp == 1), attention_eager=eager,
                     recompute=act.RECOMPUTE_CODE[plan.recompute], vocab_padded=layout.vocab_padded,
                     skip_last=r.recompute_skips_last_linear,
-                    recompute_share=float(recomputed_share(act.RECOMPUTE_CODE[plan.recompute], plan.recompute_layers,
+                    recompute_share=float(recomputed_share(act.RECOMPUTE_CODE[plan.recompute], layout.recompute_layers_per_stage,
                                                            first(layout.stage_dense_layers)
                                                            + first(layout.stage_moe_layers))),
                     **lora_arguments(plan))
