@@ -219,7 +219,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     ckpt_reused = 0.0 if eager_rms else ckpt
     full = np.asarray(recompute) == act.RECOMPUTE_CODE["full"]
     if np.any(full):
-        # a layer full recomputation leaves out (or re-runs) saves what it saves without recompute
+        # a layer that full recomputation leaves out, or re-runs in the backward, saves what it
+        # saves without recomputation
         plain = {**common, "recompute": act.RECOMPUTE_CODE["none"]}
         dense_plain = sum(act.layer_terms(mn.shape, moe=False, **plain).values())
         moe_plain = sum(act.layer_terms(mn.shape, moe=True, **plain).values()) if moe_terms else 0.0

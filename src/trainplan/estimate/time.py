@@ -432,12 +432,12 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
 
 def lora_arguments(plan) -> dict:
     """`stage_times`' and `step_flops`' LoRA arguments for a plan: its targets and rank under
-    LoRA/QLoRA, and whether its recomputation checkpoints reentrantly (without early stop);
-    none when it trains in full."""
+    LoRA/QLoRA, and whether its recomputation checkpoints the first layer reentrantly (without
+    early stop; any layers recomputed include the first); none when it trains in full."""
     if plan.finetune == "full":
         return {}
     return {"lora_targets": tuple(plan.lora_targets), "lora_rank": plan.lora_rank,
-            "reentrant_checkpoint": not recipe(plan).early_stop_checkpoint}
+            "reentrant_checkpoint": not recipe(plan).early_stop_checkpoint and plan.recompute_layers != 0}
 
 
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
