@@ -89,6 +89,14 @@ def test_search_cli_json():
     # the text table ends with the published error behind its predictions (H100: 94 runs)
     text = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gpus", "16", "--gbs", "64", "--top", "1"])
     assert text.exit_code == 0 and "accuracy: 94 published runs (9 fitted on) on H100-SXM" in text.output
+    # one stage has no schedule to choose: the best three are three layouts, not one layout's
+    # 1F1B, GPipe and ZB-H1; under hybrid sharding the ZeRO column names the shard group
+    layouts = [tuple(b["parallel"][k] for k in ("tp", "pp", "dp", "cp", "zero", "mbs", "recompute"))
+               for b in data["best"]]
+    assert len(set(layouts)) == 3 and all(b["parallel"]["schedule"] == "1f1b" for b in data["best"])
+    text = CliRunner().invoke(app, ["search", "--model", "llama-3-70b", "--gpus", "128", "--gbs", "256",
+                                    "--framework", "fsdp", "--dp-shard", "16", "--top", "1"])
+    assert text.exit_code == 0 and "3 (shard 16)" in text.output
 
 
 def test_pareto_front_definition():
@@ -261,6 +269,8 @@ def _scalar_reference(plan, space, gpus: int) -> dict:
             if pp < 2 or vpp < 2 or m % pp or interleaving_problem(split, vpp, plan.framework):
                 continue
         elif vpp != 1:
+            continue
+        if pp == 1 and sched != "1f1b" and "1f1b" in space.schedule:  # one stage: only 1F1B
             continue
         rows.append(dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, mbs=mbs, recompute=act.RECOMPUTE_CODE[rc],
                          schedule=SCHEDULE_CODE[sched], vpp=vpp, m=m, gbs=plan.gbs or dp * mbs * m))

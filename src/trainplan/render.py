@@ -221,7 +221,9 @@ def render_search(data: dict) -> None:
         p, tm, mem, tr = b["parallel"], b["time"], b["memory"], b["training"]
         sched = {"interleaved": "interl."}.get(p["schedule"], p["schedule"]) + (f" v{p['vpp']}" if p["vpp"] > 1 else "")
         per_m = (tr["cost_usd"] / tr["tokens"] * 1e6) if tr["cost_usd"] else None
-        t.add_row(str(i), str(p["tp"]), str(p["pp"]), str(p["dp"]), str(p["cp"]), str(p["ep"]), str(p["zero"]),
+        # hybrid sharding: ZeRO over groups of dp_shard data-parallel ranks
+        zero = str(p["zero"]) + (f" (shard {p['dp_shard']})" if p["zero"] >= 1 and p["dp_shard"] < p["dp"] else "")
+        t.add_row(str(i), str(p["tp"]), str(p["pp"]), str(p["dp"]), str(p["cp"]), str(p["ep"]), zero,
                   str(p["mbs"]), p["recompute"], sched, _dur(tm["step_s"]), f"{tm['tokens_per_s']:,.0f}",
                   f"{tm['mfu']:.1%}", f"{mem['peak_bytes'] / GiB:.1f}", f"{mem['headroom_bytes'] / GiB:.1f}",
                   tm["bottleneck"], f"{per_m:.3f}" if per_m is not None else "—")

@@ -176,6 +176,10 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
     cols = _expand(cols, {"schedule": [p[0] for p in pairs], "vpp": [p[1] for p in pairs]})
     pp, vpp, inter = cols["pp"], cols["vpp"], cols["schedule"] == inter_code
     ok = ~inter | ((pp >= 2) & ((cols["m"] % np.maximum(pp, 1)) == 0))
+    # one stage has no pipeline to schedule: 1F1B is plain gradient accumulation, ZB-H1 the same
+    # and GPipe the same or worse (it keeps every micro-batch's activations), so only 1F1B stays
+    if "1f1b" in space.schedule:
+        ok &= (pp > 1) | (cols["schedule"] == SCHEDULE_CODE["1f1b"])
     # interleaving needs a split into equal virtual stages (or, outside Megatron, ones lighter by
     # a layer at both ends) of the default split
     for p in {int(x) for x in space.pp}:
