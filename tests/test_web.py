@@ -345,6 +345,16 @@ def test_page_find_best_layout_and_load_it(server, browser):
     # compared as numbers: a whole number of bytes prints as 123.0 in Python and 123 in JavaScript
     page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {api['best'][0]['memory']['peak_bytes']}")
     page.close()
+    # under hybrid sharding the layouts found keep the shard group and say so where it shards
+    state = {"model": "llama-3-70b", "gpus": 128, "gbs": 256, "framework": "fsdp", "dp_shard": 16}
+    page = _open(browser, server, state)
+    page.click("#find")
+    page.wait_for_function("document.body.dataset.search === 'ready'")
+    rows = [e.inner_text() for e in page.query_selector_all(".search-result")]
+    found = client.post("/api/search", json={**state, "top": 5}).json()["best"]
+    hybrid = [b["parallel"]["zero"] >= 1 and b["parallel"]["dp_shard"] < b["parallel"]["dp"] for b in found]
+    assert any(hybrid) and [("(sharded over 16)" in r) for r in rows] == hybrid
+    page.close()
 
 
 def test_page_kernel_choices_reach_the_plan(server, browser):

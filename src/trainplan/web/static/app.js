@@ -272,7 +272,8 @@
       const a = document.createElement("a");
       a.href = "#";
       a.className = "search-result";
-      a.textContent = t("search_row", { tp: p.tp, pp: p.pp, dp: p.dp, cp: p.cp, zero: p.zero, mbs: p.mbs,
+      const zero = p.zero + (p.zero >= 1 && p.dp_shard < p.dp ? t("search_shard", { n: p.dp_shard }) : "");
+      a.textContent = t("search_row", { tp: p.tp, pp: p.pp, dp: p.dp, cp: p.cp, zero, mbs: p.mbs,
         rc: p.recompute, sched: p.schedule + (p.vpp > 1 ? " v" + p.vpp : ""), step: dur(b.time.step_s),
         mfu: pct(b.time.mfu), peak: fmt(b.memory.peak_bytes / GiB) });
       a.addEventListener("click", (ev) => {

@@ -71,6 +71,7 @@ const I18N = {
     error: "Cannot plan this",
     best_layouts: "Best layouts", find_best: "Find the best layout", searching: "Searching…",
     search_done: "{n} layouts evaluated, {fit} fit — click one to load it",
+    search_shard: " (sharded over {n})",
     search_row: "TP {tp} · PP {pp} · DP {dp} · CP {cp} · ZeRO {zero} · micro-batch {mbs} · recompute {rc} · {sched} — step {step}, MFU {mfu}, peak {peak} GiB",
   },
   zh: {
@@ -144,6 +145,7 @@ const I18N = {
     error: "无法规划",
     best_layouts: "最佳切分", find_best: "寻找最佳切分", searching: "搜索中……",
     search_done: "共评估 {n} 种切分，{fit} 种装得下——点击一项即可载入",
+    search_shard: "（在 {n} 张卡内分片）",
     search_row: "TP {tp} · PP {pp} · DP {dp} · CP {cp} · ZeRO {zero} · 微批 {mbs} · 重计算 {rc} · {sched} —— 单步 {step}，MFU {mfu}，峰值 {peak} GiB",
   },
 };
