@@ -24,6 +24,8 @@ from trainplan.search import default_space, enumerate_layouts, evaluate_bulk, la
          backward_prefetch="post"),
     dict(model="llama-3-70b", gpus=128, gbs=256, framework="fsdp", dp_shard=4),  # hybrid sharding
     dict(model="llama-3-8b", gpus=16, gbs=64, finetune="lora", lora_rank=64),  # frozen base, adapters
+    dict(model="llama-3-70b", gpus=32, gbs=64, offload_optimizer=True, offload_params=True, zero=3,
+         host_gbs=300),  # the optimizer on the host, the parameters fetched from it
 ])
 def test_bulk_equals_scalar_on_random_layouts(kw):
     """DESIGN §2: the bulk search evaluation and `plan` agree exactly (peak memory, fit, step)."""
@@ -76,6 +78,14 @@ def test_search_reports_broken_fixed_value():
     res = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gpus", "8", "--recompute", "full",
                                    "--recompute-layers", "4"])
     assert res.exit_code == 2 and "recompute_layers" in res.output and "Traceback" not in res.output
+
+
+def test_search_with_offloading_keeps_to_the_zero_stages_it_allows():
+    """Parameter offload needs ZeRO-3 and DeepSpeed's optimizer offload a partitioned optimizer:
+    a search with either flag ranks only such layouts (it used to stop on the rule instead)."""
+    for flag, stages in (("offload_params", {3}), ("offload_optimizer", {1, 2, 3})):
+        out = search(make_plan(model="llama-3-8b", gpus=8, **{flag: True}), set(), top=5)
+        assert out["best"] and {b["parallel"]["zero"] for b in out["best"]} <= stages
 
 
 def test_search_cli_json():

@@ -102,6 +102,7 @@ PLAN_FIELDS = st.fixed_dictionaries({}, optional={
     "checkpoint_gbs": st.one_of(st.none(), st.floats(0, 100), st.just(5e-324)), "overlap_tp": st.booleans(),
     "storage_gbs": st.one_of(st.none(), st.floats(0, 100), st.just(5e-324)),
     "h2d_gbs": st.one_of(st.none(), st.floats(0, 100), st.just(5e-324)),
+    "host_gbs": st.one_of(st.none(), st.floats(0, 1000), st.just(5e-324)),
     "tokenize_rate": st.one_of(st.none(), st.floats(0, 1e7), st.just(5e-324)),
     "overlap_dp": st.booleans(), "grid_kg_per_kwh": st.one_of(st.none(), st.floats(-1, 2)),
     "hf_config": st.one_of(st.none(), st.dictionaries(st.sampled_from(

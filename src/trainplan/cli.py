@@ -131,6 +131,7 @@ def _plan_options(
     storage_gbs: Annotated[float | None, typer.Option(help="Effective storage read GB/s per data-parallel rank (default: not a limit)")] = None,
     data_bytes_per_token: Annotated[float | None, typer.Option(help="Bytes read per token (default 4 for raw text, 2 or 4 for token ids)")] = None,
     h2d_gbs: Annotated[float | None, typer.Option(help="Host-to-device GB/s per GPU (default 25, PCIe Gen4 x16)")] = None,
+    host_gbs: Annotated[float | None, typer.Option(help="Host memory GB/s per node, which an offloaded optimizer steps at (default 200)")] = None,
     prefetch: Annotated[bool, typer.Option("--prefetch/--no-prefetch", help="Load the next batches while the step runs")] = True,
     overhead_gib: Annotated[float | None, typer.Option(help="Runtime memory outside the allocator (GiB)")] = None,
     fragmentation: Annotated[float | None, typer.Option(help="Allocator fragmentation, fraction of allocated")] = None,

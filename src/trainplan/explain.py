@@ -191,10 +191,24 @@ def explain_time_lines(result: PlanResult) -> list[str]:
         hybrid = (f" (sharded in groups of {L.dp_shard * L.cp}, {L.dp // L.dp_shard} replicas: each gradient "
                   f"reduce-scatter includes their all-reduce of its output, {_t(coll['replica_all_reduce'])})"
                   if L.zero >= 1 and L.dp_shard < L.dp else "")
+        fetch = float(np.asarray(d["param_fetch_s"]).ravel()[0])
+        fetched = (f"; fetching each parameter shard from the host before its gather (at {hw.h2d / 1e9:g} GB/s) "
+                   f"{_t(fetch)}, included" if p.offload_params else "")
         out.append(f"  + data parallel over {group} ranks{hybrid}: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
-                   f"each collective {calls} of {_t(lat)} NCCL latency{passes}")
-    out.append(f"  + optimizer {_t(bd['optimizer'])} ({p.optimizer} {r.optimizer_impl}"
-               + (f", {r.optimizer_traffic:g}x a fused step's traffic" if r.optimizer_traffic != 1 else "")
+                   f"each collective {calls} of {_t(lat)} NCCL latency{passes}{fetched}")
+    if p.offload_optimizer:
+        off = {k: float(np.asarray(v).ravel()[0]) for k, v in d["offloaded_optimizer_s"].items()}
+        hosts = min(p.gpus_per_node, L.gpus)
+        where = (f" on the host: gradients to it {_t(off['to_host'])} exposed, the step {_t(off['host_step'])} "
+                 f"({hosts} rank{'s' if hosts != 1 else ''} a host, {hw.host_memory / 1e9:g} GB/s of host memory"
+                 + (f", {r.cpu_optimizer_traffic:g}x a fused step's traffic" if r.cpu_optimizer_traffic != 1 else "")
+                 + (f"), parameters back {_t(off['to_device'])} at {hw.h2d / 1e9:g} GB/s" if not p.offload_params
+                    else "), the parameters kept there for the next gathers"))
+    else:
+        where = ""
+    impl = r.cpu_optimizer_impl if where else r.optimizer_impl
+    out.append(f"  + optimizer {_t(bd['optimizer'])}{where} ({p.optimizer} {impl}"
+               + (f", {r.optimizer_traffic:g}x a fused step's traffic" if r.optimizer_traffic != 1 and not where else "")
                + (f"; clipping at norm {p.grad_clip:g}, {r.grad_clip_passes:g} pass"
                   f"{'es' if r.grad_clip_passes != 1 else ''} over the gradients" if r.grad_clip_passes else "") + ")"
                + (f" + waiting for data {_t(bd['data'])}" if bd["data"] else "")

@@ -139,6 +139,8 @@ class Plan(BaseModel):
     data_bytes_per_token: float | None = Field(default=None, gt=0, le=1e6,
                                                description="bytes read from storage per token (default: 4 raw text, 2 or 4 token ids)")
     h2d_gbs: float | None = Field(default=None, ge=1e-3, le=1e6, description="host->device GB/s per GPU (default 25)")
+    host_gbs: float | None = Field(default=None, ge=1e-3, le=1e6,
+                                   description="host memory GB/s per node for an offloaded optimizer (default 200)")
     prefetch: bool = Field(default=True, description="load the next batches while the step runs")
     overhead_gib: float | None = Field(default=None, ge=0, le=1024)
     fragmentation: float | None = Field(default=None, ge=0, le=1)
@@ -508,6 +510,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                         f"{', '.join(offered[:-1])} or {offered[-1]}")
     if plan.offload_params and zero != 3:
         raise PlanError("offload_params", "parameter offload needs --zero 3")
+    if plan.offload_optimizer and zero == 0 and not plan.framework.startswith("fsdp"):
+        # DeepSpeed offloads the optimizer state it partitions (ZeRO 1-3); Megatron-LM's
+        # --optimizer-cpu-offload runs with its distributed optimizer; DDP has none
+        raise PlanError("offload_optimizer", f"{plan.framework} offloads a sharded optimizer: use --zero 1 or more")
     if plan.finetune != "full" and zero == 3:
         warn("zero3_frozen", "ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
     if plan.backward_prefetch != "pre" and (zero < 3 or dp * cp == 1):

@@ -158,6 +158,8 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
     cols = _expand(cols, {"zero": space.zero})
     if plan.offload_params:
         cols = _keep(cols, cols["zero"] == 3)
+    if plan.offload_optimizer and not plan.framework.startswith("fsdp"):
+        cols = _keep(cols, cols["zero"] >= 1)
     if plan.dp_shard:
         # hybrid sharding: shard groups of dp_shard ranks that divide dp (and hold whole expert
         # groups); DeepSpeed has them only at ZeRO-3 (MiCS)
@@ -273,7 +275,9 @@ def _base(plan: Plan, gpus: int, model):
     if plan.recompute_layers is not None:
         raise PlanError("recompute_layers", "a search recomputes all of a stage's layers or none; price some "
                         "of them with `trainplan plan --recompute full --recompute-layers N`")
-    lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None, "dp_shard": None,
+    # the least ZeRO stage the plan's offloading allows (the search's layouts keep to it too)
+    zero = 3 if plan.offload_params else 1 if plan.offload_optimizer and not plan.framework.startswith("fsdp") else 0
+    lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": zero, "dp": None, "dp_shard": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
                                            "vpp": None, "recompute": "none", "stage_layers": None}), model)
     profile = None
@@ -377,7 +381,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             gbs=sel(col("gbs")), seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
             sharp=plan.sharp, data_s=data_step_seconds(plan, model, sel(col("gbs")) * seq / sel(col("dp"))),
             prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-            stage_layers=model.layers / sel(pp), dp_shard=sel(dp_shard))
+            stage_layers=model.layers / sel(pp), dp_shard=sel(dp_shard), offload_params=plan.offload_params)
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,
@@ -452,9 +456,7 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
     layouts = {k: v[:evaluated] for k, v in layouts.items()}
     res = {k: np.concatenate([p[k] for p in parts]) for k in ("peak_bytes", "fits", "step_s", "tokens_per_s", "mfu")}
     fits = np.flatnonzero(res["fits"])
-    price = (plan.price if plan.price is not None else resolve(plan.model_copy(update={
-        "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": None, "gpus": gpus, "gbs": None, "vpp": None,
-        "schedule": "1f1b", "stage_layers": None}), model).gpu.price_usd_per_hour) or 0.0
+    price = (plan.price if plan.price is not None else _base(plan, gpus, model)[0].gpu.price_usd_per_hour) or 0.0
     if not len(fits):
         raise PlanError("search", f"none of the {evaluated:,} layouts fits in memory; add GPUs, lower the "
                         "sequence or micro-batch, or allow recompute and ZeRO")

@@ -48,6 +48,9 @@ class Recipe:
     # [optimizer_step]): foreach and for-loop steps run one pass per operation
     optimizer_impl: str = "fused"
     optimizer_traffic: float = 1.0
+    # ... and of the optimizer's step on the host under --offload-optimizer ([offload])
+    cpu_optimizer_impl: str = "fused"
+    cpu_optimizer_traffic: float = 1.0
     # one-way passes (a read or a write) over the local gradients, in the reduce dtype, that
     # the framework makes outside the collective each time it reduces them (scaling, NaN
     # check, zeroing, copies into a communication buffer), and over each gathered parameter,
@@ -168,6 +171,8 @@ def recipe(plan: Plan) -> Recipe:
         logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,
         loss_backward_bytes=backward,
         optimizer_impl=impl, optimizer_traffic=float(conv["optimizer_step"][impl]),
+        cpu_optimizer_impl=fw["cpu_optimizer_impl"],
+        cpu_optimizer_traffic=float(conv["optimizer_step"][fw["cpu_optimizer_impl"]]),
         grad_reduce_passes=float(fw["grad_reduce_passes"]),
         grad_reduce_passes_zero3=float(fw.get("grad_reduce_passes_zero3", fw["grad_reduce_passes"])),
         gather_copy_passes=float(fw["gather_copy_passes"]),

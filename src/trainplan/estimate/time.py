@@ -371,6 +371,8 @@ class Hardware:
     flash_fwd_curve: tuple | None = None  # its forward alone, where published
     eff_16: float | None = None  # 16-bit GEMMs (the head, materialised attention) under an fp8 recipe
     curve_16: GemmResiduals | GemmShape | None = None
+    h2d: float = 25e9  # host <-> device bytes/s per GPU (PCIe)
+    host_memory: float = 200e9  # the host's memory bytes/s, shared by the GPUs of a node
 
     @property
     def gemm16(self) -> tuple:
@@ -403,7 +405,9 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         flash_fwd_curve=flash_curve_points(e["flash_forward_curve"]),
         attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"],
         overlap_slowdown=e["overlap_slowdown"],
-        eff_16=e["gemm_16"] if fp8 else None, curve_16=curve_at(1.0) if fp8 else None)
+        eff_16=e["gemm_16"] if fp8 else None, curve_16=curve_at(1.0) if fp8 else None,
+        h2d=(plan.h2d_gbs or conventions()["data"]["h2d_gbs"]) * 1e9,
+        host_memory=(plan.host_gbs or conventions()["offload"]["host_memory_gbs"]) * 1e9)
 
 
 # ---- the step: one formula, numbers or arrays (DESIGN §2) ---------------------------------
@@ -412,7 +416,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
                    data_s=0.0, prefetch=True, backward_prefetch=0, dp_shard=None, lora=None,
-                   recompute_layers=None) -> dict:
+                   recompute_layers=None, offload_params=False) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
@@ -425,7 +429,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
-                           backward_prefetch=backward_prefetch, dp_shard=dp_shard,
+                           backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params,
                            stage_layers=(np.asarray(total_dense, dtype=float) + total_moe) / pp)
     return {**out, "detail": stages["detail"]}
 
@@ -651,13 +655,39 @@ def overlapped(comm_s, compute_s, slowdown):
     return np.maximum(0.0, comm_s - compute_s) + slowdown * np.minimum(comm_s, compute_s)
 
 
+def offloaded_optimizer(hw: Hardware, r, *, shard_params, reductions, backward, overlap_dp, ranks_per_host,
+                        params_on_host=False):
+    """Seconds a step spends on an optimizer offloaded to the host (conventions.toml
+    [offload]): the rank's gradient partition going to the host (the fp32 copy at the
+    accumulation boundary; before it, under ZeRO-2's reduction in every micro-batch, each
+    micro-batch's gradient through the host and back in its own dtype), each copy beside that
+    micro-batch's backward; the step on the host, memory-bound, for all `ranks_per_host` ranks a
+    host serves at once; and the updated 16-bit parameters back to the GPU (unless they live on
+    the host, `params_on_host`, and go with the next gathers)."""
+    off = conventions()["offload"]
+    last = shard_params * off["grad_to_host_bytes"] / hw.h2d
+    earlier = shard_params * 2 * r.grad_bytes / hw.h2d
+    copies = np.where(overlap_dp, (reductions - 1) * overlapped(earlier, backward, hw.overlap_slowdown)
+                      + overlapped(last, backward, hw.overlap_slowdown), (reductions - 1) * earlier + last)
+    # the fused step's bytes per parameter: the gradient, and the master copy and state read
+    # and written (as `opt_bytes` on the GPU), times the host implementation's passes
+    fp32 = 4.0
+    host_step = ranks_per_host * shard_params * (fp32 + 2 * (fp32 + r.optimizer_bytes)) * r.cpu_optimizer_traffic \
+        / hw.host_memory
+    back = np.where(params_on_host, 0.0, shard_params * r.compute_weight_bytes / hw.h2d)
+    return {"to_host": copies, "host_step": host_step, "to_device": back}
+
+
 def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
                      offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops, sharp=False,
-                     data_s=0.0, prefetch=True, backward_prefetch=0, stage_layers=1, dp_shard=None) -> dict:
+                     data_s=0.0, prefetch=True, backward_prefetch=0, stage_layers=1, dp_shard=None,
+                     offload_params=False) -> dict:
     """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
-    data-parallel communication and the optimizer update; then the input pipeline's `data_s`
-    per step, overlapped with all that when prefetching (estimate/data.py). `dp_shard`: the
-    data-parallel ranks ZeRO shards over (all `dp` when None: no hybrid sharding)."""
+    data-parallel communication and the optimizer update (on the host under
+    `offload_optimizer`, see `offloaded_optimizer`); then the input pipeline's `data_s` per
+    step, overlapped with all that when prefetching (estimate/data.py). `dp_shard`: the
+    data-parallel ranks ZeRO shards over (all `dp` when None: no hybrid sharding);
+    `offload_params`: ZeRO-3 fetches each rank's shard from the host for every gather."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
     overlap_dp = f(overlap_dp) > 0
@@ -734,8 +764,13 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
                                                       + np.where(unit_by_unit | pipelined_fsdp, gathers, 0.0)
                                                       * r.gather_copy_passes * r.compute_weight_bytes)
                            / hw.hbm, 0.0)
-    dp_exposed = np.where(unit_by_unit, z3, np.where(zero >= 1, z1, z0)) + bookkeeping
     shard = np.where(zero >= 1, shard_group, 1.0)
+    # ZeRO-Infinity's parameter offload: every gather starts from the rank's shard on the host,
+    # fetched over PCIe ahead of it (prefetched beside the compute like the gather itself)
+    fetch = trainable / shard * r.compute_weight_bytes / hw.h2d
+    fetches = np.where(f(offload_params) > 0, gathers, 0.0) * np.where(
+        overlap_dp, overlapped(fetch, stage_compute / 2, hw.overlap_slowdown), fetch)
+    dp_exposed = np.where(unit_by_unit, z3, np.where(zero >= 1, z1, z0)) + bookkeeping + fetches
     # One optimizer step over this rank's shard. A fused kernel reads the gradient, reads and
     # writes the master copy (the fp32 parameters themselves where there is none) and the
     # state, and writes the 16-bit working weights where there is a master copy: 28 bytes per
@@ -745,7 +780,10 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     working = r.weight_bytes if r.master_bytes > 0 else 0.0
     opt_bytes = trainable / shard * ((r.grad_bytes + 2 * (updated + r.optimizer_bytes) + working) * r.optimizer_traffic
                                      + r.grad_clip_passes * r.grad_bytes)
-    optimizer = np.where(f(offload_optimizer) > 0, 0.0, opt_bytes / hw.hbm)
+    on_host = offloaded_optimizer(hw, r, shard_params=trainable / shard, reductions=reductions,
+                                  backward=backward, overlap_dp=overlap_dp,
+                                  ranks_per_host=np.minimum(f(gpn), f(gpus)), params_on_host=f(offload_params) > 0)
+    optimizer = np.where(f(offload_optimizer) > 0, sum(on_host.values()), opt_bytes / hw.hbm)
     busy = pipe + dp_exposed + optimizer
     step = step_with_data(busy, data_s, prefetch)
     return {
@@ -767,6 +805,9 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "dp_shard_group": shard_group, "dp_replicas": replicas,
         # the framework's passes over gradients and gathered parameters, inside "dp_comm"
         "dp_bookkeeping_s": bookkeeping,
+        # --offload-params: fetching the shards from the host, inside "dp_comm"; --offload-optimizer:
+        # the parts of "optimizer"
+        "param_fetch_s": fetches, "offloaded_optimizer_s": on_host,
         # each collective's calls per pass and the latency of one call (`plan --explain`)
         "dp_calls": calls,
         # gradient reductions and (ZeRO-1 and up) parameter all-gathers per step
@@ -825,7 +866,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
         ep=layout.ep, zero=layout.zero, mbs=layout.mbs, seq=layout.seq_len, m=layout.micro_batches,
         vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule], recompute=rc, eager=plan.attention == "eager",
         dropout=plan.dropout, overlap_tp=plan.overlap_tp, overlap_dp=plan.overlap_dp,
-        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node,
+        offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, gpn=plan.gpus_per_node,
         stage_dense=np.asarray(layout.stage_dense_layers, dtype=float),
         stage_moe=np.asarray(layout.stage_moe_layers, dtype=float),
         first=(stages == 0).astype(float), last=(stages == layout.pp - 1).astype(float),
