@@ -170,6 +170,21 @@ def test_recomputing_some_layers_in_megatron_and_torchtitan():
     assert "# recompute full of the first 8 layers of each stage" in text
 
 
+def test_offloading_reaches_every_export():
+    """An offloaded optimizer: DeepSpeed's offload_optimizer, Megatron-LM's --optimizer-cpu-offload,
+    torchtitan's enable_cpu_offload (which moves parameters, gradients and optimizer state
+    together, so an optimizer-only plan says so)."""
+    lay = resolve(make_plan(model="llama-3-8b", gpus=8, zero=3, offload_optimizer=True, framework="fsdp"))
+    assert json.loads(export(lay, "deepspeed"))["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert "--optimizer-cpu-offload" in _megatron_args(export(lay, "megatron"))
+    text = export(lay, "torchtitan")
+    assert tomllib.loads(text)["training"]["enable_cpu_offload"] is True
+    assert "the plan offloads the optimizer only" in text
+    both = export(resolve(make_plan(model="llama-3-8b", gpus=8, zero=3, offload_optimizer=True, offload_params=True,
+                                    framework="fsdp")), "torchtitan")
+    assert "enable_cpu_offload = true" in both and "# offload" not in both
+
+
 def test_reduce_dtype_reaches_every_export(names):
     """bf16 gradient reduction: FSDP2's reduce_dtype in torchtitan, DeepSpeed's
     communication_data_type, and Megatron-LM's --grad-reduce-in-bf16, which also keeps the

@@ -57,6 +57,8 @@ def megatron_args(layout) -> str:
         flags.append("--use-distributed-optimizer")
         if layout.dp_shard < layout.dp:  # the optimizer sharded within groups, replicated across them
             a.append(("--num-distributed-optimizer-instances", layout.dp // layout.dp_shard))
+    if p.offload_optimizer:  # Megatron-Core's HybridDeviceOptimizer steps on the host
+        flags.append("--optimizer-cpu-offload")
     if p.precision in ("bf16", "fp8"):
         flags.append("--bf16")
     elif p.precision == "fp16":
@@ -79,6 +81,9 @@ def megatron_args(layout) -> str:
     a.append(("--clip-grad", p.grad_clip))
     lines = [f"{k} {shlex.quote(str(v))}" for k, v in a] + flags
     notes = []
+    if p.offload_params:
+        notes.append("# offload params: Megatron-LM offloads the optimizer (--optimizer-cpu-offload), not the "
+                     "parameters; the plan's memory keeps them on the host")
     if layout.zero >= 2:
         notes.append(f"# ZeRO-{layout.zero}: Megatron's distributed optimizer shards optimizer state (ZeRO-1); "
                      "use Megatron-FSDP for ZeRO-3")

@@ -50,7 +50,9 @@ def torchtitan_toml(layout) -> str:
                      "max_norm": p.grad_clip,
                      "mixed_precision_param": "float32" if p.precision == "fp32" else "bfloat16",
                      # FSDP2's MixedPrecisionPolicy reduce_dtype: the plan's, else fp32
-                     "mixed_precision_reduce": TORCH_DTYPES[p.reduce_dtype or "fp32"]},
+                     "mixed_precision_reduce": TORCH_DTYPES[p.reduce_dtype or "fp32"],
+                     # FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer state on the host
+                     **({"enable_cpu_offload": True} if p.offload_optimizer or p.offload_params else {})},
         "parallelism": {
             "data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
             "tensor_parallel_degree": layout.tp, "pipeline_parallel_degree": layout.pp,
@@ -86,6 +88,10 @@ def torchtitan_toml(layout) -> str:
     if layout.zero >= 3 and p.backward_prefetch != "pre":
         lines.append(f"# backward prefetch {p.backward_prefetch}: FSDP2 always gathers the next layer's parameters "
                      "ahead in the backward; plan with --backward-prefetch pre to match")
+    if p.offload_optimizer != p.offload_params:
+        lines.append("# offload: torchtitan's enable_cpu_offload moves the parameters, gradients and optimizer state "
+                     "to the host together; the plan offloads "
+                     + ("the optimizer only" if p.offload_optimizer else "the parameters only"))
     if p.recompute == "full" and p.recompute_layers is not None:
         chunk = "stage" if layout.vpp == 1 else "virtual stage"
         lines.append(f"# recompute full of the first {p.recompute_layers} layers of each {chunk}: torchtitan's full "
