@@ -543,3 +543,18 @@ def test_page_recomputes_the_chosen_layers_only_under_full_recompute(server, bro
     _ready(page)
     assert page.is_disabled("input[name=recompute_layers]") and "recompute_layers" not in page.url
     page.close()
+
+
+def test_page_offloads_the_optimizer_to_the_host(server, browser):
+    """Ticking the optimizer's offload moves its state off the GPU (a lower peak) and its step to
+    the host (a longer step), to the API's figures; the box reads in Chinese too."""
+    base = {"model": "llama-3-8b", "gpus": 8, "zero": 2}
+    page = _open(browser, server, base)
+    ticked = _tick_and_match_peak(page, base, "offload_optimizer")
+    assert ticked["time"]["step_s"] > _api(base)["time"]["step_s"]
+    page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {ticked['time']['step_s']}")
+    assert "offload_optimizer=true" in page.url
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    assert "优化器放到主机内存" in page.inner_text("form")
+    page.close()

@@ -40,7 +40,8 @@
       if (k === "hf_config") continue;
       if (k === "no_master_weights") body.master_weights = false;
       else if (["model", "gpu", "recompute", "schedule", "precision", "optimizer", "optimizer_impl", "attention", "cp_comm", "reduce_dtype", "optimizer_state_dtype", "framework"].includes(k)) body[k] = v;
-      else if (["sp", "sharp", "overlap_tp", "fused_loss", "recompute_early_stop", "fused_kernels"].includes(k)) body[k] = true;
+      else if (["sp", "sharp", "overlap_tp", "fused_loss", "recompute_early_stop", "fused_kernels", "offload_optimizer",
+                "offload_params"].includes(k)) body[k] = true;
       else body[k] = Number(v);
     }
     if (state.hf_config) {
