@@ -137,7 +137,10 @@ def explain_time_lines(result: PlanResult) -> list[str]:
         head = (f"  per {'MoE' if kind == 'moe' else kind} layer: GEMMs {_t(t['gemm_forward'])} forward + "
                 f"{_t(t['gemm_backward'])} backward; attention {_t(t['attention_forward'])} + "
                 f"{_t(t['attention_backward'])}; element-wise {_t(t['elementwise_forward'])} + "
-                f"{_t(t['elementwise_backward'])}; recompute {_t(t['recompute'])}{early}")
+                f"{_t(t['elementwise_backward'])}"
+                + (f"; dequantizing the {p.qlora_bits}-bit weights {_t(t['dequantize'])} a use (forward, backward"
+                   + (", recompute" if p.recompute == "full" else "") + ")" if t["dequantize"] else "")
+                + f"; recompute {_t(t['recompute'])}{early}")
         if share < 1:  # full recomputation of the stage's first recompute_layers layers only
             plain, redone = t["total"] - t["recompute"], count * share
             out.append(f"{head} on {redone:g} of the {count} = {_t(plain)} x {count} + {_t(t['recompute'])} x "

@@ -122,6 +122,13 @@ def _per_rank(lp: LayerParams, tp, ep, kv_heads):
     return dense, lp.expert / (ep * tp)
 
 
+def layer_matrix_params(lp: LayerParams, tp, ep, kv_heads):
+    """One layer's weight matrices held by one rank (its linears, experts included; no norms or
+    biases a rank replicates): what QLoRA quantizes."""
+    dense, expert = _per_rank(lp, tp, ep, kv_heads)
+    return dense - lp.rep + expert
+
+
 def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first, last,
                  in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
                  vocab_padded, attention, recompute, recompute_layers, dropout, lora,
@@ -163,9 +170,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # LoRA/QLoRA: the layers' weight matrices are frozen (quantized under QLoRA, which
     # bitsandbytes applies to nn.Linear layers only); embeddings, output head and norms stay
     # in the 16-bit compute dtype.
-    layer_matrices = dense_layers * (d_dense - mn.dense.rep) + moe_layers * (m_dense - mn.moe.rep) + p_expert
-    layer_max_matrices = np.maximum(np.where(dense_layers > 0, d_dense - mn.dense.rep + d_exp, 0.0),
-                                    np.where(moe_layers > 0, m_dense - mn.moe.rep + m_exp, 0.0))
+    dense_matrices, moe_matrices = (layer_matrix_params(lp, tp, ep, mn.kv_heads) for lp in (mn.dense, mn.moe))
+    layer_matrices = dense_layers * dense_matrices + moe_layers * moe_matrices
+    layer_max_matrices = np.maximum(np.where(dense_layers > 0, dense_matrices, 0.0),
+                                    np.where(moe_layers > 0, moe_matrices, 0.0))
     quantizable = layer_matrices
     frozen_bytes = quantizable * r.frozen_weight_bytes + (p_stage - quantizable) * r.compute_weight_bytes
     weights_sharded = r.weights_sharded(zero)

@@ -507,6 +507,16 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     elem_elems = ((10 * h + 6 * h * (f(dropout) > 0)) / hidden_shard + model.mlp_matrices * model.ffn / tp
                   + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0))
     elementwise = tokens * elem_elems * elem / hw.hbm
+    # QLoRA (bitsandbytes' MatMul4Bit): every use of a quantized weight dequantizes it to the
+    # compute dtype first, in the forward (and a recomputed forward) and for the backward's input
+    # gradient: a pass reading the packed weight and writing the 16-bit one
+    dequant = {kind: 0.0 for kind in ("dense", "moe")}
+    if frozen and r.frozen_weight_bytes < r.compute_weight_bytes:
+        from .memory import layer_matrix_params, model_numbers
+
+        mn = model_numbers(model)
+        for kind, lp in (("dense", mn.dense), ("moe", mn.moe)):
+            dequant[kind] = layer_matrix_params(lp, tp, ep, mn.kv_heads) * (r.frozen_weight_bytes + elem) / hw.hbm
     # A non-reentrant checkpoint with early stop ends a dense block's recomputation before its
     # last linear (flops.py): that GEMM, and the TP collective after it, are not re-run.
     skip = float(r.recompute_skips_last_linear)
@@ -518,13 +528,13 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # per layer: its time without recomputation, and what recomputation adds to it
     compute, recompute_extra, layer = {}, {}, {}
     for kind in gemm:
-        fwd = gemm[kind] + attn + elementwise
+        fwd = gemm[kind] + attn + elementwise + dequant[kind]
         recompute_extra[kind] = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
-        compute[kind] = fwd + gemm_bwd[kind] + attn_backward + 2 * elementwise
+        compute[kind] = fwd + gemm_bwd[kind] + attn_backward + 2 * elementwise + dequant[kind]
         layer[kind] = {"gemm_forward": gemm[kind], "gemm_backward": gemm_bwd[kind], "attention_forward": attn,
                        "attention_backward": attn_backward, "elementwise_forward": elementwise,
-                       "elementwise_backward": 2 * elementwise, "recompute": recompute_extra[kind],
-                       "total": compute[kind] + recompute_extra[kind]}
+                       "elementwise_backward": 2 * elementwise, "dequantize": dequant[kind],
+                       "recompute": recompute_extra[kind], "total": compute[kind] + recompute_extra[kind]}
 
     # -- communication per layer and micro-batch
     tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp, *link(hw, comm.ALL_REDUCE, tp, 1, gpn, sharp),
