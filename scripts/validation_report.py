@@ -82,8 +82,9 @@ def main() -> None:
         "eager RMSNorm (transformers, `F.rms_norm` on CPU) upcasts and keeps fp32 copies; under\n",
         "`torch.autocast` every linear keeps its own 16-bit cast of a shared input and the weight\n",
         "casts are saved, except inside fully recomputed layers; on the CPU dropout masks have the\n",
-        "input's dtype and SDPA with dropout uses its math kernel; an eager `index_add` MoE combine\n",
-        "keeps its source; DTensor's vocabulary-parallel embedding returns a replicated gradient.\n",
+        "input's dtype and, with dropout, attention runs materialised (no CPU kernel takes dropout);\n",
+        "an eager `index_add` MoE combine keeps its source; DTensor's vocabulary-parallel embedding\n",
+        "returns a replicated gradient.\n",
     ]
     path = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
     path.write_text("".join(out))

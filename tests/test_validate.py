@@ -53,7 +53,7 @@ def test_sharded_layouts_per_rank(label, kw):
     else:
         for case in cases:
             _check(case)
-    if "LoRA" in label or "half the layers" in label:
+    if "LoRA" in label or "half the layers" in label or "dropout" in label or "fp16" in label:
         # measured to the byte; the FLOPs exactly but for the down adapter's r-wide B GEMM, which
         # a recomputation stopping early after the adapter's x·A leaves out (+0.12% at this scale)
         for case in cases:
@@ -87,6 +87,13 @@ def test_validate_rejects_what_it_cannot_run():
         with pytest.raises(PlanError) as e:  # QLoRA, sharded LoRA and fused-QKV LoRA are not measured
             validate(make_plan(**bad), device="cpu")
         assert e.value.field == "finetune"
+    with pytest.raises(PlanError) as e:  # refused before a process is started
+        validate(make_plan(model="llama-3-8b", gpus=1, framework="fsdp", optimizer="lion"), device="cpu")
+    assert e.value.field == "optimizer" and "lion" in e.value.rule
+    with pytest.raises(PlanError) as e:  # LoRA's adapters attach to the reference models only
+        validate(make_plan(model="llama-3-8b", gpus=1, precision="fp32", framework="torch", finetune="lora"),
+                 device="cpu", impl="transformers")
+    assert e.value.field == "impl" and "--impl reference" in e.value.rule
     with pytest.raises(PlanError) as e:  # transformers checkpoints every layer
         validate(make_plan(model="llama-3-8b", gpus=1, precision="fp32", framework="torch", recompute="full",
                            recompute_layers=16), device="cpu", impl="transformers")

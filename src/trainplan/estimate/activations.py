@@ -214,11 +214,14 @@ def stage_terms(*, seq, cp, rope_dim, act_bytes, attention) -> dict:
 
 
 def embedding_terms(hidden, *, tokens, seq, cp, tp, sp, dropout, learned_positions,
-                    mask_bytes=MASK_BYTES) -> dict:
+                    mask_bytes=MASK_BYTES, frozen=0) -> dict:
+    """The token ids (the loss keeps them as its targets too), the learned position ids and the
+    dropout mask on the embedding's output; a `frozen` embedding (LoRA) needs no gradient, so it
+    keeps no position ids and its output's dropout no mask."""
     return {
         "token_ids": tokens * TOKEN_ID_BYTES,
-        "position_ids": (seq / cp) * TOKEN_ID_BYTES * learned_positions,
-        "embedding_dropout_mask": tokens * hidden * mask_bytes * dropout / np.where(sp, tp, 1),
+        "position_ids": (seq / cp) * TOKEN_ID_BYTES * learned_positions * (1 - frozen),
+        "embedding_dropout_mask": tokens * hidden * mask_bytes * dropout / np.where(sp, tp, 1) * (1 - frozen),
     }
 
 

@@ -249,7 +249,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # stage's first layers) and keeps its input instead
         per_mb_layers = per_mb_layers - first * dense_terms["attn_norm"] * (n_ckpt == 0)
     emb = act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
-                              learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes)
+                              learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes,
+                              frozen=float(lora_saves is not None))
     hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
                         linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
                         fused=float(r.fused_kernels), logit_bytes=r.logit_bytes, frozen=float(lora_saves is not None))

@@ -1,6 +1,7 @@
 """The validation matrix: architectures x attention x recompute x precision recipe on one
 process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, hybrid-sharded FSDP2,
-TP x FSDP2) in local processes, and pure bf16, LoRA and recomputing some layers.
+TP x FSDP2) in local processes, and pure bf16, LoRA, recomputing some layers, dropout and
+fp16.
 Small enough for a 2-core CI machine; used by the test suite and by
 `scripts/validation_report.py` (docs/validation.md)."""
 
@@ -56,6 +57,14 @@ SOME_RECOMPUTED = (("full recompute of half the layers",
                          recompute_layers=16)))
 
 
+# dropout (on the CPU attention then runs materialised), with LoRA too; Megatron's fp16 keeps
+# its gradients in fp16 (no fp32 main_grad)
+OTHER = (("dropout 0.1", dict(model="llama-3-8b", gpus=1, framework="megatron", dropout=0.1)),
+         ("LoRA + dropout 0.1", dict(model="llama-3-8b", gpus=1, framework="torch", finetune="lora", dropout=0.1)),
+         ("fp16, fp16 gradients (megatron)", dict(model="llama-3-8b", gpus=1, framework="megatron",
+                                                  precision="fp16")))
+
+
 def single_process_plans():
     for model, attention, recompute, (precision, framework) in itertools.product(
             ARCHITECTURES, ATTENTION, RECOMPUTE, RECIPES):
@@ -74,3 +83,4 @@ def sharded_plans():
     yield from LORA
     yield RECOMPUTED
     yield from SOME_RECOMPUTED
+    yield from OTHER

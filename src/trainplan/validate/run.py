@@ -129,8 +129,8 @@ class Case:
 # ---- prediction ---------------------------------------------------------------------
 def predict(layout: Layout, device: str = "cpu") -> dict:
     """The plan's per-stage prediction for stage 0 (whole model when pp = 1), with the
-    device's kernel semantics: on the CPU dropout masks have the input's dtype and SDPA
-    with dropout falls back to its math kernel (materialised scores)."""
+    device's kernel semantics: on the CPU dropout masks have the input's dtype and, with
+    dropout, attention runs materialised (`build_model`)."""
     plan = layout.plan
     inputs = layout_inputs(layout)
     r = recipe(plan)
@@ -164,9 +164,16 @@ def predict(layout: Layout, device: str = "cpu") -> dict:
 TORCH_OPTIMIZERS = {"adamw", "adam", "sgd", "sgd-momentum", "adafactor"}
 
 
+def check_optimizer(name: str) -> None:
+    if name not in TORCH_OPTIMIZERS:
+        raise PlanError("optimizer", f"validate measures the optimizers PyTorch ships "
+                        f"({', '.join(sorted(TORCH_OPTIMIZERS))}); {name} needs a third-party package")
+
+
 def make_optimizer(name: str, params):
     import torch
 
+    check_optimizer(name)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-4)
     if name == "adam":
@@ -175,10 +182,7 @@ def make_optimizer(name: str, params):
         return torch.optim.SGD(params, lr=1e-4)
     if name == "sgd-momentum":
         return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
-    if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=1e-4)
-    raise PlanError("optimizer", f"validate measures the optimizers PyTorch ships "
-                    f"({', '.join(sorted(TORCH_OPTIMIZERS))}); {name} needs a third-party package")
+    return torch.optim.Adafactor(params, lr=1e-4)
 
 
 def optimizer_state_bytes(opt) -> int:
@@ -195,8 +199,12 @@ def build_model(spec: ModelSpec, plan: Plan, device: str):
     from .models import DecoderLM
 
     fused = recipe(plan).fused_kernels  # the fused norm/SwiGLU stand-ins save only their inputs
+    # On the CPU no fused attention kernel takes dropout (SDPA falls back to its math kernel,
+    # which keeps more than any GPU kernel): with dropout the model runs its own materialised
+    # attention, which `predict` prices as eager.
+    attention = "eager" if device == "cpu" and plan.dropout > 0 else plan.attention
     torch.manual_seed(0)
-    model = DecoderLM(spec, attention=plan.attention, dropout=plan.dropout, recompute=plan.recompute,
+    model = DecoderLM(spec, attention=attention, dropout=plan.dropout, recompute=plan.recompute,
                       fused=fused, fused_loss=plan.fused_loss,
                       early_stop=recipe(plan).early_stop_checkpoint,
                       recompute_layers=plan.recompute_layers).to(device)
@@ -268,8 +276,8 @@ def measure(layout: Layout, device: str = "cpu", impl: str = "reference") -> dic
         opt = make_optimizer(plan.optimizer, masters)
     else:
         opt = make_optimizer(plan.optimizer, params)
-    if fw == "megatron" and mixed and not pure16 and plan.grad_dtype in (None, "fp32"):
-        for p in params:  # Megatron accumulates into an fp32 main_grad buffer
+    if fw == "megatron" and mixed and not pure16 and recipe(plan).grad_bytes == 4:
+        for p in params:  # Megatron accumulates into an fp32 main_grad buffer (bf16; fp16 keeps fp16 grads)
             p.main_grad = torch.zeros_like(p, dtype=torch.float32)
 
             def hook(p):
@@ -370,7 +378,7 @@ def recompute_working_set(model, layout: Layout, device: str, autocast: bool) ->
     cos = sin = causal = None
     if spec.position == "rotary":
         cos, sin = rope_tables(s, spec.dim_head, device, dtype)
-    if plan.attention == "eager":
+    if model.attention == "eager":  # the attention the model runs (build_model)
         causal = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
     best = 0
     for blk in model.blocks[:model.checkpointed]:  # the checkpointed layers
@@ -412,6 +420,9 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
                         "bitsandbytes, which is not measured here")
     if plan.finetune == "lora" and (plan.tp > 1 or (plan.gpus or 1) > 1 or plan.zero):
         raise PlanError("finetune", "validate measures LoRA on one process (tp = dp = 1, no ZeRO)")
+    check_optimizer(plan.optimizer)  # before any process is started
+    if plan.finetune == "lora" and impl == "transformers":
+        raise PlanError("impl", "validate attaches LoRA adapters to the reference models: use --impl reference")
     if plan.pp > 1:
         raise PlanError("pp", "validate runs pp = 1 layouts (one pipeline stage holds the whole model)")
     if plan.cp > 1 or plan.ep > 1:
@@ -486,8 +497,6 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
             if plan.recompute == "full":
                 case.notes.append(f"transformers' checkpointing: the re-materialised layer ({unmeasured / 2**20:.2f} MiB "
                                   "predicted) is not measured; both sides leave it out")
-        if plan.optimizer not in TORCH_OPTIMIZERS:
-            case.notes.append(f"{plan.optimizer}: optimizer state not measured")
         cases = [case.finish()]
     worst = max((abs(e) for c in cases for e in c.rel_error.values()), default=0.0)
     return {"device": device, "cases": [c.to_json() for c in cases], "max_abs_rel_error": worst}
