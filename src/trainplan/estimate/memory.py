@@ -40,11 +40,12 @@ class LayerParams:
     factored_split: float = 0  # ... split by tp
     lora: float = 0  # LoRA adapter parameters (split by tp)
     lora_input_a: float = 0  # ... the A matrices of those on the attention's input projections
+    lora_factored: float = 0  # Adafactor's row+column state of the adapters (A: in + r, B: r + out)
 
 
 def _group(linears: list[Linear], vectors: int, kv_heads: int, lora_targets, lora_rank) -> LayerParams:
     g = dict(split=0.0, kv=0.0, rep=float(vectors), expert=0.0, factored_rep=float(vectors),
-             factored_split=0.0, lora=0.0, lora_input_a=0.0)
+             factored_split=0.0, lora=0.0, lora_input_a=0.0, lora_factored=0.0)
     for lin in linears:
         w = lin.count * lin.fan_in * lin.fan_out
         b = lin.count * lin.fan_out if lin.bias else 0
@@ -66,6 +67,7 @@ def _group(linears: list[Linear], vectors: int, kv_heads: int, lora_targets, lor
         if lin.name in lora_targets:
             g["lora"] += lin.count * lora_rank * (lin.fan_in + lin.fan_out)
             g["lora_input_a"] += lin.count * lora_rank * lin.fan_in * (lin.name in ATTENTION_INPUTS)
+            g["lora_factored"] += lin.count * (lin.fan_in + lin.fan_out + 2 * lora_rank)
     return LayerParams(**g)
 
 
@@ -203,9 +205,11 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     master = np.where(offload_optimizer, 0.0, sharded(r.master_bytes, 1))
     opt_state = sharded(r.optimizer_bytes, 1)
     if r.factored_optimizer:
-        fac = (dense_layers * (mn.dense.factored_rep + mn.dense.factored_split / tp)
-               + moe_layers * (mn.moe.factored_rep + mn.moe.factored_split / tp)
-               + first * (vocab_padded + h) + last * (vocab_padded + h + mn.norm_params))
+        # under LoRA only the adapters train: each of A and B is a matrix of its own
+        fac = np.where(lora, (dense_layers * mn.dense.lora_factored + moe_layers * mn.moe.lora_factored) / tp,
+                       dense_layers * (mn.dense.factored_rep + mn.dense.factored_split / tp)
+                       + moe_layers * (mn.moe.factored_rep + mn.moe.factored_split / tp)
+                       + first * (vocab_padded + h) + last * (vocab_padded + h + mn.norm_params))
         opt_state = opt_state + fac * r.state_bytes / np.where(zero >= 1, shard_dense, 1)
     opt_state = np.where(offload_optimizer, 0.0, opt_state)
 

@@ -62,7 +62,10 @@ SOME_RECOMPUTED = (("full recompute of half the layers",
 OTHER = (("dropout 0.1", dict(model="llama-3-8b", gpus=1, framework="megatron", dropout=0.1)),
          ("LoRA + dropout 0.1", dict(model="llama-3-8b", gpus=1, framework="torch", finetune="lora", dropout=0.1)),
          ("fp16, fp16 gradients (megatron)", dict(model="llama-3-8b", gpus=1, framework="megatron",
-                                                  precision="fp16")))
+                                                  precision="fp16")),
+         # Adafactor factors each adapter matrix (A: in + r, B: r + out state elements)
+         ("LoRA with Adafactor", dict(model="llama-3-8b", gpus=1, framework="torch", finetune="lora",
+                                      optimizer="adafactor")))
 
 
 def single_process_plans():
