@@ -130,6 +130,11 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     qk_bytes = np.where((np.asarray(recompute) == 1) & bool(shape.rotary) & (autocast > 0),
                         residual_bytes, act_bytes)
     t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
+    # A fused QKV projection with RoPE: the rotated q and k are new tensors, but v stays a view
+    # of the fused output, so keeping v keeps all of it (GPT-NeoX; measured in validate) unless
+    # eager GQA saves repeated copies of v instead
+    fused_rope = (shape.qkv_projections == 1) & bool(shape.rotary) & ~(eager & (k_w > shape.k))
+    t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
     t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn
     t["attn_lse"] = tokens * shape.heads * FP32 / tp * fused_attn * no_recompute
     t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * eager * save["o"]

@@ -168,8 +168,6 @@ def _apply_tp(model, spec: ModelSpec, mesh, tp: int, vocab_parallel_loss: bool =
         parallelize_module,
     )
 
-    if spec.n_kv_heads % tp or spec.heads % tp:
-        raise PlanError("tp", "validate's tensor-parallel run needs tp to divide the heads and KV heads")
     plan = {
         "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
         "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False) if vocab_parallel_loss
@@ -213,6 +211,9 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
     if device != "cpu":
         raise PlanError("device", "sharded validation runs on the CPU (gloo) here")
     plan = layout.plan
+    if spec.n_kv_heads % layout.tp or spec.heads % layout.tp:  # checked here, before any process starts
+        raise PlanError("tp", f"validate's tensor-parallel run splits the heads and KV heads: tp ({layout.tp}) must "
+                        f"divide both ({spec.heads} and {spec.n_kv_heads} in the model it runs)")
     if layout.zero == 2 and plan.framework != "fsdp":
         raise PlanError("zero", "validate runs ZeRO-2 as FSDP2's SHARD_GRAD_OP (DeepSpeed is not installed): "
                         "use --framework fsdp")

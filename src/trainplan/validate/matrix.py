@@ -65,7 +65,12 @@ OTHER = (("dropout 0.1", dict(model="llama-3-8b", gpus=1, framework="megatron", 
                                                   precision="fp16")),
          # Adafactor factors each adapter matrix (A: in + r, B: r + out state elements)
          ("LoRA with Adafactor", dict(model="llama-3-8b", gpus=1, framework="torch", finetune="lora",
-                                      optimizer="adafactor")))
+                                      optimizer="adafactor")),
+         # a fused QKV projection with RoPE keeps the whole fused output (v is a view of it)
+         ("fused QKV with RoPE", dict(model="gpt-neox-20b", gpus=1, framework="deepspeed")),
+         # GQA 28/4 scaled to 8/2 so that tensor parallelism splits the KV heads
+         ("tensor parallel 2 (GQA with QKV biases)", dict(model="qwen2.5-7b", gpus=2, tp=2, precision="fp32",
+                                                          framework="torch")))
 
 
 def single_process_plans():

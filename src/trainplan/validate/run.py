@@ -74,7 +74,9 @@ def scale_model(spec: ModelSpec, scale: Scale, tp: int = 1) -> ModelSpec:
     kv = max(1, heads // group) if scale.hidden else spec.n_kv_heads
     if heads % kv:
         kv = 1
-    while kv % tp and tp % kv:
+    # the tensor-parallel run splits the KV heads too (it does not replicate them): a multiple
+    # of tp that divides the heads
+    while (kv % tp or heads % kv) and kv < heads:
         kv += 1
     head_dim = hidden // heads if scale.hidden else spec.head_dim
     layers = scale.layers or spec.layers
