@@ -777,9 +777,11 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     shard = np.where(zero >= 1, shard_group, 1.0)
     # ZeRO-Infinity's parameter offload: every gather starts from the rank's shard on the host,
     # fetched over PCIe ahead of it (prefetched beside the compute like the gather itself)
-    fetch = trainable / shard * r.compute_weight_bytes / hw.h2d
-    fetches = np.where(f(offload_params) > 0, gathers, 0.0) * np.where(
-        overlap_dp, overlapped(fetch, stage_compute / 2, hw.overlap_slowdown), fetch)
+    fetches = 0.0
+    if np.any(offload_params):
+        fetch = trainable / shard * r.compute_weight_bytes / hw.h2d
+        fetches = np.where(f(offload_params) > 0, gathers, 0.0) * np.where(
+            overlap_dp, overlapped(fetch, stage_compute / 2, hw.overlap_slowdown), fetch)
     dp_exposed = np.where(unit_by_unit, z3, np.where(zero >= 1, z1, z0)) + bookkeeping + fetches
     # One optimizer step over this rank's shard. A fused kernel reads the gradient, reads and
     # writes the master copy (the fp32 parameters themselves where there is none) and the
@@ -790,10 +792,13 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     working = r.weight_bytes if r.master_bytes > 0 else 0.0
     opt_bytes = trainable / shard * ((r.grad_bytes + 2 * (updated + r.optimizer_bytes) + working) * r.optimizer_traffic
                                      + r.grad_clip_passes * r.grad_bytes)
-    on_host = offloaded_optimizer(hw, r, shard_params=trainable / shard, reductions=reductions,
-                                  backward=backward, overlap_dp=overlap_dp,
-                                  ranks_per_host=np.minimum(f(gpn), f(gpus)), params_on_host=f(offload_params) > 0)
-    optimizer = np.where(f(offload_optimizer) > 0, sum(on_host.values()), opt_bytes / hw.hbm)
+    on_host = {"to_host": 0.0, "host_step": 0.0, "to_device": 0.0}
+    optimizer = opt_bytes / hw.hbm
+    if np.any(offload_optimizer):
+        on_host = offloaded_optimizer(hw, r, shard_params=trainable / shard, reductions=reductions,
+                                      backward=backward, overlap_dp=overlap_dp,
+                                      ranks_per_host=np.minimum(f(gpn), f(gpus)), params_on_host=f(offload_params) > 0)
+        optimizer = np.where(f(offload_optimizer) > 0, sum(on_host.values()), optimizer)
     busy = pipe + dp_exposed + optimizer
     step = step_with_data(busy, data_s, prefetch)
     return {
