@@ -97,6 +97,7 @@ PLAN_FIELDS = st.fixed_dictionaries({}, optional={
     "dropout": st.one_of(st.floats(-1, 2), st.just(float("nan"))),
     "offload_optimizer": st.booleans(), "offload_params": st.booleans(),
     "lora_targets": st.sampled_from(["q,v", "q,k,v,o,gate,up,down", "", "x"]),
+    "lora_dropout": st.one_of(st.floats(-1, 2), st.just(0.0)),
     "tokens": st.one_of(st.none(), st.floats(-1, 1e15)), "price": st.one_of(st.none(), st.floats(-1, 100)),
     "pue": st.one_of(st.none(), st.floats(0, 3)), "gpu_mtbf_hours": st.one_of(st.none(), st.floats(0, 1e6), st.floats(1e-9, 1e-3)),
     "checkpoint_gbs": st.one_of(st.none(), st.floats(0, 100), st.just(5e-324)), "overlap_tp": st.booleans(),

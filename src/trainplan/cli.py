@@ -114,6 +114,7 @@ def _plan_options(
     lora_rank: Annotated[int, typer.Option(help="LoRA rank")] = 16,
     lora_targets: Annotated[str, typer.Option(help="LoRA target linears: q,k,v,o,gate,up,down")] = "q,k,v,o,gate,up,down",
     qlora_bits: Annotated[int, typer.Option(help="QLoRA base-weight bits: 4 (NF4) or 8")] = 4,
+    lora_dropout: Annotated[float, typer.Option(help="Dropout on each LoRA adapter's input (PEFT's lora_dropout; 0 = off)")] = 0.0,
     overlap_tp: Annotated[bool, typer.Option("--overlap-tp", help="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap)")] = False,
     overlap_dp: Annotated[bool, typer.Option("--overlap-dp/--no-overlap-dp", help="Reduce gradients during the backward")] = True,
     backward_prefetch: Annotated[BackwardPrefetchOpt, typer.Option(help="ZeRO-3/FSDP: gather the next layer's parameters before the current layer's gradients (pre: overlapped; FSDP2, DeepSpeed, FSDP1 BACKWARD_PRE), after them (post: the gather exposed; FSDP1 BACKWARD_POST, Composer's default) or on demand (none: gather and scatter exposed)")] = BackwardPrefetchOpt("pre"),

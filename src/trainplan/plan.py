@@ -115,6 +115,8 @@ class Plan(BaseModel):
     lora_rank: int = Field(default=16, ge=1, le=65536)
     lora_targets: list[str] = Field(default_factory=lambda: list(LORA_TARGETS))
     qlora_bits: Literal[4, 8] = 4
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0,
+                                description="dropout on each adapter's input (PEFT's lora_dropout)")
     overlap_tp: bool = Field(default=False, description="overlap TP collectives with GEMMs (--tp-comm-overlap)")
     overlap_dp: bool = Field(default=True, description="reduce gradients during the backward (bucketed)")
     backward_prefetch: BackwardPrefetch = Field(
@@ -514,6 +516,8 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         # DeepSpeed offloads the optimizer state it partitions (ZeRO 1-3); Megatron-LM's
         # --optimizer-cpu-offload runs with its distributed optimizer; DDP has none
         raise PlanError("offload_optimizer", f"{plan.framework} offloads a sharded optimizer: use --zero 1 or more")
+    if plan.lora_dropout > 0 and plan.finetune == "full":
+        raise PlanError("lora_dropout", "applies to --finetune lora or qlora only")
     if plan.finetune != "full" and zero == 3:
         warn("zero3_frozen", "ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
     if plan.backward_prefetch != "pre" and (zero < 3 or dp * cp == 1):

@@ -82,9 +82,26 @@ class LayerShape:
     capacity_factor: float = 1.0
 
 
+def adapter_inputs(shape: LayerShape, saves, *, moe: bool, tp) -> float:
+    """Per token: the elements LoRA's adapters read as input (the targeted linears' inputs:
+    the hidden width for q, k, v, gate and up, the attention output for o, the MLP width for
+    down, split by TP where the linear is row-parallel), once per routed copy in the experts."""
+    s = saves or {}
+    on = lambda name, present=True: s.get(name, 0) * present  # noqa: E731
+    attn = (on("q") + on("k") + on("v")) * (shape.qkv_projections == 3) * shape.hidden + on("o") * shape.attn_out / tp
+
+    def mlp(width):
+        return (on("gate", shape.mlp_matrices == 3) + on("up")) * shape.hidden + on("down") * width / tp
+
+    if not moe:
+        return attn + mlp(shape.ffn)
+    return attn + shape.top_k * shape.capacity_factor * mlp(shape.expert_ffn) + (shape.shared_ffn > 0) * mlp(
+        shape.shared_ffn)
+
+
 def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                 linear_in_bytes, residual_bytes=None, autocast=0, attention, recompute, fused, dropout,
-                saves=None, mask_bytes=MASK_BYTES, adapter_rank=0) -> dict:
+                saves=None, mask_bytes=MASK_BYTES, adapter_rank=0, adapter_dropout=0) -> dict:
     """Bytes one layer saves for one micro-batch, by term.
 
     tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
@@ -93,12 +110,15 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     applied by the caller); fused: 1 for fused norm/SwiGLU kernels; dropout: 1 when
     dropout is on; saves: 0/1 per LoRA target name for whether a linear's input is kept
     (None = full training, every linear trainable; under LoRA the norms' weights are frozen
-    too); adapter_rank: LoRA's rank, whose x·A each adapter keeps for B's gradient.
+    too); adapter_rank: LoRA's rank, whose x·A each adapter keeps for B's gradient;
+    adapter_dropout: 1 when each adapter drops out its input, keeping the dropped copy and its
+    mask for A's gradient instead of the input.
     """
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
     s = saves or {}
-    save = {n: s.get(n, 1) for n in ("q", "k", "v", "o", "gate", "up", "down")}
+    save = {n: s.get(n, 1) * (1 - adapter_dropout * (saves is not None))
+            for n in ("q", "k", "v", "o", "gate", "up", "down")}
     save_attn_in = np.maximum(np.maximum(save["q"], save["k"]), save["v"])
     save_mlp_in = np.maximum(save["gate"], save["up"])
     h = shape.hidden
@@ -135,7 +155,9 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # eager GQA saves repeated copies of v instead
     fused_rope = (shape.qkv_projections == 1) & bool(shape.rotary) & ~(eager & (k_w > shape.k))
     t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
-    t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn
+    # a fused kernel's output, kept by the kernel for its backward (unless the core is recomputed)
+    # and as the output projection's input for its weight's (or adapter's) gradient: one storage
+    t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn * np.maximum(no_recompute, save["o"])
     t["attn_lse"] = tokens * shape.heads * FP32 / tp * fused_attn * no_recompute
     t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * eager * save["o"]
     scores = tokens * seq * shape.heads / tp  # a·s² per sequence = a·s per token
@@ -182,6 +204,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     mlp_adapters = sum(s.get(n, 0) for n in ("gate", "up", "down"))
     mlp_passes = shape.top_k * shape.capacity_factor + (shape.shared_ffn > 0) if moe else 1
     t["lora_adapters"] = tokens * adapter_rank * act_bytes * (attn_adapters + mlp_adapters * mlp_passes)
+    t["lora_dropout"] = tokens * adapter_dropout * (act_bytes + mask_bytes) * adapter_inputs(shape, saves, moe=moe,
+                                                                                             tp=tp)
     return t
 
 

@@ -219,7 +219,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   autocast=float(r.casts_linear_inputs),
                   linear_in_bytes=r.linear_in_bytes, attention=attention, recompute=recompute,
                   fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves, mask_bytes=mask_bytes,
-                  adapter_rank=lora_rank if lora_saves is not None else 0)
+                  adapter_rank=lora_rank if lora_saves is not None else 0,
+                  adapter_dropout=float(r.lora_dropout))
     dense_terms = act.layer_terms(mn.shape, moe=False, **common)
     moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
@@ -251,7 +252,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # norm (its weight frozen too) has no backward and keeps nothing (the same in either
         # layer kind), unless the first layer is checkpointed (full recompute checkpoints each
         # stage's first layers) and keeps its input instead
-        per_mb_layers = per_mb_layers - first * dense_terms["attn_norm"] * (n_ckpt == 0)
+        # and a dropout on the q, k, v adapters' input (which needs no gradient there) keeps no mask
+        qkv_inputs = act.adapter_inputs(mn.shape, {n: lora_saves.get(n, 0) for n in ("q", "k", "v")}, moe=False, tp=tp)
+        per_mb_layers = per_mb_layers - first * (n_ckpt == 0) * (
+            dense_terms["attn_norm"] + tokens * qkv_inputs * mask_bytes * float(r.lora_dropout))
     emb = act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
                               learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes,
                               frozen=float(lora_saves is not None))

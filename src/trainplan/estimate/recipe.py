@@ -50,6 +50,9 @@ class Recipe:
     optimizer_traffic: float = 1.0
     # ... and of the optimizer's step on the host under --offload-optimizer ([offload])
     cpu_optimizer_impl: str = "fused"
+    # LoRA with dropout on each adapter's input (PEFT's lora_dropout > 0): A's gradient needs the
+    # dropped copy (with its mask), not the input the frozen base shares
+    lora_dropout: bool = False
     cpu_optimizer_traffic: float = 1.0
     # one-way passes (a read or a write) over the local gradients, in the reduce dtype, that
     # the framework makes outside the collective each time it reduces them (scaling, NaN
@@ -172,6 +175,7 @@ def recipe(plan: Plan) -> Recipe:
         loss_backward_bytes=backward,
         optimizer_impl=impl, optimizer_traffic=float(conv["optimizer_step"][impl]),
         cpu_optimizer_impl=fw["cpu_optimizer_impl"],
+        lora_dropout=plan.finetune != "full" and plan.lora_dropout > 0,
         cpu_optimizer_traffic=float(conv["optimizer_step"][fw["cpu_optimizer_impl"]]),
         grad_reduce_passes=float(fw["grad_reduce_passes"]),
         grad_reduce_passes_zero3=float(fw.get("grad_reduce_passes_zero3", fw["grad_reduce_passes"])),

@@ -511,12 +511,20 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # compute dtype first, in the forward (and a recomputed forward) and for the backward's input
     # gradient: a pass reading the packed weight and writing the 16-bit one
     dequant = {kind: 0.0 for kind in ("dense", "moe")}
-    if frozen and r.frozen_weight_bytes < r.compute_weight_bytes:
+    # LoRA's dropout on each adapter's input: a pass reading it and writing the dropped copy and
+    # its 1-byte mask, and in the backward one reading the gradient and the mask
+    adapter_drop = {kind: 0.0 for kind in ("dense", "moe")}
+    if frozen:
         from .memory import layer_matrix_params, model_numbers
 
         mn = model_numbers(model)
+        targets = {name: 1.0 for name in lora_targets}
         for kind, lp in (("dense", mn.dense), ("moe", mn.moe)):
-            dequant[kind] = layer_matrix_params(lp, tp, ep, mn.kv_heads) * (r.frozen_weight_bytes + elem) / hw.hbm
+            if r.frozen_weight_bytes < r.compute_weight_bytes:
+                dequant[kind] = layer_matrix_params(lp, tp, ep, mn.kv_heads) * (r.frozen_weight_bytes + elem) / hw.hbm
+            if r.lora_dropout:
+                widths = act.adapter_inputs(mn.shape, targets, moe=kind == "moe", tp=tp)
+                adapter_drop[kind] = tokens * widths * (2 * elem + act.MASK_BYTES) / hw.hbm
     # A non-reentrant checkpoint with early stop ends a dense block's recomputation before its
     # last linear (flops.py): that GEMM, and the TP collective after it, are not re-run.
     skip = float(r.recompute_skips_last_linear)
@@ -528,12 +536,13 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # per layer: its time without recomputation, and what recomputation adds to it
     compute, recompute_extra, layer = {}, {}, {}
     for kind in gemm:
-        fwd = gemm[kind] + attn + elementwise + dequant[kind]
+        elem_fwd, elem_bwd = elementwise + adapter_drop[kind], 2 * elementwise + adapter_drop[kind]
+        fwd = gemm[kind] + attn + elem_fwd + dequant[kind]
         recompute_extra[kind] = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
-        compute[kind] = fwd + gemm_bwd[kind] + attn_backward + 2 * elementwise + dequant[kind]
+        compute[kind] = fwd + gemm_bwd[kind] + attn_backward + elem_bwd + dequant[kind]
         layer[kind] = {"gemm_forward": gemm[kind], "gemm_backward": gemm_bwd[kind], "attention_forward": attn,
-                       "attention_backward": attn_backward, "elementwise_forward": elementwise,
-                       "elementwise_backward": 2 * elementwise, "dequantize": dequant[kind],
+                       "attention_backward": attn_backward, "elementwise_forward": elem_fwd,
+                       "elementwise_backward": elem_bwd, "dequantize": dequant[kind],
                        "recompute": recompute_extra[kind], "total": compute[kind] + recompute_extra[kind]}
 
     # -- communication per layer and micro-batch

@@ -46,7 +46,13 @@ LORA = (("LoRA rank 16, bf16 base (deepspeed)", dict(model="llama-3-8b", gpus=1,
         ("LoRA + full recompute (reentrant)", dict(model="llama-3-8b", gpus=1, finetune="lora",
                                                    framework="deepspeed", recompute="full")),
         ("LoRA + full recompute (non-reentrant, early stop)", dict(model="llama-3-8b", gpus=1, finetune="lora",
-                                                                   framework="fsdp", recompute="full")))
+                                                                   framework="fsdp", recompute="full")),
+        # PEFT's lora_dropout: each adapter keeps its dropped input and mask, not the shared input
+        ("LoRA with dropout on the adapters", dict(model="llama-3-8b", gpus=1, finetune="lora", lora_dropout=0.1,
+                                                   framework="deepspeed")),
+        ("LoRA with adapter dropout + selective recompute", dict(model="mixtral-8x7b", gpus=1, finetune="lora",
+                                                                 lora_dropout=0.1, framework="megatron",
+                                                                 recompute="selective")))
 RECOMPUTED = ("ZeRO-3 (FSDP2) + full recompute, dp 2",
               dict(model="llama-3-8b", gpus=2, zero=3, precision="bf16", framework="fsdp", recompute="full"))
 # full recompute of each stage's first half of the layers (scaled: 1 of 2)

@@ -255,21 +255,23 @@ class FusedCrossEntropy(torch.autograd.Function):
 
 class LoRALinear(nn.Module):
     """A frozen linear with a trainable low-rank update (Hu et al. 2021): y = x·Wᵀ + (x·A)·B,
-    A of in x r, B of r x out (B starts at zero, so the update starts at nothing)."""
+    A of in x r, B of r x out (B starts at zero, so the update starts at nothing); with
+    `dropout`, the adapter reads a dropped-out copy of x (PEFT's lora_dropout)."""
 
-    def __init__(self, base: nn.Linear, rank: int):
+    def __init__(self, base: nn.Linear, rank: int, dropout: float = 0.0):
         super().__init__()
-        self.base = base
+        self.base, self.p = base, dropout
         for w in base.parameters():
             w.requires_grad_(False)
         self.lora_a = nn.Parameter(torch.randn(base.in_features, rank, dtype=base.weight.dtype) / rank)
         self.lora_b = nn.Parameter(torch.zeros(rank, base.out_features, dtype=base.weight.dtype))
 
     def forward(self, x):
-        return self.base(x) + (x @ self.lora_a) @ self.lora_b
+        h = F.dropout(x, self.p, self.training) if self.p else x
+        return self.base(x) + (h @ self.lora_a) @ self.lora_b
 
 
-def apply_lora(model: nn.Module, targets, rank: int) -> None:
+def apply_lora(model: nn.Module, targets, rank: int, dropout: float = 0.0) -> None:
     """LoRA on every linear named in `targets` (q, k, v, o, gate, up, down); every other
     parameter frozen (the embedding, norms and output head too)."""
     for w in model.parameters():
@@ -278,7 +280,7 @@ def apply_lora(model: nn.Module, targets, rank: int) -> None:
         for name in targets:
             child = getattr(module, name, None)
             if isinstance(child, nn.Linear):
-                setattr(module, name, LoRALinear(child, rank))
+                setattr(module, name, LoRALinear(child, rank, dropout))
 
 
 class DecoderLM(nn.Module):

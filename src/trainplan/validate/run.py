@@ -136,8 +136,9 @@ def predict(layout: Layout, device: str = "cpu") -> dict:
     plan = layout.plan
     inputs = layout_inputs(layout)
     r = recipe(plan)
-    if device == "cpu" and plan.dropout > 0:
+    if device == "cpu" and (plan.dropout > 0 or plan.lora_dropout > 0):
         inputs["mask_bytes"] = r.act_bytes
+    if device == "cpu" and plan.dropout > 0:
         if plan.attention != "eager":
             inputs["attention"] = act.ATTENTION_CODE["eager"]
     mem = stage_memory(numbers_for(layout), r, **inputs)
@@ -213,7 +214,7 @@ def build_model(spec: ModelSpec, plan: Plan, device: str):
     if plan.finetune == "lora":
         from .models import apply_lora
 
-        apply_lora(model, plan.lora_targets, plan.lora_rank)
+        apply_lora(model, plan.lora_targets, plan.lora_rank, plan.lora_dropout)
         if plan.precision != "fp32":  # the frozen base in the 16-bit compute dtype, as PEFT loads it
             for w in model.parameters():
                 if not w.requires_grad:
