@@ -558,3 +558,36 @@ def test_page_offloads_the_optimizer_to_the_host(server, browser):
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
     assert "优化器放到主机内存" in page.inner_text("form")
     page.close()
+
+
+def test_page_plans_lora_and_qlora_fine_tuning(server, browser):
+    """The fine-tuning fields: LoRA freezes the base (a far lower peak than full training) and its
+    adapters' dropout keeps their dropped inputs (a higher one); QLoRA's 4-bit base lower still.
+    The adapters' fields open only for LoRA and QLoRA, the base's bits only for QLoRA; each
+    figure is the API's, and the fields read in Chinese."""
+    base = {"model": "llama-3-8b", "gpus": 1}
+    page = _open(browser, server, base)
+    assert page.is_disabled("input[name=lora_rank]") and page.is_disabled("select[name=qlora_bits]")
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=finetune]", "lora")
+    _ready(page)
+    lora = _api({**base, "finetune": "lora"})
+    assert lora["memory"]["peak_bytes"] < _api(base)["memory"]["peak_bytes"]
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {lora['memory']['peak_bytes']}")
+    assert page.is_enabled("input[name=lora_dropout]") and page.is_disabled("select[name=qlora_bits]")
+    with page.expect_response("**/api/plan"):
+        page.fill("input[name=lora_dropout]", "0.1")
+    dropped = _api({**base, "finetune": "lora", "lora_dropout": 0.1})
+    assert dropped["memory"]["peak_bytes"] > lora["memory"]["peak_bytes"]
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {dropped['memory']['peak_bytes']}")
+    with page.expect_response("**/api/plan"):
+        page.select_option("select[name=finetune]", "qlora")
+    _ready(page)
+    qlora = _api({**base, "finetune": "qlora", "lora_dropout": 0.1, "qlora_bits": 4})
+    assert qlora["memory"]["peak_bytes"] < dropped["memory"]["peak_bytes"]
+    page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {qlora['memory']['peak_bytes']}")
+    assert "finetune=qlora" in page.url and "lora_dropout=0.1" in page.url
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    assert "适配器 dropout" in page.inner_text("form") and "微调" in page.inner_text("form")
+    page.close()

@@ -39,7 +39,7 @@
     for (const [k, v] of Object.entries(state)) {
       if (k === "hf_config") continue;
       if (k === "no_master_weights") body.master_weights = false;
-      else if (["model", "gpu", "recompute", "schedule", "precision", "optimizer", "optimizer_impl", "attention", "cp_comm", "reduce_dtype", "optimizer_state_dtype", "framework"].includes(k)) body[k] = v;
+      else if (["model", "gpu", "recompute", "schedule", "precision", "optimizer", "optimizer_impl", "attention", "cp_comm", "reduce_dtype", "optimizer_state_dtype", "framework", "finetune"].includes(k)) body[k] = v;
       else if (["sp", "sharp", "overlap_tp", "fused_loss", "recompute_early_stop", "fused_kernels", "offload_optimizer",
                 "offload_params"].includes(k)) body[k] = true;
       else body[k] = Number(v);
@@ -94,14 +94,18 @@
     for (const o of form.elements.zero.options) o.disabled = fsdp && o.value === "1";
   }
 
-  // only full recomputation re-runs a chosen number of each stage's layers
-  function offerRecomputeLayers() {
+  // only full recomputation re-runs a chosen number of each stage's layers; the adapters'
+  // settings apply to LoRA and QLoRA, the base's bits to QLoRA
+  function offerDependentFields() {
     form.elements.recompute_layers.disabled = form.elements.recompute.value !== "full";
+    const tuning = form.elements.finetune.value;
+    form.elements.lora_rank.disabled = form.elements.lora_dropout.disabled = tuning === "full";
+    form.elements.qlora_bits.disabled = tuning !== "qlora";
   }
 
   async function update() {
     offerZeroStages();
-    offerRecomputeLayers();
+    offerDependentFields();
     const state = readForm();
     writeUrl(state);
     clearErrors();
