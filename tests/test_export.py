@@ -265,3 +265,16 @@ def test_16_bit_optimizer_state_and_pure_16_bit_training_in_each_frameworks_term
         assert e.value.field == field
     text = export(resolve(make_plan(**{**kw, "zero": 3}, framework="fsdp", master_weights=False)), "torchtitan")
     assert "# no master weights" in text
+
+
+def test_lora_plans_export_to_deepspeed_only():
+    """Megatron-LM's and torchtitan's configurations have no LoRA adapters: a LoRA or QLoRA plan
+    is refused by name there (it used to export as full training); DeepSpeed's JSON holds with
+    PEFT applying the adapters in the model code."""
+    for finetune in ("lora", "qlora"):
+        lay = resolve(make_plan(model="llama-3-8b", gpus=8, finetune=finetune))
+        for target in ("megatron", "torchtitan"):
+            with pytest.raises(PlanError) as e:
+                export(lay, target)
+            assert e.value.field == "finetune" and "deepspeed" in e.value.rule
+        assert json.loads(export(lay, "deepspeed"))["train_batch_size"] == 8

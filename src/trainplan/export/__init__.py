@@ -8,6 +8,10 @@ TARGETS = ("megatron", "deepspeed", "torchtitan")
 
 
 def export(layout, target: str) -> str:
+    if layout.plan.finetune != "full" and target in ("megatron", "torchtitan"):
+        # LoRA lives in the model code (Hugging Face PEFT under DeepSpeed), not in these configs
+        raise PlanError("finetune", f"{target}'s configuration has no LoRA adapters; export a "
+                        f"{layout.plan.finetune} plan to deepspeed (with PEFT applying the adapters)")
     if target == "megatron":
         from .megatron import megatron_args
 
