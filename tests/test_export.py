@@ -26,6 +26,7 @@ PLANS = [
     dict(model="gpt2-xl", gpus=8, precision="fp16", attention="eager", gbs=64, seq_len=1024),
     dict(model="llama-3-8b", gpus=16, pp=2, schedule="interleaved", vpp=2, gbs=64, precision="fp8"),
     dict(model="llama-3-8b", gpus=32, zero=3, dp_shard=8, gbs=64, framework="fsdp"),
+    dict(model="llama-3-8b", gpus=8, zero=1, gbs=64, offload_optimizer=True, fused_loss=True),
 ]
 
 

@@ -59,6 +59,8 @@ def megatron_args(layout) -> str:
             a.append(("--num-distributed-optimizer-instances", layout.dp // layout.dp_shard))
     if p.offload_optimizer:  # Megatron-Core's HybridDeviceOptimizer steps on the host
         flags.append("--optimizer-cpu-offload")
+    if p.fused_loss:  # the fused vocabulary-parallel cross-entropy
+        flags.append("--cross-entropy-loss-fusion")
     if p.precision in ("bf16", "fp8"):
         flags.append("--bf16")
     elif p.precision == "fp16":
