@@ -167,6 +167,14 @@ def _open(browser, server, state: dict):
     return page
 
 
+def _form_in_chinese_says(page, *texts):
+    """Switch the page to Chinese: the form then reads each of `texts`."""
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    form = page.inner_text("form")
+    assert all(text in form for text in texts), texts
+
+
 def _tick_and_match_peak(page, base: dict, box: str) -> dict:
     """Tick a checkbox: the page shows the API's peak for the plan with it, which is lower."""
     with page.expect_response("**/api/plan"):
@@ -279,9 +287,7 @@ def test_page_tp_bound_hint_suggests_overlap_and_the_box_applies_it(server, brow
     assert want["breakdown_s"]["tp_comm"] < _api(base)["time"]["breakdown_s"]["tp_comm"]
     page.wait_for_function("!document.querySelector('#hints').innerText.includes('--tp-comm-overlap')")
     assert "overlap_tp=true" in page.url
-    page.click("#lang")
-    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
-    assert "TP 通信与 GEMM 重叠" in page.inner_text("form")
+    _form_in_chinese_says(page, "TP 通信与 GEMM 重叠")
     page.close()
 
 
@@ -534,9 +540,7 @@ def test_page_recomputes_the_chosen_layers_only_under_full_recompute(server, bro
     page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {some['memory']['peak_bytes']}")
     page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {some['time']['step_s']}")
     assert "recompute_layers=8" in page.url
-    page.click("#lang")
-    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
-    assert "每个流水线阶段重计算的层数" in page.inner_text("form")
+    _form_in_chinese_says(page, "每个流水线阶段重计算的层数")
     # back to selective: the field closes and leaves the request
     with page.expect_response("**/api/plan"):
         page.select_option("select[name=recompute]", "selective")
@@ -554,9 +558,7 @@ def test_page_offloads_the_optimizer_to_the_host(server, browser):
     assert ticked["time"]["step_s"] > _api(base)["time"]["step_s"]
     page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {ticked['time']['step_s']}")
     assert "offload_optimizer=true" in page.url
-    page.click("#lang")
-    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
-    assert "优化器放到主机内存" in page.inner_text("form")
+    _form_in_chinese_says(page, "优化器放到主机内存")
     page.close()
 
 
@@ -587,7 +589,5 @@ def test_page_plans_lora_and_qlora_fine_tuning(server, browser):
     assert qlora["memory"]["peak_bytes"] < dropped["memory"]["peak_bytes"]
     page.wait_for_function(f"Number(document.querySelector('#fit').dataset.peak) == {qlora['memory']['peak_bytes']}")
     assert "finetune=qlora" in page.url and "lora_dropout=0.1" in page.url
-    page.click("#lang")
-    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
-    assert "适配器 dropout" in page.inner_text("form") and "微调" in page.inner_text("form")
+    _form_in_chinese_says(page, "适配器 dropout", "微调")
     page.close()
