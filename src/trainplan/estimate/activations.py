@@ -82,16 +82,23 @@ class LayerShape:
     capacity_factor: float = 1.0
 
 
+def _adapted(shape: LayerShape, saves) -> dict:
+    """1 for each LoRA target this layer has (a GELU MLP has no gate; a fused QKV projection
+    counts as its q, k and v parts, as the parameter count does), 0 otherwise."""
+    s = saves or {}
+    return {n: s.get(n, 0) * (n != "gate" or shape.mlp_matrices == 3)
+            for n in ("q", "k", "v", "o", "gate", "up", "down")}
+
+
 def adapter_inputs(shape: LayerShape, saves, *, moe: bool, tp) -> float:
     """Per token: the elements LoRA's adapters read as input (the targeted linears' inputs:
     the hidden width for q, k, v, gate and up, the attention output for o, the MLP width for
     down, split by TP where the linear is row-parallel), once per routed copy in the experts."""
-    s = saves or {}
-    on = lambda name, present=True: s.get(name, 0) * present  # noqa: E731
-    attn = (on("q") + on("k") + on("v")) * (shape.qkv_projections == 3) * shape.hidden + on("o") * shape.attn_out / tp
+    on = _adapted(shape, saves)
+    attn = (on["q"] + on["k"] + on["v"]) * shape.hidden + on["o"] * shape.attn_out / tp
 
     def mlp(width):
-        return (on("gate", shape.mlp_matrices == 3) + on("up")) * shape.hidden + on("down") * width / tp
+        return (on["gate"] + on["up"]) * shape.hidden + on["down"] * width / tp
 
     if not moe:
         return attn + mlp(shape.ffn)
@@ -200,8 +207,9 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                                        act_bytes, linear_in_bytes) / tp
     # LoRA: each adapter keeps its r-wide x·A for B's weight gradient: once per token in attention
     # and dense MLPs, once per routed copy in the experts (and per token in shared experts)
-    attn_adapters = sum(s.get(n, 0) for n in ("q", "k", "v", "o"))
-    mlp_adapters = sum(s.get(n, 0) for n in ("gate", "up", "down"))
+    on = _adapted(shape, saves)
+    attn_adapters = on["q"] + on["k"] + on["v"] + on["o"]
+    mlp_adapters = on["gate"] + on["up"] + on["down"]
     mlp_passes = shape.top_k * shape.capacity_factor + (shape.shared_ffn > 0) if moe else 1
     t["lora_adapters"] = tokens * adapter_rank * act_bytes * (attn_adapters + mlp_adapters * mlp_passes)
     t["lora_dropout"] = tokens * adapter_dropout * (act_bytes + mask_bytes) * adapter_inputs(shape, saves, moe=moe,
