@@ -872,3 +872,17 @@ def test_lora_dropout_costs_a_pass_over_each_adapters_input():
     with pytest.raises(PlanError) as e:
         resolve(make_plan(model="llama-3-8b", lora_dropout=0.1))
     assert e.value.field == "lora_dropout" and "lora or qlora" in e.value.rule
+
+
+def test_moe_element_wise_work_covers_every_routed_copy():
+    """An MoE layer's activation runs on each of a token's top-k routed copies and on the shared
+    experts: Mixtral 8x7B's SwiGLU reads gate and up and writes their product over 2 x 14,336
+    per token, not one MLP's 14,336; norms and residual adds over 10 x 4,096, RoPE over
+    2 x (4,096 + 1,024)."""
+    from trainplan.estimate.time import hardware, step_derivation
+
+    lay = resolve(make_plan(model="mixtral-8x7b", gpus=8, ep=8, gbs=8, seq_len=4096))
+    per_token = 10 * 4096 + 3 * 2 * 14336 + 2 * (4096 + 1024)
+    want = 4096 * per_token * 2 / hardware(lay).hbm
+    got = float(np.ravel(step_derivation(lay)["detail"]["layer"]["moe"]["elementwise_forward"])[0])
+    assert got == pytest.approx(want, rel=1e-9)

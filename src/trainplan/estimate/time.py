@@ -502,11 +502,15 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     attn_backward = attn_total - attn
     # norms, residual adds and dropout see the full hidden width of every token, or 1/t of the
     # tokens under sequence parallelism (Korthikanti et al. 2022 §4.2.2); the MLP activation
-    # and RoPE work on the TP-sharded width
+    # and RoPE work on the TP-sharded width, in an MoE layer on each of a token's top-k routed
+    # copies (expert parallelism brings a rank as many as it sends) and the shared experts
     hidden_shard = np.where(f(sp) > 0, tp, 1.0)
-    elem_elems = ((10 * h + 6 * h * (f(dropout) > 0)) / hidden_shard + model.mlp_matrices * model.ffn / tp
-                  + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0))
-    elementwise = tokens * elem_elems * elem / hw.hbm
+    mlp_width = {"dense": model.ffn,
+                 "moe": model.top_k * (model.expert_ffn or model.ffn) + model.shared_ffn_total if model.is_moe else 0}
+    elementwise = {kind: tokens * ((10 * h + 6 * h * (f(dropout) > 0)) / hidden_shard
+                                   + model.mlp_matrices * width / tp
+                                   + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0))
+                   * elem / hw.hbm for kind, width in mlp_width.items()}
     # QLoRA (bitsandbytes' MatMul4Bit): every use of a quantized weight dequantizes it to the
     # compute dtype first, in the forward (and a recomputed forward) and for the backward's input
     # gradient: a pass reading the packed weight and writing the 16-bit one
@@ -536,7 +540,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # per layer: its time without recomputation, and what recomputation adds to it
     compute, recompute_extra, layer = {}, {}, {}
     for kind in gemm:
-        elem_fwd, elem_bwd = elementwise + adapter_drop[kind], 2 * elementwise + adapter_drop[kind]
+        elem_fwd, elem_bwd = elementwise[kind] + adapter_drop[kind], 2 * elementwise[kind] + adapter_drop[kind]
         fwd = gemm[kind] + attn + elem_fwd + dequant[kind]
         recompute_extra[kind] = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
         compute[kind] = fwd + gemm_bwd[kind] + attn_backward + elem_bwd + dequant[kind]
