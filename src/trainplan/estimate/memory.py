@@ -250,9 +250,9 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     if lora_saves is not None:
         # LoRA: the frozen embedding's output needs no gradient, so the first layer's input
         # norm (its weight frozen too) has no backward and keeps nothing (the same in either
-        # layer kind), unless the first layer is checkpointed (full recompute checkpoints each
-        # stage's first layers) and keeps its input instead
-        # and a dropout on the q, k, v adapters' input (which needs no gradient there) keeps no mask
+        # layer kind), and a dropout on the q, k, v adapters' input keeps no mask; unless the
+        # first layer is checkpointed (full recompute checkpoints each stage's first layers)
+        # and keeps its input instead
         qkv_inputs = act.adapter_inputs(mn.shape, {n: lora_saves.get(n, 0) for n in ("q", "k", "v")}, moe=False, tp=tp)
         per_mb_layers = per_mb_layers - first * (n_ckpt == 0) * (
             dense_terms["attn_norm"] + tokens * qkv_inputs * mask_bytes * float(r.lora_dropout))

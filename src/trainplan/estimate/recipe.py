@@ -50,10 +50,10 @@ class Recipe:
     optimizer_traffic: float = 1.0
     # ... and of the optimizer's step on the host under --offload-optimizer ([offload])
     cpu_optimizer_impl: str = "fused"
+    cpu_optimizer_traffic: float = 1.0
     # LoRA with dropout on each adapter's input (PEFT's lora_dropout > 0): A's gradient needs the
     # dropped copy (with its mask), not the input the frozen base shares
     lora_dropout: bool = False
-    cpu_optimizer_traffic: float = 1.0
     # one-way passes (a read or a write) over the local gradients, in the reduce dtype, that
     # the framework makes outside the collective each time it reduces them (scaling, NaN
     # check, zeroing, copies into a communication buffer), and over each gathered parameter,

@@ -38,7 +38,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..plan import Layout, conventions
+from ..plan import DTYPE_BYTES, Layout, conventions
 from . import activations as act
 from . import comm
 from .data import data_report, step_with_data
@@ -268,13 +268,16 @@ class LayerGemms:
     count: np.ndarray
 
 
-@lru_cache(maxsize=256)
-def layer_gemms(model, moe: bool) -> LayerGemms:
-    index = model.first_layer(moe)
-    lins = _linears(model, index) if index is not None else ()
+def _gemms_of(lins) -> LayerGemms:
     col = lambda f: np.array([f(lin) for lin in lins], dtype=float)  # noqa: E731
     return LayerGemms(col(lambda x: x.fan_in), col(lambda x: x.fan_out), col(lambda x: SPLIT[x.tp]),
                       col(lambda x: float(x.expert)), col(lambda x: x.count))
+
+
+@lru_cache(maxsize=256)
+def layer_gemms(model, moe: bool) -> LayerGemms:
+    index = model.first_layer(moe)
+    return _gemms_of(_linears(model, index) if index is not None else ())
 
 
 @lru_cache(maxsize=256)
@@ -296,10 +299,7 @@ def lora_gemms(model, moe: bool, targets: tuple, rank: int) -> LayerGemms:
 @lru_cache(maxsize=256)
 def attention_input_gemms(model) -> LayerGemms:
     """The first layer's projections of its normalised input (flops.ATTENTION_INPUTS)."""
-    lins = [lin for lin in _linears(model, 0) if lin.name in ATTENTION_INPUTS]
-    col = lambda f: np.array([f(lin) for lin in lins], dtype=float)  # noqa: E731
-    return LayerGemms(col(lambda x: x.fan_in), col(lambda x: x.fan_out), col(lambda x: SPLIT[x.tp]),
-                      col(lambda x: float(x.expert)), col(lambda x: x.count))
+    return _gemms_of([lin for lin in _linears(model, 0) if lin.name in ATTENTION_INPUTS])
 
 
 def layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None,
@@ -598,11 +598,9 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
 
     stage_layers = f(stage_dense) + f(stage_moe)
     share = recomputed_share(rc, recompute_layers, stage_layers)
-    # over all stages (given with recompute_layers: every stage is on the stage axis)
-    total_share = 1.0 if recompute_layers is None else \
-        np.sum(share * stage_layers, axis=-1) / np.maximum(np.sum(stage_layers, axis=-1), 1.0)
     parts = per_stage(f(stage_dense), f(stage_moe), f(first), f(last), 1.0, share)
-    totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp, total_share)
+    totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp,
+                       model_recomputed_share(rc, recompute_layers, stage_layers))
     # the terms above, one layer of each kind and one micro-batch (for `plan --explain`)
     # (the collectives per layer: with a recomputation's share of them where only some layers are recomputed)
     detail = {"layer": layer, "tp_layer": {kind: tp_fwd + tp_bwd + share * tp_extra[kind] for kind in tp_extra},
@@ -620,6 +618,15 @@ def recomputed_share(recompute, recompute_layers, layers):
     layers = np.asarray(layers, dtype=float)
     share = np.minimum(recompute_layers, layers) / np.maximum(layers, 1.0)
     return np.where(np.asarray(recompute) == 2, share, 1.0)
+
+
+def model_recomputed_share(recompute, recompute_layers, stage_layers):
+    """`recomputed_share` over all the stages together (`stage_layers`: every stage's layers,
+    stage axis last), for the FLOPs and the pipeline's sum over stages."""
+    if recompute_layers is None:
+        return 1.0
+    share = recomputed_share(recompute, recompute_layers, stage_layers)
+    return np.sum(share * stage_layers, axis=-1) / np.maximum(np.sum(stage_layers, axis=-1), 1.0)
 
 
 def slowest_stage(parts: dict) -> dict:
@@ -694,7 +701,7 @@ def offloaded_optimizer(hw: Hardware, r, *, shard_params, reductions, backward, 
                       + overlapped(last, backward, hw.overlap_slowdown), (reductions - 1) * earlier + last)
     # the fused step's bytes per parameter: the gradient, and the master copy and state read
     # and written (as `opt_bytes` on the GPU), times the host implementation's passes
-    fp32 = 4.0
+    fp32 = DTYPE_BYTES["fp32"]
     host_step = ranks_per_host * shard_params * (fp32 + 2 * (fp32 + r.optimizer_bytes)) * r.cpu_optimizer_traffic \
         / hw.host_memory
     back = np.where(params_on_host, 0.0, shard_params * r.compute_weight_bytes / hw.h2d)
@@ -880,12 +887,11 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
     mem = memory if memory is not None else estimate_memory(layout)
     rc = act.RECOMPUTE_CODE[plan.recompute]
     stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
-    share = recomputed_share(rc, layout.recompute_layers_per_stage, stage_layers)
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                     attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
                     skip_last=recipe(plan).recompute_skips_last_linear,
-                    recompute_share=float(np.sum(share * stage_layers) / np.sum(stage_layers)),
+                    recompute_share=float(model_recomputed_share(rc, layout.recompute_layers_per_stage, stage_layers)),
                     **lora_arguments(plan))
     stages = np.arange(layout.pp)
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
