@@ -221,6 +221,16 @@ def zero_stages(framework: str) -> tuple[int, ...]:
     return tuple(conventions()["frameworks"][framework].get("zero_stages", (0, 1, 2, 3)))
 
 
+def least_zero(plan: Plan) -> int:
+    """The least ZeRO stage a plan's offloading allows: parameter offload needs ZeRO-3, and
+    DeepSpeed and Megatron-LM offload only an optimizer they shard (DeepSpeed's ZeRO 1-3,
+    Megatron's --optimizer-cpu-offload beside its distributed optimizer; DDP has none); FSDP
+    offloads at any of its strategies."""
+    if plan.offload_params:
+        return 3
+    return 1 if plan.offload_optimizer and not plan.framework.startswith("fsdp") else 0
+
+
 # ---- model and accelerator lookup -------------------------------------------------------
 @lru_cache(maxsize=256)
 def _model_from_file(path: str, mtime_ns: int, size: int) -> ModelSpec:
@@ -510,11 +520,9 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         raise PlanError("zero", f"{plan.framework} has no ZeRO-{zero}: it shards the optimizer state only together "
                         f"with the gradients and the parameters it updates; choose --zero "
                         f"{', '.join(offered[:-1])} or {offered[-1]}")
-    if plan.offload_params and zero != 3:
-        raise PlanError("offload_params", "parameter offload needs --zero 3")
-    if plan.offload_optimizer and zero == 0 and not plan.framework.startswith("fsdp"):
-        # DeepSpeed offloads the optimizer state it partitions (ZeRO 1-3); Megatron-LM's
-        # --optimizer-cpu-offload runs with its distributed optimizer; DDP has none
+    if zero < least_zero(plan):
+        if plan.offload_params:
+            raise PlanError("offload_params", "parameter offload needs --zero 3")
         raise PlanError("offload_optimizer", f"{plan.framework} offloads a sharded optimizer: use --zero 1 or more")
     if plan.lora_dropout > 0 and plan.finetune == "full":
         raise PlanError("lora_dropout", "applies to --finetune lora or qlora only")

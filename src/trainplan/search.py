@@ -42,6 +42,7 @@ from .plan import (
     conventions,
     default_stage_split,
     interleaving_problem,
+    least_zero,
     load_model,
     resolve,
     zero_stages,
@@ -156,10 +157,7 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
 
     cols = _expand(cols, {"recompute": [act.RECOMPUTE_CODE[r] for r in space.recompute]})
     cols = _expand(cols, {"zero": space.zero})
-    if plan.offload_params:
-        cols = _keep(cols, cols["zero"] == 3)
-    if plan.offload_optimizer and not plan.framework.startswith("fsdp"):
-        cols = _keep(cols, cols["zero"] >= 1)
+    cols = _keep(cols, cols["zero"] >= least_zero(plan))  # what offloading needs
     if plan.dp_shard:
         # hybrid sharding: shard groups of dp_shard ranks that divide dp (and hold whole expert
         # groups); DeepSpeed has them only at ZeRO-3 (MiCS)
@@ -275,9 +273,9 @@ def _base(plan: Plan, gpus: int, model):
     if plan.recompute_layers is not None:
         raise PlanError("recompute_layers", "a search recomputes all of a stage's layers or none; price some "
                         "of them with `trainplan plan --recompute full --recompute-layers N`")
-    # the least ZeRO stage the plan's offloading allows (the search's layouts keep to it too)
-    zero = 3 if plan.offload_params else 1 if plan.offload_optimizer and not plan.framework.startswith("fsdp") else 0
-    lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": zero, "dp": None, "dp_shard": None,
+    # at the least ZeRO stage the plan's offloading allows (the search's layouts keep to it too)
+    lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": least_zero(plan), "dp": None,
+                                           "dp_shard": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
                                            "vpp": None, "recompute": "none", "stage_layers": None}), model)
     profile = None
