@@ -366,13 +366,13 @@ class Hardware:
     attention_kernel: str  # the plan's attention (flash_head_dim pads by kernel)
     flash_head_dim_multiple: int
     overlap_slowdown: float  # compute slowdown beside overlapped data-parallel collectives
+    h2d: float  # host <-> device bytes/s per GPU (PCIe; conventions.toml [data])
+    host_memory: float  # the host's memory bytes/s, shared by the GPUs of a node ([offload])
     gemm_curve: GemmResiduals | GemmShape | None = None  # a profile's measured residuals, or the catalog's fit
     flash_curve: tuple | None = None  # FlashAttention fraction by log2 sequence length
     flash_fwd_curve: tuple | None = None  # its forward alone, where published
     eff_16: float | None = None  # 16-bit GEMMs (the head, materialised attention) under an fp8 recipe
     curve_16: GemmResiduals | GemmShape | None = None
-    h2d: float = 25e9  # host <-> device bytes/s per GPU (PCIe)
-    host_memory: float = 200e9  # the host's memory bytes/s, shared by the GPUs of a node
 
     @property
     def gemm16(self) -> tuple:
