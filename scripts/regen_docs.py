@@ -24,6 +24,8 @@ BLOCKS = {
     "data-example": "trainplan plan --model gpt2 --gpu V100 --precision fp16 --attention eager --gpus 32 --gbs 1024 --mbs 16 "
                     "--seq-len 1024 --tokenize-rate 500000 --data-workers 1 --no-prefetch --h2d-gbs 15.75",
     "search-example": "trainplan search --model llama-3-70b --gpus 64 --gbs 256 --top 5",
+    "compare-example": "trainplan search --model llama-3-70b --gpus 64 --gbs 512 --seq-len 8192 --objective cost "
+                       "--compare-gpus H100-SXM,H200-SXM,B200,MI300X,A100-80GB-SXM,RTX-4090",
     "maxmodel-example": "trainplan search --max-model --gpu A100-80GB-SXM --gpus 8 --seq-len 2048 --recompute full",
     "export-example": "trainplan search --model llama-3-8b --gpus 16 --gbs 64 --export deepspeed",
     "bench-example": "trainplan bench gemm memory alignment recompute --quick --device cpu --gpu A100-80GB-SXM --model gpt2 --tokens 256 --no-save",

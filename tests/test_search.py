@@ -11,7 +11,14 @@ from trainplan.cli import app
 from trainplan.errors import PlanError
 from trainplan.plan import make_plan
 from trainplan.report import evaluate
-from trainplan.search import default_space, enumerate_layouts, evaluate_bulk, layout_plan, search
+from trainplan.search import (
+    default_space,
+    enumerate_layouts,
+    evaluate_bulk,
+    layout_plan,
+    search,
+    search_batch,
+)
 
 
 @pytest.mark.parametrize("kw", [
@@ -58,6 +65,79 @@ def test_enumeration_respects_plan_rules():
     rng = np.random.default_rng(0)
     for i in rng.choice(len(lay["tp"]), 30, replace=False):
         evaluate(layout_plan(plan, lay, int(i), 64))
+
+
+def test_search_holds_every_layout_to_one_global_batch():
+    """Without --gbs every layout trains the same batch: Llama 2's 4M tokens (Touvron et al.
+    2023, Table 1), as the GPU count times a power of two so it divides among the data-parallel
+    ranks: 1,024 x 4,096 on 8 or 64 GPUs, 768 on 24, and Llama 3 405B's 4M tokens of 8K on 16K GPUs
+    (512 sequences). Ranking layouts at their own default batches favoured larger batches."""
+    assert search_batch(4096, 8) * 4096 == 4_194_304 == search_batch(4096, 64) * 4096
+    assert search_batch(4096, 24) == 768 and search_batch(8192, 16384) == 512 and search_batch(4096, 1) == 1024
+    out = search(make_plan(model="llama-3-8b", gpus=8), set(), top=5)
+    assert out["gbs"] == 1024 and not out["gbs_given"]
+    assert {b["parallel"]["gbs"] for b in out["best"]} == {1024}
+    given = search(make_plan(model="llama-3-8b", gpus=8, gbs=64), set(), top=5)
+    assert given["gbs"] == 64 and given["gbs_given"] and {b["parallel"]["gbs"] for b in given["best"]} == {64}
+    text = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gpus", "8", "--top", "1"]).output
+    assert "global batch 1,024 x 4,096 tokens (4.2M tokens, the default; --gbs sets it)" in text
+
+
+def test_compare_gpus_ranks_each_accelerators_best_layout():
+    """`search --compare-gpus`: the same training (model, batch, tokens) on each accelerator,
+    its best layout found by the same search as on its own; ranked by tokens/s, or by the
+    training's cost at each accelerator's catalog price; one that cannot be planned says why."""
+    from trainplan.search import accelerator_plans, compare_gpus
+
+    opts = dict(model="llama-3-8b", gpus=8, gbs=64)
+    plans = accelerator_plans(opts, "h100,A100-80GB-SXM,MI300X,H100-SXM")  # aliases resolved, duplicates dropped
+    assert [p.gpu for p in plans] == ["H100-SXM", "A100-80GB-SXM", "MI300X"]
+    data = compare_gpus(plans, set())
+    rows = {r["gpu"]: r for r in data["rows"]}
+    for name in rows:  # each row is that accelerator's own search's best
+        alone = search(make_plan(**opts, gpu=name), set(), top=1)["best"][0]
+        assert rows[name]["best"]["time"]["step_s"] == alone["time"]["step_s"]
+        assert rows[name]["best"]["parallel"]["gbs"] == 64
+    speeds = [r["best"]["time"]["tokens_per_s"] for r in data["rows"]]
+    assert speeds == sorted(speeds, reverse=True)
+    by_cost = compare_gpus(plans, set(), objective="cost")["rows"]
+    costs = [r["best"]["training"]["cost_usd"] for r in by_cost]
+    assert costs == sorted(costs)
+    # the cost is GPU-hours at the catalog price: H100-SXM $2.69, A100 $2.45, MI300X $1.78
+    for r in by_cost:
+        tr = r["best"]["training"]
+        assert tr["cost_usd"] == pytest.approx(tr["gpu_hours"] * {"H100-SXM": 2.69, "A100-80GB-SXM": 2.45,
+                                                                  "MI300X": 1.78}[r["gpu"]], rel=1e-9)
+    # an accelerator the catalog gives no network for cannot span nodes: last, with the reason
+    far = compare_gpus(accelerator_plans({**opts, "gpus": 16}, "H100-SXM,RTX-4090"), set())["rows"]
+    assert far[0]["gpu"] == "H100-SXM" and far[1]["best"] is None and far[1]["reason"].startswith("nic_gbps:")
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--compare-gpus", "H100-SXM,nope"], "compare_gpus"),
+    (["--compare-gpus", "H100-SXM"], "compare_gpus"),
+    (["--compare-gpus", "H100-SXM,MI300X", "--gpu", "B200"], "compare_gpus"),
+    (["--compare-gpus", "H100-SXM,MI300X", "--pareto"], "compare_gpus"),
+    (["--compare-gpus", "H100-SXM,MI300X", "--export", "megatron"], "export"),
+    (["--compare-gpus", "H100-SXM,MI300X", "--min-gpus"], "days"),
+])
+def test_compare_gpus_refuses_bad_input_by_name(args, field):
+    res = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gpus", "8", *args])
+    assert res.exit_code == 2 and res.output.startswith(f"error: {field}: ") and "Traceback" not in res.output
+
+
+def test_compare_gpus_cli_table_and_deadline():
+    res = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gbs", "64", "--compare-gpus",
+                                   "H100-SXM,A100-80GB-SXM", "--min-gpus", "--days", "30"])
+    assert res.exit_code == 0, res.output
+    assert "the fewest GPUs of each that train within 30 days; ranked by fewest GPUs, then fewest days" in res.output
+    data = json.loads(CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gbs", "64", "--compare-gpus",
+                                               "H100-SXM,A100-80GB-SXM", "--min-gpus", "--days", "30",
+                                               "--json"]).output)
+    for r in data["rows"]:  # each the fewest GPUs (doubling from a node) within the deadline
+        assert r["best"]["training"]["days"] <= 30
+        assert all(t["days"] is None or t["days"] > 30 for t in r["tried"][:-1])
+    assert [r["best"]["gpu"]["gpus"] for r in data["rows"]] == sorted(r["best"]["gpu"]["gpus"] for r in data["rows"])
 
 
 def test_search_keeps_fixed_dimensions_and_ranks():
@@ -269,12 +349,10 @@ def _scalar_reference(plan, space, gpus: int) -> dict:
             continue
         if plan.offload_params and zero != 3:
             continue
-        if plan.gbs is None:
-            m = 1 if pp == 1 else 4 * pp
-        elif plan.gbs % (dp * mbs):
+        gbs = plan.gbs or search_batch(seq, gpus)
+        if gbs % (dp * mbs):
             continue
-        else:
-            m = plan.gbs // (dp * mbs)
+        m = gbs // (dp * mbs)
         if sched == "interleaved":
             split = default_stage_split(model.layers, pp)
             if pp < 2 or vpp < 2 or m % pp or interleaving_problem(split, vpp, plan.framework):
@@ -284,7 +362,7 @@ def _scalar_reference(plan, space, gpus: int) -> dict:
         if pp == 1 and sched != "1f1b" and "1f1b" in space.schedule:  # one stage: only 1F1B
             continue
         rows.append(dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, mbs=mbs, recompute=act.RECOMPUTE_CODE[rc],
-                         schedule=SCHEDULE_CODE[sched], vpp=vpp, m=m, gbs=plan.gbs or dp * mbs * m))
+                         schedule=SCHEDULE_CODE[sched], vpp=vpp, m=m, gbs=gbs))
     return {k: np.array([r[k] for r in rows]) for k in rows[0]}
 
 

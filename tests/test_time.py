@@ -649,6 +649,38 @@ def test_collective_latency_is_nccls_ring_model():
     assert "each collective one call of 0.107 ms NCCL latency" in lines[-2]
 
 
+def test_the_plan_gives_its_own_links_and_needs_those_it_crosses():
+    """--scale-up-gbs / --nic-gbps replace the catalog's links: the network a plan's collectives
+    cross between nodes is the one it names (H100 nodes with 2 x 400G per 8 GPUs: 100 Gb/s per GPU,
+    a quarter of the DGX's, at the same achieved fraction). A plan over links the catalog does not
+    give (RTX 4090: no network; TPU v4: no figure for ICI) is refused by name until it gives them;
+    it used to be timed over a made-up link (PCIe across nodes) or come out NaN."""
+    from trainplan.estimate.time import hardware
+
+    kw = dict(model="llama-3-8b", gpus=16, zero=3, framework="fsdp", gbs=64)
+    dgx, thin = resolve(make_plan(**kw)), resolve(make_plan(**kw, nic_gbps=100))
+    assert hardware(thin).nic == pytest.approx(hardware(dgx).nic / 4, rel=1e-12)
+    assert hardware(thin).nvlink == hardware(dgx).nvlink
+    slow, fast = evaluate(make_plan(**kw, nic_gbps=100)).time, evaluate(make_plan(**kw)).time
+    assert slow["breakdown_s"]["dp_comm"] > fast["breakdown_s"]["dp_comm"]
+    assert to_json(evaluate(make_plan(**kw, nic_gbps=100)))["gpu"]["nic_gbps"] == 100
+    with pytest.raises(PlanError) as e:
+        resolve(make_plan(**{**kw, "gpu": "RTX-4090"}))
+    assert e.value.field == "nic_gbps" and "16 GPUs span 2 nodes of 8" in e.value.rule
+    assert resolve(make_plan(**{**kw, "gpu": "RTX-4090"}, nic_gbps=100)).gpu.nic_gbps == 100
+    with pytest.raises(PlanError) as e:
+        resolve(make_plan(model="llama-3-8b", gpu="TPU-v4", gpus=8, zero=3))
+    assert e.value.field == "scale_up_gbs"
+    single = evaluate(make_plan(model="llama-3-8b", gpu="TPU-v4", gpus=1, finetune="lora", seq_len=1024))
+    assert np.isfinite(single.time["step_s"])  # one chip crosses no link
+    # a TPU v5p slice shares one ICI domain: as many "per node" as chips, no network needed
+    assert np.isfinite(evaluate(make_plan(model="llama-3-8b", gpu="TPU-v5p", gpus=64, gpus_per_node=64,
+                                          zero=3)).time["step_s"])
+    # Gaudi 2 and 3 take their 3 scale-out ports per chip (docs.habana.ai network configuration)
+    assert (catalog.gpu("Gaudi2").nic_gbps, catalog.gpu("Gaudi3").nic_gbps) == (300, 600)
+    assert np.isfinite(evaluate(make_plan(**{**kw, "gpu": "Gaudi2"})).time["step_s"])
+
+
 def test_hybrid_sharding_reduces_inside_the_node_and_all_reduces_the_shards_across_replicas():
     """HSDP (--dp-shard 8: FSDP sharded over the 8 GPUs of a node, replicated over 64 nodes):
     the gathers and reduce-scatters run over NVLink, and each reduce-scatter's output, 1/8 of

@@ -127,6 +127,8 @@ def _plan_options(
     checkpoint_gbs: Annotated[float | None, typer.Option(help="Checkpoint write bandwidth per node, GB/s (default 10)")] = None,
     gpu_profile: Annotated[str | None, typer.Option(help="Calibrated hardware profile (TOML) to use instead of the defaults")] = None,
     sharp: Annotated[bool, typer.Option("--sharp", help="In-network all-reduce: NVLS inside a node, SHARP across nodes")] = False,
+    scale_up_gbs: Annotated[float | None, typer.Option(help="Link between the GPUs of a node (NVLink-class), per GPU, bidirectional GB/s (default: the accelerator's catalog entry)")] = None,
+    nic_gbps: Annotated[float | None, typer.Option(help="Network between nodes, per GPU, Gb/s (default: the accelerator's catalog entry; e.g. 100 for 2 x 400G NICs per 8 GPUs)")] = None,
     data_workers: Annotated[int | None, typer.Option(help="Data-loader workers per data-parallel rank (default 8)")] = None,
     tokenize_rate: Annotated[float | None, typer.Option(help="Tokens/s per worker when tokenizing on the fly (default: pre-tokenized data)")] = None,
     storage_gbs: Annotated[float | None, typer.Option(help="Effective storage read GB/s per data-parallel rank (default: not a limit)")] = None,
@@ -270,9 +272,6 @@ def _write_or_echo(text: str, output: str | None) -> None:
     typer.echo(f"written to {path}", err=True)
 
 
-LAYOUT_DIMS = ("tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp")
-
-
 @app.command()
 @with_plan_options
 def search(
@@ -286,23 +285,30 @@ def search(
     max_model: Annotated[bool, typer.Option("--max-model", help="The largest Llama-style model each of DDP and ZeRO-1/2/3 can train here")] = False,
     min_gpus: Annotated[bool, typer.Option("--min-gpus", help="The fewest GPUs that train --tokens within --days")] = False,
     days: Annotated[float | None, typer.Option(help="Deadline for --min-gpus, in days")] = None,
+    compare_gpus: Annotated[str | None, typer.Option(help="Compare accelerators instead of --gpu: the best layout on each of these (comma-separated, or all), ranked by --objective; with --min-gpus, the fewest of each that meet --days")] = None,
     export_to: Annotated[str | None, typer.Option("--export", help="Print the best layout's megatron / deepspeed / torchtitan config")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON")] = False,
 ) -> None:
     """Find the fastest (or cheapest) layout that fits: layout options you give stay fixed,
-    the others (TP, PP, CP, EP, ZeRO, micro-batch, recompute, schedule) are searched."""
+    the others (TP, PP, CP, EP, ZeRO, micro-batch, recompute, schedule) are searched; or
+    compare accelerators (--compare-gpus)."""
     from .plan import make_plan
+    from .search import LAYOUT_DIMENSIONS
     from .search import search as run_search
 
     def given(name):
         source = ctx.get_parameter_source(name)
         return source is not None and source.name == "COMMANDLINE"
 
-    fixed = {d for d in LAYOUT_DIMS if given(d)}
+    fixed = {d for d in LAYOUT_DIMENSIONS if given(d)}
     try:
         if not 1 <= top <= 1000:
             raise PlanError("top", "must be between 1 and 1000")
         plan_ = make_plan(**options)
+        if compare_gpus is not None:
+            _compare_gpus(options, compare_gpus, fixed, given("gpu"), pareto or max_model, min_gpus, days,
+                          objective, max_tp, export_to, as_json)
+            return
         if pareto or max_model or min_gpus:
             _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_tp, as_json)
             return
@@ -328,6 +334,30 @@ def search(
     from .render import render_search
 
     render_search(data)
+
+
+def _compare_gpus(options, accelerators, fixed, gpu_given, other_variant, min_gpus, days, objective, max_tp,
+                  export_to, as_json) -> None:
+    from .render import render_gpu_comparison
+    from .search import accelerator_plans, compare_gpus
+
+    if gpu_given:
+        raise PlanError("compare_gpus", "replaces --gpu: name every accelerator to compare in --compare-gpus")
+    if other_variant:
+        raise PlanError("compare_gpus", "compares the best layouts (or, with --min-gpus, the fewest GPUs); "
+                        "not with --pareto or --max-model")
+    if export_to:
+        raise PlanError("export", "exports one plan: search one accelerator (--gpu) to export its best layout")
+    if min_gpus and days is None:
+        raise PlanError("days", "--min-gpus needs --days (the deadline)")
+    plans = accelerator_plans(options, accelerators)
+    data = _with_status(lambda progress: compare_gpus(plans, fixed, objective=objective, max_tp=max_tp,
+                                                      days=days if min_gpus else None, progress=progress),
+                        as_json, "comparing accelerators…")
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        render_gpu_comparison(data)
 
 
 def _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_tp, as_json) -> None:

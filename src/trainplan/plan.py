@@ -133,6 +133,12 @@ class Plan(BaseModel):
     checkpoint_gbs: float | None = Field(default=None, ge=1e-3, le=1e6, description="checkpoint write GB/s per node")
     gpu_profile: str | None = Field(default=None, description="calibrated hardware profile (TOML)")
     sharp: bool = Field(default=False, description="in-network all-reduce (NVLS in a node, SHARP across nodes)")
+    scale_up_gbs: float | None = Field(
+        default=None, gt=0, le=1e6, description="the link between the GPUs of a node (NVLink-class), per GPU, "
+        "bidirectional GB/s (default: the accelerator's catalog entry)")
+    nic_gbps: float | None = Field(
+        default=None, gt=0, le=1e6, description="the scale-out network between nodes, per GPU, Gb/s (default: the "
+        "accelerator's catalog entry)")
     data_workers: int | None = Field(default=None, ge=1, le=4096, description="data-loader workers per data-parallel rank")
     tokenize_rate: float | None = Field(default=None, ge=1, le=1e12,
                                         description="tokens/s per worker when tokenizing on the fly (default: pre-tokenized)")
@@ -358,6 +364,27 @@ def default_stage_split(layers: int, pp: int) -> list[int]:
     return split
 
 
+def cluster_links(gpu: GPUSpec, plan: Plan, gpus: int) -> GPUSpec:
+    """The accelerator with the plan's own links (`scale_up_gbs`, `nic_gbps`) in place of its
+    catalog entry's, checked to connect all `gpus`: a node of several needs the link between
+    them, more than one node the network between nodes. An accelerator the catalog lists
+    without one (a PCIe card sold without a network, a TPU whose chips talk over ICI) cannot be
+    timed across it until the plan gives it."""
+    links = {k: getattr(plan, k) for k in ("scale_up_gbs", "nic_gbps") if getattr(plan, k) is not None}
+    gpu = gpu.model_copy(update=links) if links else gpu
+    gpn = plan.gpus_per_node
+    if min(gpus, gpn) > 1 and not gpu.scale_up_gbs:
+        raise PlanError("scale_up_gbs", f"{gpu.name}'s catalog entry gives no link between the accelerators of a "
+                        f"node, which {min(gpus, gpn)} per node need: give it (--scale-up-gbs, per GPU, "
+                        "bidirectional GB/s)")
+    if gpus > gpn and not gpu.nic_gbps:
+        raise PlanError("nic_gbps", f"{gpus} GPUs span {math.ceil(gpus / gpn)} nodes of {gpn} and {gpu.name}'s "
+                        "catalog entry gives no network between nodes: give it (--nic-gbps, per GPU, Gb/s), or, "
+                        f"when all {gpus} share one scale-up domain such as a TPU slice's ICI, "
+                        f"--gpus-per-node {gpus}")
+    return gpu
+
+
 def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     """Check a plan against its model (looked up from the plan unless given) and
     accelerator, and derive the missing values."""
@@ -386,6 +413,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         if gpus % model_parallel:
             raise PlanError("gpus", f"must be a multiple of tp x pp x cp = {model_parallel} (got {gpus})")
         dp = gpus // model_parallel
+    gpu = cluster_links(gpu, plan, gpus)
 
     # -- tensor parallelism
     if model.heads % tp:

@@ -41,14 +41,22 @@ def memory_bar(stage: dict, capacity: float) -> Text:
     return bar
 
 
+def _links(g: dict) -> str:
+    """The links a plan's collectives cross: inside a node, and between nodes."""
+    inside = min(g["gpus"], g["gpus_per_node"]) > 1
+    across = g["gpus"] > g["gpus_per_node"]
+    return ((f", scale-up {g['scale_up_gbs']:g} GB/s" if inside else "")
+            + (f", network {g['nic_gbps']:g} Gb/s per GPU" if across else ""))
+
+
 def render_plan(data: dict) -> None:
     c = _console()
     m, par, g, tr, mem = data["model"], data["parallel"], data["gpu"], data["recipe"], data["memory"]
     c.print(f"[bold]{m['name']}[/] — {fmt_count(m['params'])} parameters"
             + (f" ({fmt_count(m['active_params'])} active)" if m["active_params"] != m["params"] else "")
             + f", {m['layers']} layers, hidden {m['hidden']}")
-    c.print(f"{g['gpus']} x {g['name']} ({g['memory_gib']:g} GiB), {g['gpus_per_node']} per node | "
-            f"TP {par['tp']} · PP {par['pp']} · DP {par['dp']} · CP {par['cp']}"
+    c.print(f"{g['gpus']} x {g['name']} ({g['memory_gib']:g} GiB), {g['gpus_per_node']} per node{_links(g)}")
+    c.print(f"TP {par['tp']} · PP {par['pp']} · DP {par['dp']} · CP {par['cp']}"
             f"{' (' + par['cp_comm'] + ')' if par['cp'] > 1 else ''} · EP {par['ep']} · "
             f"ZeRO-{par['zero']}"
             f"{' sharded over ' + str(par['dp_shard']) + ' of DP (HSDP)' if par['zero'] >= 1 and par['dp_shard'] < par['dp'] else ''}"
@@ -122,11 +130,16 @@ def render_gpus(rows: list[dict]) -> None:
                   *(f"{pk[k]:g}" if k in pk else "—" for k in ("bf16", "fp16", "fp8", "fp32")),
                   f"{r['scale_up_gbs']:g}", f"{r['nic_gbps']:g}", f"{r['tdp_w']:g}",
                   f"{r['price_usd_per_hour']:.2f}" if r["price_usd_per_hour"] is not None else "—",
-                  f"{acc['mean_abs_error']:.1%} ({acc['runs']})" if acc.get("compared_on") else "—")
+                  _error_cell(acc))
     c = _console()
     c.print(t)
     c.print("time error: mean absolute error of the predicted speed on published runs (their number), on that "
             "accelerator or one whose efficiency defaults it shares (docs/accuracy.md)")
+
+
+def _error_cell(acc: dict) -> str:
+    """The time model's mean error on an accelerator's published runs (their number), or — for none."""
+    return f"{acc['mean_abs_error']:.1%} ({acc['runs']})" if acc.get("compared_on") else "—"
 
 
 def render_validation(data: dict) -> None:
@@ -211,8 +224,11 @@ def render_time(c: Console, data: dict) -> None:
 
 def render_search(data: dict) -> None:
     c = _console(200)
+    seq = data["best"][0]["parallel"]["seq_len"] if data["best"] else 0
+    batch = (f"global batch {data['gbs']:,} x {seq:,} tokens"
+             + ("" if data["gbs_given"] else f" ({data['gbs'] * seq / 1e6:.1f}M tokens, the default; --gbs sets it)"))
     c.print(f"evaluated {data['evaluated']:,} layouts in {data['seconds']:.2f} s; {data['feasible']:,} fit; "
-            f"best by {data['objective']}:")
+            f"{batch}; best by {data['objective']}:")
     t = Table()
     for col in ("#", "TP", "PP", "DP", "CP", "EP", "ZeRO", "mbs", "recompute", "schedule", "step", "tokens/s",
                 "MFU", "peak GiB", "headroom", "bottleneck", "$/M tok"):
@@ -230,6 +246,51 @@ def render_search(data: dict) -> None:
     c.print(t)
     if data["best"] and "accuracy" in data["best"][0]["time"]:
         c.print(accuracy_sentence(data["best"][0]["time"]["accuracy"], data["best"][0]["gpu"]["name"]))
+
+
+def _layout_brief(p: dict) -> str:
+    sched = "" if p["pp"] == 1 else " " + p["schedule"] + (f" v{p['vpp']}" if p["vpp"] > 1 else "")
+    dims = " ".join(f"{k.upper()}{p[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if p[k] > 1 or k == "dp")
+    return f"{dims} ZeRO-{p['zero']} mbs {p['mbs']}{' ' + p['recompute'] if p['recompute'] != 'none' else ''}{sched}"
+
+
+def render_gpu_comparison(data: dict) -> None:
+    """`search --compare-gpus`: the best layout on each accelerator, ranked."""
+    c = _console(200)
+    deadline = data["deadline_days"]
+    ranked = {"time": "most tokens per second", "cost": "lowest cost"}[data["objective"]]
+    if deadline is not None and data["objective"] == "time":
+        ranked = "fewest GPUs, then fewest days"
+    what = (f"the fewest GPUs of each that train within {deadline:g} days" if deadline is not None
+            else "the best layout on each")
+    c.print(f"the same training on {len(data['rows'])} accelerators, {what}; ranked by {ranked}:")
+    t = Table()
+    for col in ("#", "accelerator", "GPUs", "layout", "step", "tokens/s", "per GPU", "MFU", "peak GiB", "days",
+                "cost", "$/M tok", "kWh", "time error"):
+        t.add_column(col, justify="left" if col in ("accelerator", "layout") else "right", no_wrap=True)
+    shown = [r for r in data["rows"] if r["best"]]
+    for i, r in enumerate(shown, 1):
+        b = r["best"]
+        tm, tr, g = b["time"], b["training"], b["gpu"]
+        cost = tr["cost_usd"]
+        t.add_row(str(i), r["gpu"], f"{g['gpus']:,}", _layout_brief(b["parallel"]), _dur(tm["step_s"]),
+                  f"{tm['tokens_per_s']:,.0f}", f"{tm['tokens_per_s'] / g['gpus']:,.0f}", f"{tm['mfu']:.1%}",
+                  f"{b['memory']['peak_bytes'] / GiB:.1f}", f"{tr['days']:,.1f}",
+                  f"${cost:,.0f}" if cost is not None else "—",
+                  f"{cost / tr['tokens'] * 1e6:.3f}" if cost is not None else "—",
+                  f"{tr['energy_kwh']:,.0f}", _error_cell(tm.get("accuracy") or {}))
+    if shown:
+        c.print(t)
+        tr, par = shown[0]["best"]["training"], shown[0]["best"]["parallel"]
+        price = (f"${data['price']:g} per GPU-hour for all (--price)" if data["price"] is not None
+                 else "each accelerator's catalog price per GPU-hour (--price sets one for all)")
+        c.print(f"training {tr['tokens'] / 1e9:,.0f}B tokens in global batches of {par['gbs']:,} x {par['seq_len']:,} "
+                f"(--gbs); cost at {price}")
+        c.print("time error: the time model's mean error on the published runs on that accelerator (how many), "
+                "— where none is compared yet")
+    for r in data["rows"]:
+        if not r["best"]:
+            c.print(f"[yellow]{r['gpu']}[/]: {r['reason']}")
 
 
 def render_pareto(data: dict) -> None:

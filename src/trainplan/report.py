@@ -79,7 +79,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                   "layers": L.model.layers, "hidden": L.model.hidden, "vocab": L.model.vocab,
                   "vocab_padded": L.vocab_padded},
         "gpu": {"name": L.gpu.name, "memory_gib": L.gpu.memory_gib, "gpus": L.gpus,
-                "gpus_per_node": p.gpus_per_node},
+                "gpus_per_node": p.gpus_per_node, "scale_up_gbs": L.gpu.scale_up_gbs, "nic_gbps": L.gpu.nic_gbps},
         "parallel": {"tp": L.tp, "pp": L.pp, "dp": L.dp, "cp": L.cp, "ep": L.ep, "zero": L.zero, "dp_shard": L.dp_shard,
                      "sp": L.sp, "mbs": L.mbs, "gbs": L.gbs, "seq_len": L.seq_len,
                      "micro_batches": L.micro_batches, "recompute": p.recompute,

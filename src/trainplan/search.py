@@ -49,6 +49,8 @@ from .plan import (
 )
 from .units import GiB
 
+# the layout dimensions a search enumerates unless the plan fixes them
+LAYOUT_DIMENSIONS = ("tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp")
 REPRESENTATIVE = 4
 MIN_GROUP = 2048  # layouts: a smaller group of one stage width is evaluated with a wider one
 OBJECTIVES = ("time", "cost")
@@ -103,6 +105,14 @@ def _expand(cols: dict[str, np.ndarray], values: dict[str, list]) -> dict[str, n
     return out
 
 
+def search_batch(seq: int, gpus: int) -> int:
+    """The global batch (sequences) every layout of a search trains when the plan gives none:
+    about conventions.toml [search] batch_tokens, as the GPU count times a power of two (or
+    divided by one), so that it divides among as many data-parallel ranks as it can."""
+    sequences = conventions()["search"]["batch_tokens"] / seq
+    return max(1, round(gpus * 2.0 ** round(math.log2(sequences / gpus))))
+
+
 def _keep(cols: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, np.ndarray]:
     return {name: col[ok] for name, col in cols.items()}
 
@@ -145,15 +155,11 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
     cols = _keep({**cols, "dp": dp}, ok)
 
     cols = _expand(cols, {"mbs": space.mbs})
-    dp, mbs, pp = cols["dp"], cols["mbs"], cols["pp"]
-    if plan.gbs is None:
-        cols["m"] = np.where(pp == 1, 1, 4 * pp)
-        cols["gbs"] = dp * mbs * cols["m"]
-    else:
-        ok = (plan.gbs % np.maximum(dp * mbs, 1)) == 0
-        cols = _keep(cols, ok)
-        cols["m"] = plan.gbs // np.maximum(cols["dp"] * cols["mbs"], 1)
-        cols["gbs"] = np.full_like(cols["dp"], plan.gbs)
+    dp, mbs = cols["dp"], cols["mbs"]
+    gbs = plan.gbs or search_batch(seq, gpus)
+    cols = _keep(cols, (gbs % np.maximum(dp * mbs, 1)) == 0)
+    cols["m"] = gbs // np.maximum(cols["dp"] * cols["mbs"], 1)
+    cols["gbs"] = np.full_like(cols["dp"], gbs)
 
     cols = _expand(cols, {"recompute": [act.RECOMPUTE_CODE[r] for r in space.recompute]})
     cols = _expand(cols, {"zero": space.zero})
@@ -469,7 +475,9 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
         data = to_json(evaluate(p, spec=spec))
         best.append(data)
     return {"evaluated": evaluated, "feasible": int(len(fits)), "seconds": time.perf_counter() - t0,
-            "objective": objective, "interrupted": interrupted, "best": best}
+            "objective": objective, "interrupted": interrupted,
+            # the global batch every layout trains: the plan's, or search_batch's when it gives none
+            "gbs": int(layouts["gbs"][0]), "gbs_given": plan.gbs is not None, "best": best}
 
 
 # ---- Pareto fronts -------------------------------------------------------------------------
@@ -536,6 +544,79 @@ def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = No
         gpus *= 2
     raise PlanError("days", f"no cluster up to {max_gpus:,} GPUs trains {tokens:.3g} tokens in {days:g} days "
                     f"(fastest: {min((t['days'] for t in tried if t['days']), default=float('nan')):.1f} days)")
+
+
+# ---- across accelerators -------------------------------------------------------------------
+def compare_gpus(plans: list[Plan], fixed: set[str], objective: str = "time", max_tp: int | None = None,
+                 days: float | None = None, progress=None, total_seconds: float | None = None, **limits) -> dict:
+    """The same training on each accelerator: `plans` differ only in their accelerator. Each
+    gets its best layout on the plan's GPU count (`search`), or with `days` the fewest GPUs
+    that meet the deadline and their best layout (`min_gpus`). Ranked by `objective`: time
+    (most tokens per second; with `days`, fewest GPUs, then fewest days) or cost (fewest
+    dollars for the training, accelerators without a price last); an accelerator on which
+    nothing fits (or whose links the catalog lacks) comes last, with the reason. `limits`
+    bound each search (`search`'s max_layouts, max_seconds); `total_seconds` all of them: the
+    accelerators not reached by then say so."""
+    if objective not in OBJECTIVES:
+        raise PlanError("objective", f"must be one of {', '.join(OBJECTIVES)}")
+    rows, t0 = [], time.perf_counter()
+    for plan in plans:
+        name = plan.gpu
+        if total_seconds is not None and time.perf_counter() - t0 > total_seconds:
+            rows.append({"gpu": name, "best": None, "reason": f"not searched: the comparison ran past its "
+                         f"{total_seconds:g} s; compare fewer accelerators"})
+            continue
+        if progress:
+            progress(f"searching {name}…")
+        try:
+            if days is None:
+                out = search(plan, fixed, top=1, objective=objective, max_tp=max_tp, **limits)
+                rows.append({"gpu": name, "best": out["best"][0], "evaluated": out["evaluated"],
+                             "feasible": out["feasible"], "reason": None})
+            else:
+                out = min_gpus(plan, fixed, days, max_tp=max_tp)
+                rows.append({"gpu": name, "best": out["best"], "tried": out["tried"], "reason": None})
+        except PlanError as err:
+            rows.append({"gpu": name, "best": None, "reason": str(err)})
+
+    def rank(row):
+        b = row["best"]
+        if b is None:
+            return (2, 0.0, 0.0)
+        cost = b["training"]["cost_usd"]
+        if objective == "cost":
+            return (0, cost, 0.0) if cost is not None else (1, -b["time"]["tokens_per_s"], 0.0)
+        if days is not None:
+            return (0, b["gpu"]["gpus"], b["training"]["days"])
+        return (0, -b["time"]["tokens_per_s"], 0.0)
+
+    rows.sort(key=rank)
+    return {"objective": objective, "deadline_days": days, "price": plans[0].price if plans else None, "rows": rows}
+
+
+def accelerator_plans(options: dict, accelerators: str | list[str]) -> list[Plan]:
+    """One plan per accelerator named in `accelerators` ("H100-SXM,MI300X", a list, or "all":
+    the whole catalog), each built from the same `options` (make_plan's) so that what the
+    options leave to the accelerator (the framework's attention kernel) is decided for each."""
+    from .plan import make_plan
+    from .specs import catalog
+
+    if isinstance(accelerators, str):
+        accelerators = [a.strip() for a in accelerators.split(",") if a.strip()]
+    if [a.lower() for a in accelerators] == ["all"]:
+        names = [g.name for g in catalog.gpus()]
+    else:
+        names = []
+        for a in accelerators:
+            try:
+                name = catalog.gpu(a).name
+            except PlanError as err:
+                raise PlanError("compare_gpus", err.rule) from None
+            if name not in names:
+                names.append(name)
+    if len(names) < 2:
+        raise PlanError("compare_gpus", "name two accelerators or more, comma-separated (or all)")
+    return [make_plan(**{**options, "gpu": name}) for name in names]
 
 
 # ---- the largest trainable model ----------------------------------------------------------

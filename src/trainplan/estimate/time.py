@@ -388,10 +388,9 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
     dtype = "bf16" if plan.precision == "fp8" else plan.precision
     dtype = "tf32" if dtype == "fp32" and gpu.peak("tf32") else dtype
     peak = gpu.peak(dtype) or gpu.peak("bf16")
-    nvlink = gpu.scale_up_gbs / 2 * 1e9 * e["nvlink"]
-    nic = (gpu.nic_gbps / 8 * 1e9 * e["nic"]) if gpu.nic_gbps else nvlink
-    if not gpu.scale_up_gbs:
-        nvlink = nic
+    # a link the accelerator lacks is one no collective of the plan crosses (plan.cluster_links)
+    nvlink = gpu.scale_up_gbs / 2 * 1e9 * e["nvlink"] if gpu.scale_up_gbs else np.inf
+    nic = gpu.nic_gbps / 8 * 1e9 * e["nic"] if gpu.nic_gbps else np.inf
     sms = gpu.sms or 108  # A100's count for accelerators the catalog gives none
     fp8 = plan.precision == "fp8" and gpu.peak("fp8") is not None
     gpu_peak = gpu.peak("fp8") if fp8 else peak
