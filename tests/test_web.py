@@ -591,3 +591,71 @@ def test_page_plans_lora_and_qlora_fine_tuning(server, browser):
     assert "finetune=qlora" in page.url and "lora_dropout=0.1" in page.url
     _form_in_chinese_says(page, "适配器 dropout", "微调")
     page.close()
+
+
+def test_api_compare_ranks_accelerators_and_refuses_by_name():
+    """POST /api/compare: the same plan's best layout on each accelerator (as `search
+    --compare-gpus`), each row that accelerator's own search's best; bad input is a 422 naming
+    the field."""
+    body = {"model": "llama-3-8b", "gpus": 8, "gbs": 64}
+    res = client.post("/api/compare", json={**body, "compare_gpus": ["H100-SXM", "A100-80GB-SXM", "MI300X"]})
+    assert res.status_code == 200
+    rows = res.json()["rows"]
+    assert {r["gpu"] for r in rows} == {"H100-SXM", "A100-80GB-SXM", "MI300X"}
+    speeds = [r["best"]["time"]["tokens_per_s"] for r in rows]
+    assert speeds == sorted(speeds, reverse=True)
+    for r in rows:
+        alone = client.post("/api/search", json={**body, "gpu": r["gpu"], "top": 1}).json()["best"][0]
+        assert r["best"]["time"]["step_s"] == alone["time"]["step_s"]
+    everything = client.post("/api/compare", json=body).json()["rows"]  # default: the whole catalog
+    assert len(everything) == len(client.get("/api/gpus").json())
+    for bad, field in (({"gpu": "H100-SXM"}, "compare_gpus"), ({"compare_gpus": ["H100-SXM", "nope"]}, "compare_gpus"),
+                       ({"compare_gpus": 7}, "compare_gpus"), ({"fixed": ["bogus"]}, "fixed"),
+                       ({"nic_gbps": -1}, "nic_gbps")):
+        out = client.post("/api/compare", json={**body, **bad})
+        assert out.status_code == 422 and out.json()["field"] == field, (bad, out.json())
+
+
+def test_page_compares_accelerators_and_loads_one(server, browser):
+    """The explorer's comparison lists the API's rows in its order, in both languages, says why
+    an accelerator could not be planned, and a click loads that accelerator and its layout."""
+    state = {"model": "llama-3-8b", "gpus": 16, "gbs": 64}
+    page = _open(browser, server, state)
+    page.click("#compare")
+    page.wait_for_function("document.body.dataset.compare === 'ready'")
+    api = client.post("/api/compare", json={**state, "gpus_per_node": 8, "compare_gpus": "all"}).json()["rows"]
+    shown = [e.get_attribute("data-gpu") for e in page.query_selector_all(".compare-row")]
+    assert shown == [r["gpu"] for r in api if r["best"]]
+    skipped = page.inner_text("#compare-skipped")
+    assert "RTX-4090: nic_gbps:" in skipped  # 16 GPUs span two nodes; the catalog lists no network for it
+    assert "time error" in page.inner_text("#compare-results")
+    page.click("#lang")
+    page.wait_for_function("document.documentElement.lang === 'zh-CN'")
+    assert "时间误差" in page.inner_text("#compare-results") and "比较加速卡" in page.inner_text("#results")
+    second = next(r for r in api if r["best"] and r["gpu"] == shown[1])
+    with page.expect_response("**/api/plan"):
+        page.query_selector_all(".compare-row")[1].click()
+    _ready(page)
+    assert page.input_value("#gpu") == second["gpu"]
+    page.wait_for_function(
+        f"Number(document.querySelector('#fit').dataset.peak) == {second['best']['memory']['peak_bytes']}")
+    page.close()
+
+
+def test_page_takes_the_clusters_own_links(server, browser):
+    """The link fields show the accelerator's catalog links until the plan gives its own; a
+    thinner network slows the data-parallel step as the API says."""
+    state = {"model": "llama-3-8b", "gpus": 16, "zero": 3, "gbs": 64}
+    page = _open(browser, server, state)
+    assert page.get_attribute("input[name=nic_gbps]", "placeholder") == "400"
+    assert page.get_attribute("input[name=scale_up_gbs]", "placeholder") == "900"
+    with page.expect_response("**/api/plan"):
+        page.fill("input[name=nic_gbps]", "100")
+    thin = _api({**state, "nic_gbps": 100})
+    assert thin["gpu"]["nic_gbps"] == 100
+    assert thin["time"]["step_s"] > _api(state)["time"]["step_s"]
+    page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {thin['time']['step_s']}")
+    page.select_option("#gpu", "MI300X")
+    assert page.get_attribute("input[name=nic_gbps]", "placeholder") == "400"
+    assert page.get_attribute("input[name=scale_up_gbs]", "placeholder") == "896"
+    page.close()

@@ -6,6 +6,9 @@
     POST /api/plan        a plan: the CLI's plan options as JSON keys (model or hf_config)
     POST /api/search      the best layouts that fit (plan options; "fixed": dimensions to keep,
                           "top", "objective"); bounded to 200,000 layouts and 5 s
+    POST /api/compare     the best layout on each accelerator (plan options without "gpu";
+                          "compare_gpus": names or "all", "fixed", "objective"); each search
+                          bounded as /api/search's, all of them to COMPARE_MAX_SECONDS
     GET  /openapi.json    the API's OpenAPI document
 
 Bad input gets HTTP 422 with the field and the rule; bodies over MAX_BODY_BYTES get 413;
@@ -30,6 +33,7 @@ MAX_BODY_BYTES = 256 * 1024  # a pasted config.json is a few KB
 SEARCH_MAX_LAYOUTS = 200_000  # web searches are bounded in layouts ...
 SEARCH_MAX_SECONDS = 5.0  # ... and in time (the best found so far is returned)
 SEARCH_MAX_TOP = 20
+COMPARE_MAX_SECONDS = 20.0  # a comparison's searches together (each still bounded as one search)
 STATIC = resources.files("trainplan.web") / "static"
 MEDIA = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
@@ -55,6 +59,23 @@ def _check_web_plan(body: dict) -> None:
         from ..specs import catalog
 
         catalog.model(model)  # the web takes catalog names only (never a file in the server's cwd)
+
+
+def _fixed_dimensions(fixed) -> set[str]:
+    from ..search import LAYOUT_DIMENSIONS
+
+    if not isinstance(fixed, list) or not set(fixed) <= set(LAYOUT_DIMENSIONS):
+        raise PlanError("fixed", f"must list layout dimensions to keep, from {', '.join(sorted(LAYOUT_DIMENSIONS))}")
+    return set(fixed)
+
+
+def _web_plan(body: dict) -> Plan:
+    """The plan a request's options describe (empty values left to their defaults)."""
+    _check_web_plan(body)
+    try:
+        return Plan(**{k: v for k, v in body.items() if v is not None and v != ""})
+    except ValidationError as exc:
+        raise from_pydantic(exc) from None
 
 
 class ResponseCache:
@@ -142,18 +163,39 @@ def create_app() -> FastAPI:
         try:
             if not isinstance(top, int) or not 1 <= top <= SEARCH_MAX_TOP:
                 raise PlanError("top", f"must be an integer between 1 and {SEARCH_MAX_TOP}")
-            dims = {"tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp"}
-            if not isinstance(fixed, list) or not set(fixed) <= dims:
-                raise PlanError("fixed", f"must list layout dimensions to keep, from {', '.join(sorted(dims))}")
-            _check_web_plan(body)
-            try:
-                p = Plan(**{k: v for k, v in body.items() if v is not None and v != ""})
-            except ValidationError as exc:
-                raise from_pydantic(exc) from None
+            fixed = _fixed_dimensions(fixed)
+            p = _web_plan(body)
             from ..search import search
 
-            data = search(p, set(fixed), top=top, objective=objective, max_layouts=SEARCH_MAX_LAYOUTS,
+            data = search(p, fixed, top=top, objective=objective, max_layouts=SEARCH_MAX_LAYOUTS,
                           max_seconds=SEARCH_MAX_SECONDS)
+        except PlanError as e:
+            return _error(e.field, e.rule)
+        return Response(json.dumps(data, separators=(",", ":")).encode(), media_type="application/json")
+
+    @app.post("/api/compare")
+    async def compare_accelerators(request: Request) -> Response:
+        body, err = await read_body(request)
+        if err is not None:
+            return err
+        accelerators = body.pop("compare_gpus", "all")
+        fixed = body.pop("fixed", [])
+        objective = body.pop("objective", "time")
+        body.pop("timeline", None)
+        try:
+            if body.get("gpu") not in (None, ""):
+                raise PlanError("compare_gpus", "replaces gpu: name every accelerator to compare in compare_gpus")
+            if not isinstance(accelerators, (str, list)) or (
+                    isinstance(accelerators, list) and not all(isinstance(a, str) for a in accelerators)):
+                raise PlanError("compare_gpus", 'must be a list of accelerator names, or "all"')
+            fixed = _fixed_dimensions(fixed)
+            _web_plan(body)  # the options themselves, checked once
+            from ..search import accelerator_plans, compare_gpus
+
+            options = {k: v for k, v in body.items() if v is not None and v != ""}
+            data = compare_gpus(accelerator_plans(options, accelerators), fixed, objective=objective,
+                                max_layouts=SEARCH_MAX_LAYOUTS, max_seconds=SEARCH_MAX_SECONDS,
+                                total_seconds=COMPARE_MAX_SECONDS)
         except PlanError as e:
             return _error(e.field, e.rule)
         return Response(json.dumps(data, separators=(",", ":")).encode(), media_type="application/json")
@@ -169,11 +211,7 @@ def create_app() -> FastAPI:
             return Response(hit, media_type="application/json")
         timeline = bool(body.pop("timeline", False))
         try:
-            _check_web_plan(body)
-            try:
-                p = Plan(**{k: v for k, v in body.items() if v is not None and v != ""})
-            except ValidationError as exc:
-                raise from_pydantic(exc) from None
+            p = _web_plan(body)
             from ..report import evaluate, to_json
 
             result = evaluate(p)

@@ -21,6 +21,7 @@
     $("lang").textContent = lang === "zh" ? "English" : "中文";
     if (last) render(last);
     if (lastSearch) renderSearch(lastSearch);
+    if (lastCompare) renderCompare(lastCompare);
   }
 
   function readForm() {
@@ -268,7 +269,8 @@
   let lastSearch = null;
 
   function renderSearch(data) {
-    $("search-status").textContent = t("search_done", { n: data.evaluated.toLocaleString(), fit: data.feasible.toLocaleString() });
+    $("search-status").textContent = t("search_done", { n: data.evaluated.toLocaleString(), fit: data.feasible.toLocaleString(),
+      gbs: data.gbs.toLocaleString() });
     const list = $("search-results");
     list.innerHTML = "";
     for (const b of data.best) {
@@ -281,36 +283,97 @@
       a.textContent = t("search_row", { tp: p.tp, pp: p.pp, dp: p.dp, cp: p.cp, zero, mbs: p.mbs,
         rc: p.recompute, sched: p.schedule + (p.vpp > 1 ? " v" + p.vpp : ""), step: dur(b.time.step_s),
         mfu: pct(b.time.mfu), peak: fmt(b.memory.peak_bytes / GiB) });
-      a.addEventListener("click", (ev) => {
-        ev.preventDefault();
-        for (const k of ["tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule"]) form.elements[k].value = String(p[k]);
-        form.elements.vpp.value = p.schedule === "interleaved" ? String(p.vpp) : "";
-        form.elements.dp.value = "";
-        form.elements.recompute_layers.value = "";  // a search recomputes every layer it recomputes
-        form.elements.gbs.value = String(p.gbs);
-        form.elements.sp.checked = !!p.sp;
-        update();
-      });
+      a.addEventListener("click", (ev) => { ev.preventDefault(); loadLayout(p); });
       li.appendChild(a);
       list.appendChild(li);
     }
   }
 
-  async function findBest() {
-    const state = readForm();
-    const req = toRequest(state);
-    if (req.error) { showError(req.error.field, req.error.rule); return; }
+  // a layout found by a search or a comparison, into the form
+  function loadLayout(p, gpu) {
+    if (gpu) { form.elements.gpu.value = gpu; showLinks(); }
+    for (const k of ["tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule"]) form.elements[k].value = String(p[k]);
+    form.elements.vpp.value = p.schedule === "interleaved" ? String(p.vpp) : "";
+    form.elements.dp.value = "";
+    form.elements.recompute_layers.value = "";  // a search recomputes every layer it recomputes
+    form.elements.gbs.value = String(p.gbs);
+    form.elements.sp.checked = !!p.sp;
+    update();
+  }
+
+  // the plan's options without its layout (and, to compare accelerators, without its accelerator)
+  function searchBody(without = []) {
+    const req = toRequest(readForm());
+    if (req.error) { showError(req.error.field, req.error.rule); return null; }
     const body = req.body;
     delete body.timeline;
-    for (const k of ["tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "recompute_layers", "schedule", "vpp", "sp"]) delete body[k];
-    body.top = 5;
-    $("search-status").textContent = t("searching");
-    const res = await fetch("/api/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    for (const k of ["tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "recompute_layers", "schedule", "vpp", "sp",
+                     ...without]) delete body[k];
+    return body;
+  }
+
+  async function post(url, body, status) {
+    $(status).textContent = t(url.endsWith("search") ? "searching" : "comparing");
+    const res = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
     const data = await res.json();
-    if (!res.ok) { $("search-status").textContent = ""; showError(data.field || "body", data.rule || res.statusText); return; }
+    if (!res.ok) { $(status).textContent = ""; showError(data.field || "body", data.rule || res.statusText); return null; }
+    return data;
+  }
+
+  async function findBest() {
+    const body = searchBody();
+    if (!body) return;
+    body.top = 5;
+    const data = await post("/api/search", body, "search-status");
+    if (!data) return;
     lastSearch = data;
     renderSearch(data);
     document.body.dataset.search = "ready";
+  }
+
+  let lastCompare = null;
+
+  function renderCompare(data) {
+    $("compare-status").textContent = t("compare_done");
+    const table = $("compare-results");
+    table.innerHTML = "";
+    const head = table.createTHead().insertRow();
+    for (const c of t("compare_cols").split("|")) head.appendChild(document.createElement("th")).textContent = c;
+    const body = table.createTBody();
+    for (const r of data.rows.filter((x) => x.best)) {
+      const b = r.best, p = b.parallel, acc = b.time.accuracy || {};
+      const row = body.insertRow();
+      row.className = "compare-row";
+      row.dataset.gpu = r.gpu;
+      const layout = `TP ${p.tp} · PP ${p.pp} · DP ${p.dp} · CP ${p.cp} · ZeRO ${p.zero} · ${p.recompute}`;
+      const cost = b.training.cost_usd === null ? "—" : "$" + fmt(b.training.cost_usd, 0);
+      const error = acc.compared_on ? `${pct(acc.mean_abs_error)} (${acc.runs})` : t("compare_error_none");
+      for (const cell of [r.gpu, layout, fmt(b.time.tokens_per_s, 0), pct(b.time.mfu), fmt(b.training.days, 1), cost, error])
+        row.insertCell().textContent = cell;
+      row.addEventListener("click", () => loadLayout(p, r.gpu));
+    }
+    $("compare-skipped").innerHTML = "";
+    for (const r of data.rows.filter((x) => !x.best))
+      $("compare-skipped").appendChild(document.createElement("li")).textContent = `${r.gpu}: ${r.reason}`;
+  }
+
+  async function compareAll() {
+    const body = searchBody(["gpu"]);
+    if (!body) return;
+    body.compare_gpus = "all";
+    const data = await post("/api/compare", body, "compare-status");
+    if (!data) return;
+    lastCompare = data;
+    renderCompare(data);
+    document.body.dataset.compare = "ready";
+  }
+
+  // the accelerator's own links, shown where the plan gives none
+  let catalogGpus = [];
+  function showLinks() {
+    const g = catalogGpus.find((x) => x.name === form.elements.gpu.value);
+    form.elements.scale_up_gbs.placeholder = g && g.scale_up_gbs ? String(g.scale_up_gbs) : "—";
+    form.elements.nic_gbps.placeholder = g && g.nic_gbps ? String(g.nic_gbps) : "—";
   }
 
   async function init() {
@@ -318,12 +381,16 @@
     const [models, gpus] = await Promise.all([fetch("/api/models").then((r) => r.json()), fetch("/api/gpus").then((r) => r.json())]);
     for (const m of models) $("model").add(new Option(`${m.name} (${(m.params / 1e9).toFixed(1)}B)`, m.name));
     for (const g of gpus) $("gpu").add(new Option(`${g.name} (${g.memory_gib} GiB)`, g.name));
+    catalogGpus = gpus;
     $("model").value = "llama-3-8b"; $("gpu").value = "H100-SXM";
     readUrl();
+    showLinks();
+    $("gpu").addEventListener("change", showLinks);
     form.addEventListener("input", schedule);
     form.addEventListener("change", schedule);
     $("lang").addEventListener("click", () => { lang = lang === "en" ? "zh" : "en"; applyLanguage(); writeUrl(readForm()); });
     $("find").addEventListener("click", findBest);
+    $("compare").addEventListener("click", compareAll);
     applyLanguage();
     update();
   }
