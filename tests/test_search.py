@@ -34,6 +34,7 @@ from trainplan.search import (
     dict(model="llama-3-70b", gpus=32, gbs=64, offload_optimizer=True, offload_params=True, zero=3,
          host_gbs=300),  # the optimizer on the host, the parameters fetched from it
     dict(model="mixtral-8x7b", gpus=16, gbs=32, finetune="qlora", framework="fsdp"),  # 4-bit experts dequantized
+    dict(model="llama-3-8b", gpus=32, gbs=128, gpu="RTX-4090", nic_gbps=100, scale_up_gbs=32),  # the plan's links
 ])
 def test_bulk_equals_scalar_on_random_layouts(kw):
     """DESIGN §2: the bulk search evaluation and `plan` agree exactly (peak memory, fit, step)."""

@@ -78,8 +78,10 @@ def test_good_plan_json_contract():
 
 PLAN_FIELDS = st.fixed_dictionaries({}, optional={
     "model": st.sampled_from(["llama-3-8b", "gpt2", "mixtral-8x7b", "deepseek-v3", "qwen2.5-0.5b", "bogus"]),
-    "gpu": st.sampled_from(["H100-SXM", "A100-80GB-SXM", "V100", "RTX-4090", "nope"]),
-    "gpus": st.integers(-2, 4096),
+    "gpu": st.sampled_from(["H100-SXM", "A100-80GB-SXM", "V100", "RTX-4090", "TPU-v4", "nope"]),
+    "gpus": st.integers(-2, 4096), "gpus_per_node": st.integers(-1, 80),
+    "scale_up_gbs": st.one_of(st.none(), st.floats(-1, 2000), st.just(5e-324)),
+    "nic_gbps": st.one_of(st.none(), st.floats(-1, 1000), st.just(5e-324)),
     "tp": st.integers(-1, 64), "pp": st.integers(-1, 200), "dp": st.one_of(st.none(), st.integers(-1, 64)),
     "cp": st.integers(0, 16), "ep": st.integers(0, 64), "zero": st.integers(-1, 4),
     "sp": st.booleans(), "mbs": st.integers(-1, 64), "gbs": st.one_of(st.none(), st.integers(-1, 5000)),

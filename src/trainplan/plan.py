@@ -134,10 +134,10 @@ class Plan(BaseModel):
     gpu_profile: str | None = Field(default=None, description="calibrated hardware profile (TOML)")
     sharp: bool = Field(default=False, description="in-network all-reduce (NVLS in a node, SHARP across nodes)")
     scale_up_gbs: float | None = Field(
-        default=None, gt=0, le=1e6, description="the link between the GPUs of a node (NVLink-class), per GPU, "
+        default=None, ge=1e-3, le=1e6, description="the link between the GPUs of a node (NVLink-class), per GPU, "
         "bidirectional GB/s (default: the accelerator's catalog entry)")
     nic_gbps: float | None = Field(
-        default=None, gt=0, le=1e6, description="the scale-out network between nodes, per GPU, Gb/s (default: the "
+        default=None, ge=1e-3, le=1e6, description="the scale-out network between nodes, per GPU, Gb/s (default: the "
         "accelerator's catalog entry)")
     data_workers: int | None = Field(default=None, ge=1, le=4096, description="data-loader workers per data-parallel rank")
     tokenize_rate: float | None = Field(default=None, ge=1, le=1e12,
