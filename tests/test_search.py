@@ -35,6 +35,9 @@ from trainplan.search import (
          host_gbs=300),  # the optimizer on the host, the parameters fetched from it
     dict(model="mixtral-8x7b", gpus=16, gbs=32, finetune="qlora", framework="fsdp"),  # 4-bit experts dequantized
     dict(model="llama-3-8b", gpus=32, gbs=128, gpu="RTX-4090", nic_gbps=100, scale_up_gbs=32),  # the plan's links
+    # three dense layers, then MoE: stages of equal depth and unequal weight (the peak once lay
+    # on a stage the search did not evaluate, and it ranked layouts 89 GiB over the GPU)
+    dict(model="deepseek-v3", gpus=256, gbs=512),
 ])
 def test_bulk_equals_scalar_on_random_layouts(kw):
     """DESIGN §2: the bulk search evaluation and `plan` agree exactly (peak memory, fit, step)."""
@@ -66,6 +69,13 @@ def test_enumeration_respects_plan_rules():
     rng = np.random.default_rng(0)
     for i in rng.choice(len(lay["tp"]), 30, replace=False):
         evaluate(layout_plan(plan, lay, int(i), 64))
+
+
+def test_search_ranks_only_layouts_that_fit_on_a_partly_dense_moe():
+    """DeepSeek-V3 (3 dense layers, then 58 MoE) on 256 H100s: every layout the search ranks
+    fits when planned on its own."""
+    out = search(make_plan(model="deepseek-v3", gpus=256), set(), top=5)
+    assert all(b["memory"]["fits"] and b["memory"]["headroom_bytes"] >= 0 for b in out["best"])
 
 
 def test_search_holds_every_layout_to_one_global_batch():

@@ -3,10 +3,10 @@ recompute x schedule layout of a model on a cluster, evaluate them all at once w
 array formulas `plan` uses (DESIGN §2), keep those that fit, and rank them.
 
 Each layout is evaluated on a few representative pipeline stages: stage 0, the last stage and
-the first stage holding each distinct layer count of the default split. In-flight
-micro-batches fall with the stage index under every schedule and a stage's memory and time
-grow with its layers, so the peak memory and the slowest stage lie among them; the pipeline's
-sum over stages comes from the layer totals.
+the first stage holding each distinct mix of layers (dense and MoE) of the default split.
+In-flight micro-batches fall with the stage index under every schedule and a stage's memory
+and time are set by its layers, so the peak memory and the slowest stage lie among them; the
+pipeline's sum over stages comes from the layer totals.
 
 Work shared between layouts is done once: layouts differing only in schedule and interleaving
 (adjacent in enumeration order) share one memory evaluation, scaled by their micro-batches in
@@ -203,26 +203,33 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
 def _stage_tables(model, pps: np.ndarray, lora: bool = False):
     """Per pp value: the representative stages' indices, dense/MoE layer counts, and how many
     of them are distinct (the rest repeat stage 0 and change no maximum); `lora`: stage 1 too,
-    as LoRA's stage 0 keeps nothing for its first layer's input norm and may hold less."""
-    idx = np.zeros((len(pps), REPRESENTATIVE), dtype=np.int64)
-    dense = np.zeros((len(pps), REPRESENTATIVE))
-    moe = np.zeros((len(pps), REPRESENTATIVE))
-    width = np.zeros(len(pps), dtype=np.int64)
+    as LoRA's stage 0 keeps nothing for its first layer's input norm and may hold less. The
+    tables are as wide as the most representative stages any pp value needs (REPRESENTATIVE
+    at least)."""
     flags = np.array(model.moe_layer_flags)
-    for row, p in enumerate(pps):
+    chosen = []
+    for p in pps:
         split = default_stage_split(model.layers, int(p))
         bounds = np.concatenate([[0], np.cumsum(split)])
+        # (dense, MoE) layers of each stage: a model whose first layers are dense (DeepSeek-V3's
+        # three) has stages of equal depth but unequal weight
+        moe_per_stage = [int(flags[lo:hi].sum()) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        kinds = [(n - m, m) for n, m in zip(split, moe_per_stage, strict=True)]
         # stage 0 (embedding, most micro-batches in flight), the last stage (output head) and
-        # the first stage holding each distinct layer count: in-flight micro-batches fall with
-        # the stage index, so no later stage with the same count can hold or take more
-        firsts = [split.index(c) for c in sorted(set(split))]
-        reps = list(dict.fromkeys([0, int(p) - 1] + ([1] if lora and p > 1 else []) + firsts))[:REPRESENTATIVE]
+        # the first stage holding each distinct mix of layers: in-flight micro-batches fall with
+        # the stage index, so no later stage with the same layers can hold or take more
+        firsts = [kinds.index(k) for k in dict.fromkeys(kinds)]
+        chosen.append((list(dict.fromkeys([0, int(p) - 1] + ([1] if lora and p > 1 else []) + firsts)), kinds))
+    wide = max([REPRESENTATIVE] + [len(reps) for reps, _ in chosen])
+    idx = np.zeros((len(pps), wide), dtype=np.int64)
+    dense = np.zeros((len(pps), wide))
+    moe = np.zeros((len(pps), wide))
+    width = np.zeros(len(pps), dtype=np.int64)
+    for row, (reps, kinds) in enumerate(chosen):
         width[row] = len(reps)
-        for j, s in enumerate(reps + [0] * (REPRESENTATIVE - len(reps))):
-            lo, hi = bounds[s], bounds[s + 1]
+        for j, s in enumerate(reps + [0] * (wide - len(reps))):
             idx[row, j] = s
-            moe[row, j] = flags[lo:hi].sum()
-            dense[row, j] = (hi - lo) - moe[row, j]
+            dense[row, j], moe[row, j] = kinds[s]
     return idx, dense, moe, width
 
 
@@ -238,10 +245,11 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
     width = width_t[inverse]
     # a small group costs more in per-call overhead than its spare stages: it joins the next
     # wider one (a narrower layout evaluated at a larger width repeats stage 0, changing nothing)
-    counts = np.bincount(width, minlength=REPRESENTATIVE + 1)
-    group_width = np.zeros(REPRESENTATIVE + 1, dtype=np.int64)
+    wide = idx_t.shape[1]
+    counts = np.bincount(width, minlength=wide + 1)
+    group_width = np.zeros(wide + 1, dtype=np.int64)
     pending = 0
-    for w in range(REPRESENTATIVE, 0, -1):
+    for w in range(wide, 0, -1):
         pending = w if counts[w] >= MIN_GROUP or not pending else pending
         group_width[w] = pending if counts[w] else 0
     width = group_width[width]
