@@ -213,6 +213,7 @@ def test_pareto_front_of_layouts_is_non_dominated():
     from trainplan.search import pareto
 
     out = pareto(make_plan(model="llama-3-8b", gpus=8, gbs=64), set())
+    assert (out["gbs"], out["gbs_given"]) == (64, True)
     mem = [p["peak_bytes"] for p in out["front"]]
     tps = [p["tokens_per_s"] for p in out["front"]]
     assert mem == sorted(mem) and tps == sorted(tps)

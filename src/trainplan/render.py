@@ -296,7 +296,8 @@ def render_gpu_comparison(data: dict) -> None:
 def render_pareto(data: dict) -> None:
     c = _console(160)
     c.print(f"memory vs throughput: {len(data['front'])} layouts on the front of {data['feasible']:,} that fit "
-            f"({data['evaluated']:,} evaluated)")
+            f"({data['evaluated']:,} evaluated), each training a global batch of {data['gbs']:,} sequences"
+            + ("" if data["gbs_given"] else " (the default; --gbs sets it)"))
     t = Table()
     for col in ("peak GiB", "tokens/s", "TP", "PP", "CP", "EP", "ZeRO", "mbs", "recompute", "schedule"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -325,7 +326,8 @@ def render_min_gpus(data: dict) -> None:
     p = b["parallel"]
     c.print(f"fewest GPUs for {data['tokens'] / 1e9:,.0f}B tokens in {data['deadline_days']:g} days: "
             f"[bold]{data['gpus']:,}[/] ({b['training']['days']:.1f} days with TP {p['tp']} PP {p['pp']} "
-            f"DP {p['dp']} CP {p['cp']} ZeRO {p['zero']}, {b['time']['tokens_per_s']:,.0f} tokens/s)")
+            f"DP {p['dp']} CP {p['cp']} ZeRO {p['zero']}, {b['time']['tokens_per_s']:,.0f} tokens/s, "
+            f"global batch {p['gbs']:,} x {p['seq_len']:,})")
     c.print("tried: " + ", ".join(f"{t['gpus']:,} → {t['days']:.1f} d" if t["days"] else f"{t['gpus']:,} → none fits"
                                   for t in data["tried"]))
 

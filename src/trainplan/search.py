@@ -520,7 +520,8 @@ def pareto(plan: Plan, fixed: set[str], max_tp: int | None = None) -> dict:
         points.append({"peak_bytes": float(res["peak_bytes"][i]), "tokens_per_s": float(res["tokens_per_s"][i]),
                        "parallel": {k: getattr(p, k) for k in ("tp", "pp", "cp", "ep", "zero", "mbs", "recompute",
                                                                 "schedule", "vpp")}})
-    return {"evaluated": len(lay["tp"]), "feasible": int(len(fits)), "front": points,
+    return {"evaluated": len(lay["tp"]), "feasible": int(len(fits)), "gbs": int(lay["gbs"][0]),
+            "gbs_given": plan.gbs is not None, "front": points,
             "all": {"peak_bytes": res["peak_bytes"][fits].tolist(), "tokens_per_s": res["tokens_per_s"][fits].tolist()}}
 
 
