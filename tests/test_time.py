@@ -664,6 +664,11 @@ def test_the_plan_gives_its_own_links_and_needs_those_it_crosses():
     slow, fast = evaluate(make_plan(**kw, nic_gbps=100)).time, evaluate(make_plan(**kw)).time
     assert slow["breakdown_s"]["dp_comm"] > fast["breakdown_s"]["dp_comm"]
     assert to_json(evaluate(make_plan(**kw, nic_gbps=100)))["gpu"]["nic_gbps"] == 100
+    # `--explain` names the bus bandwidth: 8 ranks a node, one NIC each at 90% of 12.5 GB/s
+    from trainplan.explain import explain_time_lines
+
+    line = explain_time_lines(evaluate(make_plan(**kw, nic_gbps=100)))[-2]
+    assert "90 GB/s of bus bandwidth (8 NICs of 11.2 GB/s achieved per node, 100 Gb/s each)" in line
     with pytest.raises(PlanError) as e:
         resolve(make_plan(**{**kw, "gpu": "RTX-4090"}))
     assert e.value.field == "nic_gbps" and "16 GPUs span 2 nodes of 8" in e.value.rule

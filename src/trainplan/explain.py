@@ -88,6 +88,20 @@ def _t(seconds) -> str:
     return f"{s:.3f} s" if s >= 1 else f"{s * 1e3:.3g} ms"
 
 
+def _bus(L, hw) -> str:
+    """The bus bandwidth of the data-parallel (ZeRO shard) group and the links it comes from."""
+    from .estimate import comm
+    from .estimate.time import link
+
+    size, gpn = (L.dp_shard if L.zero >= 1 else L.dp) * L.cp, L.plan.gpus_per_node
+    bw = link(hw, comm.ALL_GATHER, size, L.tp, gpn)[0]
+    if size * L.tp <= gpn:
+        return f"{bw / 1e9:.0f} GB/s of bus bandwidth (NVLink, in a node)"
+    nics = int(comm.ranks_per_node(size, L.tp, gpn))
+    return (f"{bw / 1e9:.0f} GB/s of bus bandwidth ({nics} NIC{'s' if nics != 1 else ''} of {hw.nic / 1e9:.1f} "
+            f"GB/s achieved per node, {L.gpu.nic_gbps:g} Gb/s each)")
+
+
 def gemm_terms(hw) -> str:
     """What the GEMM rate is before: quantization, or an accelerator's fitted shape terms."""
     from .estimate.gemm_shape import GemmShape
@@ -198,7 +212,7 @@ def explain_time_lines(result: PlanResult) -> list[str]:
         fetched = (f"; fetching each parameter shard from the host before its gather (at {hw.h2d / 1e9:g} GB/s) "
                    f"{_t(fetch)}, included" if p.offload_params else "")
         out.append(f"  + data parallel over {group} ranks{hybrid}: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
-                   f"each collective {calls} of {_t(lat)} NCCL latency{passes}{fetched}")
+                   f"each collective {calls} of {_t(lat)} NCCL latency, {_bus(L, hw)}{passes}{fetched}")
     if p.offload_optimizer:
         off = {k: float(np.asarray(v).ravel()[0]) for k, v in d["offloaded_optimizer_s"].items()}
         hosts = min(p.gpus_per_node, L.gpus)
