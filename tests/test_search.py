@@ -396,3 +396,28 @@ def test_staged_enumeration_equals_trying_every_combination(kw):
     assert set(got) == set(want) and len(want["tp"]) > 0
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_a_profile_prices_only_the_accelerator_it_was_measured_on(tmp_path):
+    """A profile written by `trainplan bench --profile` names its accelerator: a plan on another
+    one is refused by name (its efficiencies are not that accelerator's), and a comparison
+    prices only that accelerator with it, the others with their catalog defaults."""
+    from trainplan.plan import resolve
+    from trainplan.search import accelerator_plans, compare_gpus
+
+    prof = tmp_path / "h100.toml"
+    prof.write_text('gpu = "H100-SXM"\n[efficiency]\ngemm = 0.5\n')
+    with pytest.raises(PlanError) as e:
+        resolve(make_plan(model="llama-3-8b", gpus=8, gpu="A100-80GB-SXM", gpu_profile=str(prof)))
+    assert e.value.field == "gpu_profile" and "measured on H100-SXM" in e.value.rule
+    opts = dict(model="llama-3-8b", gpus=8, gbs=64, gpu_profile=str(prof))
+    plans = accelerator_plans(opts, "H100-SXM,A100-80GB-SXM")
+    assert [p.gpu_profile for p in plans] == [str(prof), None]
+    rows = {r["gpu"]: r["best"] for r in compare_gpus(plans, set())["rows"]}
+    assert rows["H100-SXM"]["time"]["accuracy"]["basis"] == "profile"
+    assert rows["A100-80GB-SXM"]["time"]["accuracy"]["basis"] == "published runs"
+    unnamed = tmp_path / "any.toml"
+    unnamed.write_text("[efficiency]\ngemm = 0.5\n")
+    with pytest.raises(PlanError) as e:
+        accelerator_plans({**opts, "gpu_profile": str(unnamed)}, "H100-SXM,A100-80GB-SXM")
+    assert e.value.field == "gpu_profile"

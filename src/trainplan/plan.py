@@ -414,6 +414,13 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("gpus", f"must be a multiple of tp x pp x cp = {model_parallel} (got {gpus})")
         dp = gpus // model_parallel
     gpu = cluster_links(gpu, plan, gpus)
+    if plan.gpu_profile:
+        from .profile import profile_accelerator
+
+        measured = profile_accelerator(plan.gpu_profile)
+        if measured not in (None, gpu.name):
+            raise PlanError("gpu_profile", f"was measured on {measured}, not the plan's {gpu.name}: its "
+                            "efficiencies are that accelerator's")
 
     # -- tensor parallelism
     if model.heads % tp:

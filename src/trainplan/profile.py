@@ -37,6 +37,20 @@ def load_profile(path: str) -> dict:
     return out
 
 
+def profile_accelerator(path: str) -> str | None:
+    """The catalog name of the accelerator a profile was measured on (its `gpu` key, which
+    `trainplan bench --profile` writes), or None for a profile that names none."""
+    from .specs import catalog
+
+    name = read_toml(Path(path), "gpu_profile").get("gpu")
+    if name is None:
+        return None
+    try:
+        return catalog.gpu(str(name)).name
+    except PlanError as err:
+        raise PlanError("gpu_profile", f"{path}: {err.rule}") from None
+
+
 SHAPE_RULES = {"mainloop": (0.0, 1.5, "a fraction of the dense bf16 peak in (0, 1.5]"),
                "k0": (0.0, 1e6, "inner-dimension steps in [0, 1e6)"),
                "overhead_us": (0.0, 1e4, "microseconds in [0, 1e4)")}

@@ -138,7 +138,10 @@ def render_gpus(rows: list[dict]) -> None:
 
 
 def _error_cell(acc: dict) -> str:
-    """The time model's mean error on an accelerator's published runs (their number), or — for none."""
+    """The time model's mean error on an accelerator's published runs (their number), "profile"
+    where a measured profile prices it, or — for none."""
+    if acc.get("basis") == "profile":
+        return "profile"
     return f"{acc['mean_abs_error']:.1%} ({acc['runs']})" if acc.get("compared_on") else "—"
 
 
