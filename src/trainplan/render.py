@@ -128,13 +128,14 @@ def render_gpus(rows: list[dict]) -> None:
         pk, acc = r["peak_tflops"], r.get("accuracy") or {}
         t.add_row(r["name"], f"{r['memory_gib']:g}", f"{r['hbm_tbs']:g}",
                   *(f"{pk[k]:g}" if k in pk else "—" for k in ("bf16", "fp16", "fp8", "fp32")),
-                  f"{r['scale_up_gbs']:g}", f"{r['nic_gbps']:g}", f"{r['tdp_w']:g}",
+                  *(f"{r[k]:g}" if r[k] else "—" for k in ("scale_up_gbs", "nic_gbps")), f"{r['tdp_w']:g}",
                   f"{r['price_usd_per_hour']:.2f}" if r["price_usd_per_hour"] is not None else "—",
                   _error_cell(acc))
     c = _console()
     c.print(t)
     c.print("time error: mean absolute error of the predicted speed on published runs (their number), on that "
-            "accelerator or one whose efficiency defaults it shares (docs/accuracy.md)")
+            "accelerator or one whose efficiency defaults it shares (docs/accuracy.md); — for a link: none in the "
+            "catalog, a plan crossing it gives its own (--scale-up-gbs, --nic-gbps)")
 
 
 def _error_cell(acc: dict) -> str:
