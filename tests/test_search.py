@@ -78,6 +78,17 @@ def test_search_ranks_only_layouts_that_fit_on_a_partly_dense_moe():
     assert all(b["memory"]["fits"] and b["memory"]["headroom_bytes"] >= 0 for b in out["best"])
 
 
+def test_cost_ranks_layouts_as_time_does_on_one_accelerator():
+    """On a fixed GPU count at one price, dollars per token are GPU-hours per token times the
+    price: the cheapest layout is the fastest, priced or not (GB200 has no catalog price; the
+    cost objective once ranked its layouts in enumeration order, a slower one first)."""
+    for gpu in ("H100-SXM", "GB200"):
+        kw = dict(model="llama-3-8b", gpus=8, gbs=64, gpu=gpu)
+        by = {o: [b["time"]["step_s"] for b in search(make_plan(**kw), set(), top=5, objective=o)["best"]]
+              for o in ("time", "cost")}
+        assert by["cost"] == by["time"] == sorted(by["time"])
+
+
 def test_search_holds_every_layout_to_one_global_batch():
     """Without --gbs every layout trains the same batch: Llama 2's 4M tokens (Touvron et al.
     2023, Table 1), as the GPU count times a power of two so it divides among the data-parallel

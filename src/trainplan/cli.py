@@ -278,7 +278,7 @@ def search(
     ctx: typer.Context,
     options: dict,
     top: Annotated[int, typer.Option(help="How many layouts to show")] = 5,
-    objective: Annotated[str, typer.Option(help="time (most tokens per second) or cost (fewest dollars per token)")] = "time",
+    objective: Annotated[str, typer.Option(help="time (most tokens per second) or cost (fewest dollars per token: on one accelerator and GPU count the same order; across --compare-gpus, each at its price)")] = "time",
     max_tp: Annotated[int | None, typer.Option(help="Largest TP to try (default: GPUs per node)")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="The memory vs throughput Pareto front instead")] = False,
     plot: Annotated[str | None, typer.Option(help="With --pareto or --max-model: draw it to a .png/.svg")] = None,

@@ -468,14 +468,13 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
     layouts = {k: v[:evaluated] for k, v in layouts.items()}
     res = {k: np.concatenate([p[k] for p in parts]) for k in ("peak_bytes", "fits", "step_s", "tokens_per_s", "mfu")}
     fits = np.flatnonzero(res["fits"])
-    price = (plan.price if plan.price is not None else _base(plan, gpus, model)[0].gpu.price_usd_per_hour) or 0.0
     if not len(fits):
         raise PlanError("search", f"none of the {evaluated:,} layouts fits in memory; add GPUs, lower the "
                         "sequence or micro-batch, or allow recompute and ZeRO")
-    if objective == "cost":
-        key = gpus * price / res["tokens_per_s"][fits]  # dollars per token
-    else:
-        key = 1.0 / res["tokens_per_s"][fits]  # seconds per token
+    # seconds per token; on a fixed number of GPUs at one price, dollars per token are the same
+    # order (gpus x price / tokens per second), so both objectives rank the layouts alike (and an
+    # accelerator without a price still ranks by speed); `compare_gpus` ranks across prices
+    key = 1.0 / res["tokens_per_s"][fits]
     order = fits[np.argsort(key, kind="stable")][:top]
     best = []
     for i in order:
