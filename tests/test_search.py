@@ -421,9 +421,12 @@ def test_a_profile_prices_only_the_accelerator_it_was_measured_on(tmp_path):
     with pytest.raises(PlanError) as e:
         resolve(make_plan(model="llama-3-8b", gpus=8, gpu="A100-80GB-SXM", gpu_profile=str(prof)))
     assert e.value.field == "gpu_profile" and "measured on H100-SXM" in e.value.rule
+    # the same chip shares its fractions of the datasheet (scripts/bench_gpu.sh prices the
+    # published H100 runs with an H200's profile)
+    assert resolve(make_plan(model="llama-3-8b", gpus=8, gpu="H200-SXM", gpu_profile=str(prof))).gpu.name == "H200-SXM"
     opts = dict(model="llama-3-8b", gpus=8, gbs=64, gpu_profile=str(prof))
-    plans = accelerator_plans(opts, "H100-SXM,A100-80GB-SXM")
-    assert [p.gpu_profile for p in plans] == [str(prof), None]
+    plans = accelerator_plans(opts, "H100-SXM,A100-80GB-SXM,H200-SXM")
+    assert [p.gpu_profile for p in plans] == [str(prof), None, str(prof)]
     rows = {r["gpu"]: r["best"] for r in compare_gpus(plans, set())["rows"]}
     assert rows["H100-SXM"]["time"]["accuracy"]["basis"] == "profile"
     assert rows["A100-80GB-SXM"]["time"]["accuracy"]["basis"] == "published runs"

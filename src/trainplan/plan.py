@@ -415,12 +415,13 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         dp = gpus // model_parallel
     gpu = cluster_links(gpu, plan, gpus)
     if plan.gpu_profile:
+        from .estimate.accuracy import shares_efficiency_defaults
         from .profile import profile_accelerator
 
         measured = profile_accelerator(plan.gpu_profile)
-        if measured not in (None, gpu.name):
-            raise PlanError("gpu_profile", f"was measured on {measured}, not the plan's {gpu.name}: its "
-                            "efficiencies are that accelerator's")
+        if measured is not None and not shares_efficiency_defaults(measured, gpu.name):
+            raise PlanError("gpu_profile", f"was measured on {measured}, whose efficiencies the plan's {gpu.name} "
+                            "does not share (the same chip does: H100, H200 and H800)")
 
     # -- tensor parallelism
     if model.heads % tp:

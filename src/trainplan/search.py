@@ -624,17 +624,19 @@ def accelerator_plans(options: dict, accelerators: str | list[str]) -> list[Plan
                 names.append(name)
     if len(names) < 2:
         raise PlanError("compare_gpus", "name two accelerators or more, comma-separated (or all)")
-    # a measured profile prices its own accelerator; the others keep their catalog defaults
-    profiled = None
-    if options.get("gpu_profile"):
+    # a measured profile prices its own accelerator (and those of the same chip, which share its
+    # efficiencies); the others keep their catalog defaults
+    profile, profiled = options.get("gpu_profile"), None
+    if profile:
+        from .estimate.accuracy import shares_efficiency_defaults
         from .profile import profile_accelerator
 
-        profiled = profile_accelerator(options["gpu_profile"])
+        profiled = profile_accelerator(profile)
         if profiled is None:
             raise PlanError("gpu_profile", "names no accelerator (its gpu key): a comparison prices only the "
                             "accelerator a profile was measured on with it")
-    return [make_plan(**{**options, "gpu": name, "gpu_profile": options.get("gpu_profile") if name == profiled
-                         else None}) for name in names]
+    return [make_plan(**{**options, "gpu": name, "gpu_profile": profile if profiled and
+                         shares_efficiency_defaults(profiled, name) else None}) for name in names]
 
 
 # ---- the largest trainable model ----------------------------------------------------------

@@ -37,6 +37,13 @@ def _defaults(name: str) -> tuple | None:
             eff["flash_attention_curve"].get(name), eff["cudnn_attention_curve"].get(name))
 
 
+def shares_efficiency_defaults(a: str, b: str) -> bool:
+    """Whether two accelerators are priced with the same measured efficiency defaults (one chip:
+    H100, H200 and H800), so that fractions of the datasheet measured on one hold for the other."""
+    mine = _defaults(a)
+    return a == b or (mine is not None and _defaults(b) == mine)
+
+
 def prediction_accuracy(gpu_name: str, profiled: bool = False, moe: bool = False, finetune: str = "full") -> dict:
     """What the published comparison says about a plan on `gpu_name`: the runs compared and the
     mean and worst absolute error of their predicted throughput (fractions), with the
@@ -55,8 +62,7 @@ def prediction_accuracy(gpu_name: str, profiled: bool = False, moe: bool = False
     table = published_errors()
     if gpu_name in table:
         return _answer("published runs", gpu_name, table[gpu_name])
-    mine = _defaults(gpu_name)
     for other, figures in table.items():
-        if mine is not None and _defaults(other) == mine:
+        if shares_efficiency_defaults(gpu_name, other):
             return _answer("shared defaults", other, figures)
     return _answer("none", None, {})
