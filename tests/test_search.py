@@ -278,6 +278,14 @@ def test_min_gpus_meets_the_deadline_with_the_fewest():
     assert smaller and all(t["days"] is None or t["days"] > 10 for t in smaller)
     with pytest.raises(PlanError):
         min_gpus(make_plan(model="llama-3-8b", gbs=512), set(), days=-1)
+    # when no size can be planned at all, the rule that stops it (once "fastest: nan days")
+    for kw, field in ((dict(gpu="RTX-4090"), "nic_gbps"), (dict(gpu="V100"), "precision")):
+        with pytest.raises(PlanError) as e:
+            min_gpus(make_plan(model="llama-3-70b", gbs=512, **kw), set(), days=30)
+        assert e.value.field == field
+    with pytest.raises(PlanError) as e:  # plannable but too slow at every size: the fastest it gets
+        min_gpus(make_plan(model="llama-3-8b", gbs=512), set(), days=0.01, max_gpus=64)
+    assert e.value.field == "days" and "fastest:" in e.value.rule and "nan" not in e.value.rule
 
 
 def test_interrupted_search_returns_best_so_far(monkeypatch):

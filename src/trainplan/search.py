@@ -535,13 +535,14 @@ def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = No
         raise PlanError("days", "must be positive")
     model = load_model(plan)
     tokens = tokens or plan.tokens or CHINCHILLA_TOKENS_PER_PARAM * model.params
-    tried = []
+    tried, refused = [], []
     gpus = plan.gpus_per_node
     while gpus <= max_gpus:
         try:
             out = search(plan.model_copy(update={"gpus": gpus, "tokens": tokens}), fixed, top=1, max_tp=max_tp)
-        except PlanError:
+        except PlanError as err:
             out = None
+            refused.append(err)
         if out and out["best"]:
             best = out["best"][0]
             tried.append({"gpus": gpus, "days": best["training"]["days"]})
@@ -550,8 +551,13 @@ def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = No
         else:
             tried.append({"gpus": gpus, "days": None})
         gpus *= 2
+    fastest = min((t["days"] for t in tried if t["days"]), default=None)
+    if fastest is None and refused:
+        # no size could be planned at all: the rule that stopped it, one that no size can meet (a
+        # link, a dtype) before "nothing fits"
+        raise next((e for e in refused if e.field != "search"), refused[-1])
     raise PlanError("days", f"no cluster up to {max_gpus:,} GPUs trains {tokens:.3g} tokens in {days:g} days "
-                    f"(fastest: {min((t['days'] for t in tried if t['days']), default=float('nan')):.1f} days)")
+                    f"(fastest: {fastest:.1f} days)")
 
 
 # ---- across accelerators -------------------------------------------------------------------
