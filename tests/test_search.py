@@ -103,6 +103,10 @@ def test_search_holds_every_layout_to_one_global_batch():
     assert given["gbs"] == 64 and given["gbs_given"] and {b["parallel"]["gbs"] for b in given["best"]} == {64}
     text = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gpus", "8", "--top", "1"]).output
     assert "global batch 1,024 x 4,096 tokens (4.2M tokens, the default; --gbs sets it)" in text
+    # a fixed micro-batch the default batch cannot divide among the ranks: the rule, by name
+    with pytest.raises(PlanError) as e:
+        search(make_plan(model="llama-3-8b", gpus=24, mbs=5), {"mbs"})
+    assert e.value.field == "gbs" and "got 768 (the search's default global batch" in e.value.rule
 
 
 def test_compare_gpus_ranks_each_accelerators_best_layout():

@@ -417,6 +417,23 @@ def _sequence_parallel(plan: Plan) -> bool:
     return bool(plan.sp or "sp" not in plan.model_fields_set)
 
 
+def _layouts(plan: Plan, fixed: set[str], gpus: int, model, max_tp: int | None) -> dict[str, np.ndarray]:
+    """The layouts a search ranks; when there are none, the rule a fixed value breaks, by name."""
+    space = default_space(plan, fixed, gpus, model.layers, max_tp or plan.gpus_per_node, model.is_moe)
+    layouts = enumerate_layouts(plan, space, gpus, model)
+    if len(layouts.get("tp", [])):
+        return layouts
+    gbs = plan.gbs or search_batch(plan.seq_len or min(model.max_position, 4096), gpus)
+    try:
+        resolve(plan.model_copy(update={"gpus": gpus, "gbs": gbs}), model)
+    except PlanError as err:
+        if plan.gbs is None and err.field == "gbs":
+            raise PlanError("gbs", f"{err.rule} (the search's default global batch, about 4M tokens; give "
+                            "--gbs)") from None
+        raise
+    raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
+
+
 # Layouts per batch: equal work is deduplicated within a batch, so larger batches evaluate fewer
 # distinct groups per layout, while the full-size temporaries must stay small enough for the
 # cache; also the unit of progress reports and of Ctrl-C. Measured: benchmarks/search_speed.py.
@@ -441,12 +458,8 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
     t0 = time.perf_counter()
     model = spec or load_model(plan)
     gpus = plan.gpus or (plan.tp * plan.pp * plan.cp * (plan.dp or 1))
-    space = default_space(plan, fixed, gpus, model.layers, max_tp or plan.gpus_per_node, model.is_moe)
-    layouts = enumerate_layouts(plan, space, gpus, model)
-    total = len(layouts.get("tp", []))
-    if not total:
-        resolve(plan.model_copy(update={"gpus": gpus}), model)  # names the rule a fixed value breaks
-        raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
+    layouts = _layouts(plan, fixed, gpus, model, max_tp)
+    total = len(layouts["tp"])
     if max_layouts is not None and total > max_layouts:
         raise PlanError("search", f"{total:,} layouts exceed the limit of {max_layouts:,}; fix some dimensions "
                         "(e.g. tp, pp or zero)")
@@ -505,11 +518,7 @@ def pareto(plan: Plan, fixed: set[str], max_tp: int | None = None) -> dict:
     runs faster."""
     model = load_model(plan)
     gpus = plan.gpus or (plan.tp * plan.pp * plan.cp * (plan.dp or 1))
-    space = default_space(plan, fixed, gpus, model.layers, max_tp or plan.gpus_per_node, model.is_moe)
-    lay = enumerate_layouts(plan, space, gpus)
-    if not len(lay.get("tp", [])):
-        resolve(plan.model_copy(update={"gpus": gpus}))
-        raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
+    lay = _layouts(plan, fixed, gpus, model, max_tp)
     res = evaluate_bulk(plan, lay, gpus, fitting_only=True)
     fits = np.flatnonzero(res["fits"])
     front = fits[pareto_front(res["peak_bytes"][fits], res["tokens_per_s"][fits])]
