@@ -142,6 +142,8 @@ def test_compare_gpus_ranks_each_accelerators_best_layout():
 @pytest.mark.parametrize("args, field", [
     (["--compare-gpus", "H100-SXM,nope"], "compare_gpus"),
     (["--compare-gpus", "H100-SXM"], "compare_gpus"),
+    (["--compare-gpus", "all,H100-SXM"], "compare_gpus"),
+    (["--compare-gpus", " , "], "compare_gpus"),
     (["--compare-gpus", "H100-SXM,MI300X", "--gpu", "B200"], "compare_gpus"),
     (["--compare-gpus", "H100-SXM,MI300X", "--pareto"], "compare_gpus"),
     (["--compare-gpus", "H100-SXM,MI300X", "--export", "megatron"], "export"),

@@ -628,6 +628,8 @@ def accelerator_plans(options: dict, accelerators: str | list[str]) -> list[Plan
         accelerators = [a.strip() for a in accelerators.split(",") if a.strip()]
     if [a.lower() for a in accelerators] == ["all"]:
         names = [g.name for g in catalog.gpus()]
+    elif "all" in (a.lower() for a in accelerators):
+        raise PlanError("compare_gpus", "all stands alone (every accelerator of the catalog); or name them")
     else:
         names = []
         for a in accelerators:
