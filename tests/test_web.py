@@ -629,9 +629,11 @@ def test_page_compares_accelerators_and_loads_one(server, browser):
     skipped = page.inner_text("#compare-skipped")
     assert "RTX-4090: nic_gbps:" in skipped  # 16 GPUs span two nodes; the catalog lists no network for it
     assert "time error" in page.inner_text("#compare-results")
+    assert "on 16 GPUs, global batch 64 x 4,096" in page.inner_text("#compare-status")
     page.click("#lang")
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
     assert "时间误差" in page.inner_text("#compare-results") and "比较加速卡" in page.inner_text("#results")
+    assert "16 张卡、全局批 64 × 4,096" in page.inner_text("#compare-status")
     second = next(r for r in api if r["best"] and r["gpu"] == shown[1])
     with page.expect_response("**/api/plan"):
         page.query_selector_all(".compare-row")[1].click()

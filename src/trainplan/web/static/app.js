@@ -334,7 +334,10 @@
   let lastCompare = null;
 
   function renderCompare(data) {
-    $("compare-status").textContent = t("compare_done");
+    const first = data.rows.find((x) => x.best);
+    const par = first ? first.best.parallel : null;
+    $("compare-status").textContent = par ? t("compare_done", { gpus: first.best.gpu.gpus.toLocaleString(),
+      gbs: par.gbs.toLocaleString(), seq: par.seq_len.toLocaleString() }) : "";
     const table = $("compare-results");
     table.innerHTML = "";
     const head = table.createTHead().insertRow();
