@@ -187,6 +187,10 @@ def test_search_reports_broken_fixed_value():
     res = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gpus", "8", "--recompute", "full",
                                    "--recompute-layers", "4"])
     assert res.exit_code == 2 and "recompute_layers" in res.output and "Traceback" not in res.output
+    # nor does it take a hand-made stage split (it was silently ignored, interleaving included)
+    res = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gpus", "8", "--pp", "2",
+                                   "--stage-layers", "15,17"])
+    assert res.exit_code == 2 and res.output.startswith("error: stage_layers: ")
 
 
 def test_search_with_offloading_keeps_to_the_zero_stages_it_allows():

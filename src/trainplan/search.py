@@ -419,6 +419,9 @@ def _sequence_parallel(plan: Plan) -> bool:
 
 def _layouts(plan: Plan, fixed: set[str], gpus: int, model, max_tp: int | None) -> dict[str, np.ndarray]:
     """The layouts a search ranks; when there are none, the rule a fixed value breaks, by name."""
+    if plan.stage_layers is not None:
+        raise PlanError("stage_layers", "a search splits each pipeline its own way (evenly, the first and last "
+                        "stages lighter); price a split of your own with `trainplan plan --stage-layers`")
     space = default_space(plan, fixed, gpus, model.layers, max_tp or plan.gpus_per_node, model.is_moe)
     layouts = enumerate_layouts(plan, space, gpus, model)
     if len(layouts.get("tp", [])):
