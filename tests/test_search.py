@@ -379,6 +379,8 @@ def _scalar_reference(plan, space, gpus: int) -> dict:
         if gpus % (tp * pp * cp) or pp > model.layers or model.heads % tp:
             continue
         dp = gpus // (tp * pp * cp)
+        if plan.dp is not None and dp != plan.dp:
+            continue
         kv = model.n_kv_heads
         if not model.is_mla and kv % tp and tp % kv:
             continue
@@ -412,6 +414,7 @@ def _scalar_reference(plan, space, gpus: int) -> dict:
     dict(model="mixtral-8x7b", gpus=32, gbs=64, seq_len=4096),
     dict(model="gpt2-xl", gpus=8, attention="eager", seq_len=1024),
     dict(model="llama-3-8b", gpus=16, gbs=32, offload_params=True, zero=3),
+    dict(model="llama-3-8b", gpus=32, dp=4, gbs=64),  # a fixed data-parallel size (it was ignored)
 ])
 def test_staged_enumeration_equals_trying_every_combination(kw):
     """Building the layouts dimension by dimension (arrays, rules applied early) keeps exactly

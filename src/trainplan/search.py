@@ -138,6 +138,8 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
     ok = (gpus % mp) == 0
     dp = np.where(ok, gpus // np.maximum(mp, 1), 0)
     ok &= dp >= 1
+    if plan.dp is not None:  # a data-parallel size the plan fixes
+        ok &= dp == plan.dp
     kv = model.n_kv_heads
     ok &= (model.heads % tp) == 0
     if not model.is_mla:
