@@ -201,6 +201,20 @@ def test_search_with_offloading_keeps_to_the_zero_stages_it_allows():
         assert out["best"] and {b["parallel"]["zero"] for b in out["best"]} <= stages
 
 
+def test_search_cli_uses_sequence_parallelism_as_the_api_does():
+    """Searched layouts with TP use sequence parallelism unless the plan turns it off, from the
+    command line as from Python and the web (the CLI's flag used to switch it off unasked)."""
+    kw = dict(model="llama-3-70b", gpus=64, gbs=256, tp=8)
+    api = search(make_plan(**kw), {"tp"}, top=1)["best"][0]
+    args = ["search", "--model", "llama-3-70b", "--gpus", "64", "--gbs", "256", "--tp", "8", "--top", "1", "--json"]
+    cli = json.loads(CliRunner().invoke(app, args).output)["best"][0]
+    assert cli["parallel"]["sp"] and cli["time"]["step_s"] == api["time"]["step_s"]
+    off = json.loads(CliRunner().invoke(app, [*args, "--no-sp"]).output)["best"][0]
+    assert not off["parallel"]["sp"]
+    assert not json.loads(CliRunner().invoke(app, ["plan", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8",
+                                                   "--json"]).output)["parallel"]["sp"]  # plan: off unless --sp
+
+
 def test_search_cli_json():
     res = CliRunner().invoke(app, ["search", "--model", "llama-3-8b", "--gpus", "16", "--gbs", "64", "--pp", "1",
                                    "--top", "3", "--json"])

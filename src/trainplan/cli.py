@@ -85,7 +85,7 @@ def _plan_options(
     ep: Annotated[int, typer.Option(help="Expert-parallel size (MoE)")] = 1,
     zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3 (3 = FSDP's FULL_SHARD, 2 = SHARD_GRAD_OP; FSDP has no 1); default: the framework's (3 for fsdp and fsdp1, 0 otherwise)")] = None,
     dp_shard: Annotated[int | None, typer.Option(help="Hybrid sharding (HSDP): ZeRO shards over groups of this many data-parallel ranks and all-reduces across the dp / dp_shard groups (FSDP HYBRID_SHARD, torchtitan data_parallel_shard_degree, Megatron --num-distributed-optimizer-instances, DeepSpeed MiCS); default: all dp ranks")] = None,
-    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism (with TP)")] = False,
+    sp: Annotated[bool | None, typer.Option("--sp/--no-sp", help="Sequence parallelism (with TP); plan: off unless --sp; search: on with TP unless --no-sp")] = None,
     mbs: Annotated[int, typer.Option(help="Micro-batch size (sequences)")] = 1,
     gbs: Annotated[int | None, typer.Option(help="Global batch (sequences); gradient accumulation = gbs / (dp x mbs)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length (default min(model max, 4096))")] = None,

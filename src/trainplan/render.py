@@ -234,7 +234,7 @@ def render_search(data: dict) -> None:
     c.print(f"evaluated {data['evaluated']:,} layouts in {data['seconds']:.2f} s; {data['feasible']:,} fit; "
             f"{batch}; best by {data['objective']}:")
     t = Table()
-    for col in ("#", "TP", "PP", "DP", "CP", "EP", "ZeRO", "mbs", "recompute", "schedule", "step", "tokens/s",
+    for col in ("#", "TP", "SP", "PP", "DP", "CP", "EP", "ZeRO", "mbs", "recompute", "schedule", "step", "tokens/s",
                 "MFU", "peak GiB", "headroom", "bottleneck", "$/M tok"):
         t.add_column(col, justify="right", no_wrap=True)
     for i, b in enumerate(data["best"], 1):
@@ -243,7 +243,7 @@ def render_search(data: dict) -> None:
         per_m = (tr["cost_usd"] / tr["tokens"] * 1e6) if tr["cost_usd"] else None
         # hybrid sharding: ZeRO over groups of dp_shard data-parallel ranks
         zero = str(p["zero"]) + (f" (shard {p['dp_shard']})" if p["zero"] >= 1 and p["dp_shard"] < p["dp"] else "")
-        t.add_row(str(i), str(p["tp"]), str(p["pp"]), str(p["dp"]), str(p["cp"]), str(p["ep"]), zero,
+        t.add_row(str(i), str(p["tp"]), "on" if p["sp"] else "", str(p["pp"]), str(p["dp"]), str(p["cp"]), str(p["ep"]), zero,
                   str(p["mbs"]), p["recompute"], sched, _dur(tm["step_s"]), f"{tm['tokens_per_s']:,.0f}",
                   f"{tm['mfu']:.1%}", f"{mem['peak_bytes'] / GiB:.1f}", f"{mem['headroom_bytes'] / GiB:.1f}",
                   tm["bottleneck"], f"{per_m:.3f}" if per_m is not None else "—")
@@ -254,7 +254,8 @@ def render_search(data: dict) -> None:
 
 def _layout_brief(p: dict) -> str:
     sched = "" if p["pp"] == 1 else " " + p["schedule"] + (f" v{p['vpp']}" if p["vpp"] > 1 else "")
-    dims = " ".join(f"{k.upper()}{p[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if p[k] > 1 or k == "dp")
+    dims = " ".join(f"{k.upper()}{p[k]}" + (" SP" if k == "tp" and p["sp"] else "")
+                    for k in ("tp", "pp", "dp", "cp", "ep") if p[k] > 1 or k == "dp")
     return f"{dims} ZeRO-{p['zero']} mbs {p['mbs']}{' ' + p['recompute'] if p['recompute'] != 'none' else ''}{sched}"
 
 
