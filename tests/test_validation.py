@@ -36,6 +36,12 @@ def run(*args):
     (["--lora-targets", "q,zz", "--finetune", "lora"], "lora_targets", "unknown LoRA target"),
     (["--dropout", "1.5"], "dropout", "less than 1"),
     (["--gpu", "V100", "--precision", "bf16"], "precision", "no bf16"),
+    # adapter settings without adapters (a forgotten --finetune lora) were silently ignored
+    (["--lora-rank", "64"], "lora_rank", "--finetune lora or qlora only"),
+    (["--lora-targets", "q,v"], "lora_targets", "--finetune lora or qlora only"),
+    (["--finetune", "lora", "--qlora-bits", "8"], "qlora_bits", "--finetune qlora only"),
+    (["--gpu", "RTX-4090", "--gpus", "16", "--zero", "3"], "nic_gbps", "no network between nodes"),
+    (["--gpus", "16", "--nic-gbps", "0"], "nic_gbps", "greater than or equal to 0.001"),
 ])
 def test_bad_plans_exit_2_naming_field(args, field, words):
     res = run(*args)
@@ -43,6 +49,19 @@ def test_bad_plans_exit_2_naming_field(args, field, words):
     out = res.output
     assert out.count("error:") == 1 and "Traceback" not in out
     assert f"error: {field}:" in out and words in out
+
+
+@pytest.mark.parametrize("args,code", [
+    (["--cp-comm", "allgather"], "cp_comm_unused"),
+    (["--host-gbs", "100"], "host_unused"),
+    (["--gpus", "8", "--nic-gbps", "100"], "nic_unused"),
+    (["--gpus", "8", "--gpus-per-node", "1", "--scale-up-gbs", "100"], "scale_up_unused"),
+])
+def test_options_that_change_nothing_say_so(args, code):
+    """An option the plan has no use for is named in a warning, not silently dropped."""
+    res = run("--model", "llama-3-8b", *args, "--json")
+    assert res.exit_code == 0, res.output
+    assert code in [w["code"] for w in json.loads(res.output)["warning_details"]]
 
 
 def test_malformed_files(tmp_path):

@@ -562,6 +562,23 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         raise PlanError("offload_optimizer", f"{plan.framework} offloads a sharded optimizer: use --zero 1 or more")
     if plan.lora_dropout > 0 and plan.finetune == "full":
         raise PlanError("lora_dropout", "applies to --finetune lora or qlora only")
+    adapters = Plan.model_fields
+    if plan.finetune == "full":
+        for name in ("lora_rank", "lora_targets"):
+            if getattr(plan, name) != adapters[name].get_default(call_default_factory=True):
+                raise PlanError(name, "applies to --finetune lora or qlora only")
+    if plan.finetune != "qlora" and plan.qlora_bits != adapters["qlora_bits"].default:
+        raise PlanError("qlora_bits", "applies to --finetune qlora only")
+    if plan.cp_comm != "ring" and cp == 1:
+        warn("cp_comm_unused", f"--cp-comm {plan.cp_comm} changes only context parallelism (cp = 1)",
+             mode=plan.cp_comm)
+    if plan.host_gbs is not None and not plan.offload_optimizer:
+        warn("host_unused", "--host-gbs paces only an optimizer offloaded to the host (--offload-optimizer)")
+    if plan.nic_gbps is not None and gpus <= plan.gpus_per_node:
+        warn("nic_unused", f"--nic-gbps changes nothing on one node ({gpus} GPUs, {plan.gpus_per_node} per node)",
+             gpus=gpus, gpn=plan.gpus_per_node)
+    if plan.scale_up_gbs is not None and min(gpus, plan.gpus_per_node) == 1:
+        warn("scale_up_unused", "--scale-up-gbs changes nothing with one GPU per node")
     if plan.finetune != "full" and zero == 3:
         warn("zero3_frozen", "ZeRO-3 shards the frozen base weights of LoRA/QLoRA too")
     if plan.backward_prefetch != "pre" and (zero < 3 or dp * cp == 1):
