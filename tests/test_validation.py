@@ -182,3 +182,15 @@ def test_random_specs_raise_only_plan_errors(tmp_path, spec, tp, pp, seq):
         assert err.field and err.rule
         return
     assert data["memory"]["peak_bytes"] > 0
+
+
+def test_default_batch_bubble_points_to_a_training_batch():
+    """The plan's default global batch (4 x pp micro-batches with pipelining) leaves a pipeline
+    bubble of (p - 1)/(m + p - 1) = 3/19 on 4 stages; the output says so and names the batch
+    a search would train (4M tokens: 1,024 x 4,096 on 64 GPUs). With --gbs it says nothing."""
+    args = ["--model", "llama-3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--zero", "1", "--sp"]
+    out = run(*args).output
+    assert "the default global batch (32, 16 micro-batches) leaves a 15% bubble" in out and "--gbs 1024" in out
+    data = json.loads(run(*args, "--json").output)
+    assert data["parallel"]["gbs_given"] is False
+    assert "the default global batch" not in run(*args, "--gbs", "32").output

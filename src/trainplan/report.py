@@ -81,7 +81,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
         "gpu": {"name": L.gpu.name, "memory_gib": L.gpu.memory_gib, "gpus": L.gpus,
                 "gpus_per_node": p.gpus_per_node, "scale_up_gbs": L.gpu.scale_up_gbs, "nic_gbps": L.gpu.nic_gbps},
         "parallel": {"tp": L.tp, "pp": L.pp, "dp": L.dp, "cp": L.cp, "ep": L.ep, "zero": L.zero, "dp_shard": L.dp_shard,
-                     "sp": L.sp, "mbs": L.mbs, "gbs": L.gbs, "seq_len": L.seq_len,
+                     "sp": L.sp, "mbs": L.mbs, "gbs": L.gbs, "gbs_given": p.gbs is not None, "seq_len": L.seq_len,
                      "micro_batches": L.micro_batches, "recompute": p.recompute,
                      "recompute_early_stop": r.early_stop_checkpoint and p.recompute == "full",
                      "recompute_layers": p.recompute_layers, "schedule": p.schedule, "vpp": L.vpp,
