@@ -307,6 +307,9 @@ def test_min_gpus_meets_the_deadline_with_the_fewest():
         with pytest.raises(PlanError) as e:
             min_gpus(make_plan(model="llama-3-70b", gbs=512, **kw), set(), days=30)
         assert e.value.field == field
+    # a GB200 rack's 72 GPUs on NVLink: the doubling still starts at 8 GPUs
+    rack = min_gpus(make_plan(model="llama-3-8b", gpu="GB200", gbs=512), set(), days=10)
+    assert rack["tried"][0]["gpus"] == 8 and rack["best"]["gpu"]["gpus_per_node"] == 72
     with pytest.raises(PlanError) as e:  # plannable but too slow at every size: the fastest it gets
         min_gpus(make_plan(model="llama-3-8b", gbs=512), set(), days=0.01, max_gpus=64)
     assert e.value.field == "days" and "fastest:" in e.value.rule and "nan" not in e.value.rule

@@ -713,6 +713,28 @@ def test_the_plan_gives_its_own_links_and_needs_those_it_crosses():
     assert np.isfinite(evaluate(make_plan(**{**kw, "gpu": "Gaudi2"})).time["step_s"])
 
 
+def test_gpus_per_node_default_to_the_accelerators_scale_up_domain():
+    """A plan's node is the GPUs one scale-up link joins, by default the accelerator's own: 8 for
+    an HGX server, 72 for a GB200 NVL72 rack (one NVLink domain), a TPU v5p slice's 6,144 chips
+    on ICI (Google's v5p page: the largest single-slice job). On 72 GB200s TP 8 x DP 9 crosses
+    no network; on 64 H100s the same cut reduces over the NICs. --gpus-per-node still rules."""
+    from trainplan.estimate.time import hardware, link, step_derivation
+
+    assert (make_plan(gpu="H100-SXM").gpus_per_node, make_plan(gpu="GB200").gpus_per_node,
+            make_plan(gpu="TPU-v5p").gpus_per_node) == (8, 72, 6144)
+    assert make_plan(gpu="GB200", gpus_per_node=4).gpus_per_node == 4
+    rack = resolve(make_plan(model="llama-3-70b", gpu="GB200", gpus=72, tp=8, zero=1, gbs=72))
+    assert rack.plan.gpus_per_node == 72
+    hw = hardware(rack)
+    assert link(hw, comm.ALL_GATHER, 9, 8, 72)[0] == pytest.approx(hw.nvlink)  # DP 9 inside the rack
+    split = resolve(make_plan(model="llama-3-70b", gpu="GB200", gpus=72, tp=8, zero=1, gbs=72, gpus_per_node=8))
+    inside = float(np.asarray(step_derivation(rack)["dp_collectives_s"]["reduce_scatter"]).ravel()[0])
+    across = float(np.asarray(step_derivation(split)["dp_collectives_s"]["reduce_scatter"]).ravel()[0])
+    assert across > 5 * inside  # 1800 GB/s NVLink against one 400 Gb/s NIC per GPU
+    # the TPU slice's chips on ICI: no network needed up to 6,144 of them
+    assert np.isfinite(evaluate(make_plan(model="llama-3-8b", gpu="TPU-v5p", gpus=256, zero=3)).time["step_s"])
+
+
 def test_hybrid_sharding_reduces_inside_the_node_and_all_reduces_the_shards_across_replicas():
     """HSDP (--dp-shard 8: FSDP sharded over the 8 GPUs of a node, replicated over 64 nodes):
     the gathers and reduce-scatters run over NVLink, and each reduce-scatter's output, 1/8 of

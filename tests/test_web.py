@@ -623,7 +623,7 @@ def test_page_compares_accelerators_and_loads_one(server, browser):
     page = _open(browser, server, state)
     page.click("#compare")
     page.wait_for_function("document.body.dataset.compare === 'ready'")
-    api = client.post("/api/compare", json={**state, "gpus_per_node": 8, "compare_gpus": "all"}).json()["rows"]
+    api = client.post("/api/compare", json={**state, "compare_gpus": "all"}).json()["rows"]
     shown = [e.get_attribute("data-gpu") for e in page.query_selector_all(".compare-row")]
     assert shown == [r["gpu"] for r in api if r["best"]]
     skipped = page.inner_text("#compare-skipped")
@@ -657,7 +657,10 @@ def test_page_takes_the_clusters_own_links(server, browser):
     assert thin["gpu"]["nic_gbps"] == 100
     assert thin["time"]["step_s"] > _api(state)["time"]["step_s"]
     page.wait_for_function(f"Number(document.querySelector('#speed').dataset.step) == {thin['time']['step_s']}")
+    assert page.get_attribute("input[name=gpus_per_node]", "placeholder") == "8"
     page.select_option("#gpu", "MI300X")
     assert page.get_attribute("input[name=nic_gbps]", "placeholder") == "400"
     assert page.get_attribute("input[name=scale_up_gbs]", "placeholder") == "896"
+    page.select_option("#gpu", "GB200")  # an NVL72 rack: 72 GPUs on one NVLink domain
+    assert page.get_attribute("input[name=gpus_per_node]", "placeholder") == "72"
     page.close()

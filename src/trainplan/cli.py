@@ -77,7 +77,7 @@ def _plan_options(
     model: Annotated[str, typer.Option(help="Catalog name (see `trainplan models`) or path to a config.json / spec .toml")] = "llama-3-8b",
     gpu: Annotated[str, typer.Option(help="Accelerator (see `trainplan gpus`)")] = "H100-SXM",
     gpus: Annotated[int | None, typer.Option(help="Total GPUs (default tp x pp x cp x dp)")] = None,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (NVLink domain)")] = 8,
+    gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node: those one scale-up link joins (NVLink domain; default: the accelerator's, 8 for most, 72 for GB200 NVL72, a TPU slice's chips)")] = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel size")] = 1,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel stages")] = 1,
     dp: Annotated[int | None, typer.Option(help="Data-parallel size (derived from --gpus when omitted)")] = None,

@@ -52,7 +52,9 @@ class Plan(BaseModel):
     hf_config: dict | None = Field(default=None, description="a parsed Hugging Face config.json")
     gpu: str = "H100-SXM"
     gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS)
-    gpus_per_node: int = Field(default=8, ge=1, le=1024)
+    gpus_per_node: int | None = Field(
+        default=None, ge=1, le=MAX_GPUS, description="GPUs one scale-up link joins (a server's NVLink, an NVL72 "
+        "rack, a TPU slice's ICI); default: the accelerator's (catalog scale_up_domain: 8 for most, 72 for GB200)")
     tp: int = Field(default=1, ge=1, le=MAX_GPUS)
     pp: int = Field(default=1, ge=1, le=MAX_GPUS)
     dp: int | None = Field(default=None, ge=1, le=MAX_GPUS)
@@ -176,9 +178,16 @@ class Plan(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _resolve_auto_attention(self):
+    def _resolve_accelerator_defaults(self):
+        """What the plan leaves to its accelerator: the framework's attention kernel on it, and
+        how many GPUs share its scale-up link."""
         if self.attention == "auto":
             self.attention = framework_attention(self.framework, self.gpu)
+        if self.gpus_per_node is None:
+            try:
+                self.gpus_per_node = catalog.gpu(self.gpu).scale_up_domain
+            except PlanError:  # an unknown accelerator is reported by resolve(), naming the field
+                self.gpus_per_node = 8
         return self
 
 

@@ -121,14 +121,15 @@ def render_models(rows: list[dict]) -> None:
 
 def render_gpus(rows: list[dict]) -> None:
     t = Table(title="Accelerator catalog (dense TFLOP/s)")
-    for col in ("name", "memory GiB", "HBM TB/s", "bf16", "fp16", "fp8", "fp32", "scale-up GB/s", "NIC Gb/s", "TDP W", "$/h",
-                "time error"):
+    for col in ("name", "memory GiB", "HBM TB/s", "bf16", "fp16", "fp8", "fp32", "scale-up GB/s", "GPUs on it",
+                "NIC Gb/s", "TDP W", "$/h", "time error"):
         t.add_column(col, justify="left" if col == "name" else "right")
     for r in rows:
         pk, acc = r["peak_tflops"], r.get("accuracy") or {}
         t.add_row(r["name"], f"{r['memory_gib']:g}", f"{r['hbm_tbs']:g}",
                   *(f"{pk[k]:g}" if k in pk else "—" for k in ("bf16", "fp16", "fp8", "fp32")),
-                  *(f"{r[k]:g}" if r[k] else "—" for k in ("scale_up_gbs", "nic_gbps")), f"{r['tdp_w']:g}",
+                  f"{r['scale_up_gbs']:g}" if r["scale_up_gbs"] else "—", f"{r['scale_up_domain']:,}",
+                  f"{r['nic_gbps']:g}" if r["nic_gbps"] else "—", f"{r['tdp_w']:g}",
                   f"{r['price_usd_per_hour']:.2f}" if r["price_usd_per_hour"] is not None else "—",
                   _error_cell(acc))
     c = _console()

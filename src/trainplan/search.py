@@ -541,8 +541,8 @@ def pareto(plan: Plan, fixed: set[str], max_tp: int | None = None) -> dict:
 # ---- how many GPUs -------------------------------------------------------------------------
 def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = None, max_gpus: int = 1 << 17,
              max_tp: int | None = None) -> dict:
-    """The fewest GPUs (multiples of a node, doubling) whose best layout trains `tokens`
-    (default 20 per parameter) within `days`, goodput included."""
+    """The fewest GPUs (doubling from a node of 8, or one smaller node) whose best layout trains
+    `tokens` (default 20 per parameter) within `days`, goodput included."""
     from .estimate.cost import CHINCHILLA_TOKENS_PER_PARAM
 
     if days <= 0:
@@ -550,7 +550,7 @@ def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = No
     model = load_model(plan)
     tokens = tokens or plan.tokens or CHINCHILLA_TOKENS_PER_PARAM * model.params
     tried, refused = [], []
-    gpus = plan.gpus_per_node
+    gpus = min(plan.gpus_per_node, 8)  # a GB200 rack or a TPU slice also comes in smaller sizes
     while gpus <= max_gpus:
         try:
             out = search(plan.model_copy(update={"gpus": gpus, "tokens": tokens}), fixed, top=1, max_tp=max_tp)

@@ -25,6 +25,9 @@ class GPUSpec(BaseModel):
     peak_tflops: dict[str, float] = Field(description="dense TFLOP/s by dtype")
     scale_up_gbs: float = Field(default=0, ge=0, description="NVLink-class, per GPU, bidirectional GB/s")
     nic_gbps: float = Field(default=0, ge=0, description="scale-out network per GPU, Gb/s")
+    scale_up_domain: int = Field(default=8, ge=1, le=1_000_000,
+                                 description="GPUs the scale-up link joins (a server's NVLink/xGMI, an NVL72 rack, a "
+                                 "TPU pod's ICI): the plan's GPUs per node unless it gives its own")
     tdp_w: float = Field(default=0, ge=0)
     price_usd_per_hour: float | None = Field(default=None, ge=0)
     sms: int | None = None

@@ -371,12 +371,13 @@
     document.body.dataset.compare = "ready";
   }
 
-  // the accelerator's own links, shown where the plan gives none
+  // the accelerator's own links (and how many GPUs share one), shown where the plan gives none
   let catalogGpus = [];
   function showLinks() {
     const g = catalogGpus.find((x) => x.name === form.elements.gpu.value);
     form.elements.scale_up_gbs.placeholder = g && g.scale_up_gbs ? String(g.scale_up_gbs) : "—";
     form.elements.nic_gbps.placeholder = g && g.nic_gbps ? String(g.nic_gbps) : "—";
+    form.elements.gpus_per_node.placeholder = g ? String(g.scale_up_domain) : "8";
   }
 
   async function init() {
