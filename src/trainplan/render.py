@@ -217,11 +217,12 @@ def render_time(c: Console, data: dict) -> None:
                                                   for k, v in b.items() if v > 0.005 * total))
     par = data["parallel"]
     if not par.get("gbs_given", True) and t["bubble_fraction"] > 0.05:
-        from .search import search_batch
+        from .search import search_batch, search_batch_tokens
 
         batch = search_batch(par["seq_len"], data["gpu"]["gpus"])
         c.print(f"  the default global batch ({par['gbs']:,}, {par['micro_batches']} micro-batches) leaves a "
-                f"{t['bubble_fraction']:.0%} bubble: a training batch of about 4M tokens (--gbs {batch}) amortizes it")
+                f"{t['bubble_fraction']:.0%} bubble: a training batch of about {search_batch_tokens()} tokens "
+                f"(--gbs {batch}) amortizes it")
     inp = t.get("input_pipeline_s")
     if inp and b.get("data", 0) > 0:
         stages = ", ".join(f"{k.replace('_', ' ')} {inp[k] * 1e3:.3g} ms"

@@ -105,6 +105,11 @@ def _expand(cols: dict[str, np.ndarray], values: dict[str, list]) -> dict[str, n
     return out
 
 
+def search_batch_tokens() -> str:
+    """The tokens of the search's default global batch, in words ("4M")."""
+    return f"{conventions()['search']['batch_tokens'] / 2**20:g}M"
+
+
 def search_batch(seq: int, gpus: int) -> int:
     """The global batch (sequences) every layout of a search trains when the plan gives none:
     about conventions.toml [search] batch_tokens, as the GPU count times a power of two (or
@@ -433,8 +438,8 @@ def _layouts(plan: Plan, fixed: set[str], gpus: int, model, max_tp: int | None) 
         resolve(plan.model_copy(update={"gpus": gpus, "gbs": gbs}), model)
     except PlanError as err:
         if plan.gbs is None and err.field == "gbs":
-            raise PlanError("gbs", f"{err.rule} (the search's default global batch, about 4M tokens; give "
-                            "--gbs)") from None
+            raise PlanError("gbs", f"{err.rule} (the search's default global batch, about {search_batch_tokens()} "
+                            "tokens; give --gbs)") from None
         raise
     raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
 
