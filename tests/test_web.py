@@ -634,6 +634,17 @@ def test_page_compares_accelerators_and_loads_one(server, browser):
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
     assert "时间误差" in page.inner_text("#compare-results") and "比较加速卡" in page.inner_text("#results")
     assert "16 张卡、全局批 64 × 4,096" in page.inner_text("#compare-status")
+    # ranked by the training's cost instead: the API's order, priced accelerators cheapest first
+    with page.expect_response("**/api/compare"):
+        page.select_option("#compare-objective", "cost")
+    page.wait_for_function("document.querySelector('#compare-status').innerText.includes('训练总费用')")
+    by_cost = client.post("/api/compare", json={**state, "compare_gpus": "all", "objective": "cost"}).json()["rows"]
+    assert [e.get_attribute("data-gpu") for e in page.query_selector_all(".compare-row")] == \
+        [r["gpu"] for r in by_cost if r["best"]]
+    costs = [r["best"]["training"]["cost_usd"] for r in by_cost if r["best"] and r["best"]["training"]["cost_usd"]]
+    assert costs == sorted(costs)
+    shown = [e.get_attribute("data-gpu") for e in page.query_selector_all(".compare-row")]
+    api = by_cost
     second = next(r for r in api if r["best"] and r["gpu"] == shown[1])
     with page.expect_response("**/api/plan"):
         page.query_selector_all(".compare-row")[1].click()

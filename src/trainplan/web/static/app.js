@@ -337,7 +337,7 @@
     const first = data.rows.find((x) => x.best);
     const par = first ? first.best.parallel : null;
     $("compare-status").textContent = par ? t("compare_done", { gpus: first.best.gpu.gpus.toLocaleString(),
-      gbs: par.gbs.toLocaleString(), seq: par.seq_len.toLocaleString() }) : "";
+      gbs: par.gbs.toLocaleString(), seq: par.seq_len.toLocaleString(), rank: t("rank_" + data.objective) }) : "";
     const table = $("compare-results");
     table.innerHTML = "";
     const head = table.createTHead().insertRow();
@@ -364,6 +364,7 @@
     const body = searchBody(["gpu"]);
     if (!body) return;
     body.compare_gpus = "all";
+    body.objective = $("compare-objective").value;
     const data = await post("/api/compare", body, "compare-status");
     if (!data) return;
     lastCompare = data;
@@ -395,6 +396,7 @@
     $("lang").addEventListener("click", () => { lang = lang === "en" ? "zh" : "en"; applyLanguage(); writeUrl(readForm()); });
     $("find").addEventListener("click", findBest);
     $("compare").addEventListener("click", compareAll);
+    $("compare-objective").addEventListener("change", () => { if (lastCompare) compareAll(); });
     applyLanguage();
     update();
   }
