@@ -728,9 +728,13 @@ def test_gpus_per_node_default_to_the_accelerators_scale_up_domain():
     hw = hardware(rack)
     assert link(hw, comm.ALL_GATHER, 9, 8, 72)[0] == pytest.approx(hw.nvlink)  # DP 9 inside the rack
     split = resolve(make_plan(model="llama-3-70b", gpu="GB200", gpus=72, tp=8, zero=1, gbs=72, gpus_per_node=8))
-    inside = float(np.asarray(step_derivation(rack)["dp_collectives_s"]["reduce_scatter"]).ravel()[0])
-    across = float(np.asarray(step_derivation(split)["dp_collectives_s"]["reduce_scatter"]).ravel()[0])
-    assert across > 5 * inside  # 1800 GB/s NVLink against one 400 Gb/s NIC per GPU
+    # 8-GPU nodes: DP 9 (one rank per node) over one NIC each, 45 GB/s against NVLink's 720
+    assert link(hardware(split), comm.ALL_GATHER, 9, 8, 8)[0] == pytest.approx(hw.nic) == pytest.approx(45e9)
+    assert hw.nvlink == pytest.approx(720e9)
+    wire = {name: float(np.asarray(step_derivation(lay)["dp_collectives_s"]["reduce_scatter"]).ravel()[0])
+            - float(np.asarray(step_derivation(lay)["dp_call_latency_s"]["reduce_scatter"]).ravel()[0])
+            for name, lay in (("inside", rack), ("across", split))}
+    assert wire["across"] / wire["inside"] == pytest.approx(720 / 45, rel=1e-9)
     # the TPU slice's chips on ICI: no network needed up to 6,144 of them
     assert np.isfinite(evaluate(make_plan(model="llama-3-8b", gpu="TPU-v5p", gpus=256, zero=3)).time["step_s"])
 

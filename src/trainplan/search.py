@@ -47,6 +47,7 @@ from .plan import (
     resolve,
     zero_stages,
 )
+from .specs.hardware import GPUSpec
 from .units import GiB
 
 # the layout dimensions a search enumerates unless the plan fixes them
@@ -555,7 +556,9 @@ def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = No
     model = load_model(plan)
     tokens = tokens or plan.tokens or CHINCHILLA_TOKENS_PER_PARAM * model.params
     tried, refused = [], []
-    gpus = min(plan.gpus_per_node, 8)  # a GB200 rack or a TPU slice also comes in smaller sizes
+    # from a server's worth (GPUSpec's default scale-up domain): a GB200 rack or a TPU slice also
+    # comes in smaller sizes
+    gpus = min(plan.gpus_per_node, GPUSpec.model_fields["scale_up_domain"].default)
     while gpus <= max_gpus:
         try:
             out = search(plan.model_copy(update={"gpus": gpus, "tokens": tokens}), fixed, top=1, max_tp=max_tp)
