@@ -441,8 +441,15 @@ def bench(
             check_path(report)
         if profile and not gpu:
             raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
-        results = _with_status(lambda progress: run_bench(suites, device, quick, gpu, progress=progress, model=model,
-                                                          tokens=tokens), as_json, "measuring…")
+        writer = store.RunWriter(db) if save else None  # opened before measuring; each suite kept as it ends
+        try:
+            results = _with_status(lambda progress: run_bench(suites, device, quick, gpu, progress=progress,
+                                                              model=model, tokens=tokens, store=writer),
+                                   as_json, "measuring…")
+            run_id = writer.finish() if writer else None
+        finally:
+            if writer:
+                writer.close()
         eff = write_profile(results, profile) if profile else None
         if plot:
             from .bench.plots import draw_bench_plot
@@ -452,7 +459,6 @@ def bench(
             from .bench.report import write_report
 
             write_report(results, report)
-        run_id = store.save(results, db) if save else None
     except PlanError as err:
         _fail(err)
     if as_json:

@@ -72,10 +72,12 @@ def _cpu_name() -> str:
 
 
 def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu: str | None = None,
-              progress=None, model: str | None = None, tokens: int = 4096) -> dict:
+              progress=None, model: str | None = None, tokens: int = 4096, store=None) -> dict:
     """Run `suites` (default all) and return {"machine", "gpu", <suite>: rows}. `gpu` names the
     catalog accelerator whose datasheet the results are compared against; with `model`, the
-    gemm suite also measures that model's GEMM shapes on `tokens` tokens ("gemm_model")."""
+    gemm suite also measures that model's GEMM shapes on `tokens` tokens ("gemm_model").
+    `store` (a `store.RunWriter`) opens the run before the first suite and keeps each suite's
+    rows as the suite finishes, so an interrupted run loses only the suite in progress."""
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -95,23 +97,33 @@ def run_bench(suites: list[str], device: str = "auto", quick: bool = False, gpu:
         triton_support.prepare_interpreter()
     spec = _gpu_spec(gpu) if gpu else None
     out: dict = {"machine": machine(device), "gpu": spec.name if spec else None, "quick": quick}
+    if store is not None:
+        store.start(out["machine"], out["gpu"], quick)
+
+    def record(key: str, rows: list[dict]) -> None:
+        out[key] = rows
+        if store is not None:
+            store.suite(key, rows)
+
     for suite in suites or list(SUITES):
         if suite == "gemm":
-            out["gemm"] = gemm.run(device, quick, dict(spec.peak_tflops) if spec else None, progress)
-            out["gemm_k"] = gemm.run_depth(device, quick, dict(spec.peak_tflops) if spec else None, progress)
+            record("gemm", gemm.run(device, quick, dict(spec.peak_tflops) if spec else None, progress))
+            record("gemm_k", gemm.run_depth(device, quick, dict(spec.peak_tflops) if spec else None, progress))
             if spec_model:
-                out["gemm_model"] = gemm.run_model(spec_model, tokens, device, progress=progress)
+                rows = gemm.run_model(spec_model, tokens, device, progress=progress)
                 peak = spec.peak("bf16") if spec else None
-                for row in out["gemm_model"]:
+                for row in rows:
                     row["pct_of_peak"] = 100 * row["tflops"] * 1e12 / peak if peak else None
+                record("gemm_model", rows)
         elif suite in _PLAIN:
-            out[suite] = _PLAIN[suite].run(device, quick, progress)
+            record(suite, _PLAIN[suite].run(device, quick, progress))
         elif suite == "memory":
-            out["memory"] = memory.run(device, quick, progress)
+            rows = memory.run(device, quick, progress)
             if spec:
-                for row in out["memory"]:
+                for row in rows:
                     on_device = row["gbs"] is not None and not row["kernel"].startswith("host")
                     row["pct_of_spec"] = 100 * row["gbs"] / (spec.hbm_tbs * 1e3) if on_device else None
+            record("memory", rows)
     return out
 
 
