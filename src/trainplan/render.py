@@ -204,10 +204,19 @@ def _accuracy_basis(a: dict, gpu: str) -> str:
             f"{a['mean_abs_error']:.1%} mean error, {a['worst_abs_error']:.1%} worst (docs/accuracy.md)")
 
 
+def mfu_peak(t: dict) -> str:
+    """Which peak the MFU divides by, where the plan's GEMMs run in fp8 (with its MFU against
+    the bf16 peak beside it); nothing for a 16-bit plan."""
+    if t.get("mfu_peak") != "fp8":
+        return ""
+    bf16 = f", {t['mfu_bf16_peak']:.1%} of the bf16 peak" if t.get("mfu_bf16_peak") is not None else ""
+    return f" of the fp8 peak{bf16}"
+
+
 def render_time(c: Console, data: dict) -> None:
     t, tr = data["time"], data["training"]
     c.print(f"[bold]step[/] {_dur(t['step_s'])} · {t['tokens_per_s']:,.0f} tokens/s · "
-            f"{t['tflops_per_gpu']:,.0f} TFLOP/s per GPU · MFU {t['mfu']:.1%} (HFU {t['hfu']:.1%}) · "
+            f"{t['tflops_per_gpu']:,.0f} TFLOP/s per GPU · MFU {t['mfu']:.1%} (HFU {t['hfu']:.1%}){mfu_peak(t)} · "
             f"bubble {t['bubble_fraction']:.1%} · {t['bottleneck']}")
     if "accuracy" in t:
         c.print("  " + accuracy_sentence(t["accuracy"], data["gpu"]["name"]))

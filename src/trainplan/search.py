@@ -364,7 +364,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
              + mem["total_per_logits"][group] * (last_stage_logits_in_flight(sched, m) - 1))
     peak = np.max(total, axis=-1)
     fits = peak <= lay0.gpu.capacity_bytes
-    step, mfu = np.full(n, np.inf), np.zeros(n)
+    step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)
     # a search ranks only layouts that fit, so it times only those
     rows = np.flatnonzero(fits) if fitting_only else np.arange(n)
     if len(rows):
@@ -374,7 +374,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         fl = step_flops(model, tokens=sel(col("gbs")) * seq, seq=seq,
                         dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                         attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
-                        skip_last=r.recompute_skips_last_linear,
+                        causal=True, skip_last=r.recompute_skips_last_linear,
                         **lora_arguments(plan))
         # per-stage times do not depend on the schedule either: once per group, then each
         # layout's pipeline schedule, data-parallel communication and optimizer
@@ -404,8 +404,9 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             stage_layers=model.layers / sel(pp), dp_shard=sel(dp_shard), offload_params=plan.offload_params)
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
+        hfu[rows] = np.asarray(t["hfu"], dtype=float).reshape(len(rows))
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,
-            "mfu": mfu, "capacity_bytes": lay0.gpu.capacity_bytes}
+            "mfu": mfu, "hfu": hfu, "capacity_bytes": lay0.gpu.capacity_bytes}
 
 
 def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -> Plan:

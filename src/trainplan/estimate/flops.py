@@ -7,6 +7,14 @@ Per token and layer, forward:
 * attention scores and weighted sum: 2·s·(heads·d_qk) + 2·s·(heads·d_v) per token when every
   query sees all s keys (what `torch.utils.flop_counter` counts for SDPA); a causal mask
   halves the useful work (`causal=True`; FlashAttention-2 §4.1).
+
+The one convention of a plan's model FLOPs (the MFU and TFLOP/s numerator): causal attention
+counts its causal half, the work a causal kernel does (FlashAttention-2 skips the blocks above
+the diagonal, Dao 2023 §3.1.1; its §4.1 benchmarks count causal FLOPs as half) and what the time model
+prices (estimate/time.py). PaLM (Chowdhery et al. 2022, App. B: 6N + 12·L·H·Q·T) and
+Megatron-LM (training.py num_floating_point_operations) count the full s² instead; at 4K tokens
+that differs by a few percent, at 128K it doubles the count and would report more FLOP/s than
+the accelerator has (calibration.py keeps those counts to compare with the papers' figures).
 * output head: 2·h·V per token.
 
 Backward costs 2x the forward GEMMs (input and weight gradients), 1x where the weights are

@@ -355,7 +355,7 @@ class Hardware:
 
     peak: float  # dense FLOP/s of the compute dtype (bf16 under fp8: attention and the head stay 16-bit)
     gemm_peak: float  # the layers' GEMM FLOP/s (fp8 when the recipe is fp8)
-    peak_dense: float  # the MFU denominator
+    peak_dense: float  # the MFU denominator: the dense peak of the dtype the layers' GEMMs run in
     sms: int
     hbm: float
     nvlink: float  # achieved unidirectional ring bandwidth per GPU
@@ -373,6 +373,9 @@ class Hardware:
     flash_fwd_curve: tuple | None = None  # its forward alone, where published
     eff_16: float | None = None  # 16-bit GEMMs (the head, materialised attention) under an fp8 recipe
     curve_16: GemmResiduals | GemmShape | None = None
+    mfu_peak: str = "bf16"  # the dtype whose peak `peak_dense` is (the MFU's label)
+    peak_bf16: float | None = None  # the accelerator's bf16 peak (None without bf16)
+    peak_fp8: float | None = None  # ... and its fp8 peak (None without fp8)
 
     @property
     def gemm16(self) -> tuple:
@@ -395,9 +398,14 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
     fp8 = plan.precision == "fp8" and gpu.peak("fp8") is not None
     gpu_peak = gpu.peak("fp8") if fp8 else peak
     curve_at = lambda speedup: gemm_shape(e["gemm_shape"], speedup) or gemm_residuals(profile, sms)  # noqa: E731
+    # MFU divides by the peak of the dtype the layers' GEMMs run in: an fp8 recipe's fp8 peak
+    # (against the 16-bit one its GEMMs alone could pass 100%); `mfu_bf16_peak` gives the other
+    bf16 = gpu.peak("bf16") or peak
+    mfu_peak = "fp8" if fp8 else "bf16" if plan.precision in ("bf16", "fp8") else dtype
     return Hardware(
         peak=peak, gemm_peak=gpu_peak,
-        peak_dense=(gpu.peak("bf16") or peak) if plan.precision in ("bf16", "fp8") else peak,
+        peak_dense=gpu_peak if fp8 else bf16 if plan.precision in ("bf16", "fp8") else peak,
+        mfu_peak=mfu_peak, peak_bf16=gpu.peak("bf16"), peak_fp8=gpu.peak("fp8"),
         sms=sms, hbm=gpu.hbm_tbs * 1e12 * e["hbm"], nvlink=nvlink, nic=nic,
         latency=e["latency"], gemm_eff=e["gemm"], flash_eff=e["flash"],
         gemm_curve=curve_at(gpu_peak / (gpu.peak("bf16") or peak)), flash_curve=flash_curve_points(e["flash_curve"]),
@@ -827,6 +835,10 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "hardware_tflops_per_gpu": hw_flops / step / gpus / 1e12,
         "mfu": model_flops / (hw.peak_dense * step * gpus),
         "hfu": hw_flops / (hw.peak_dense * step * gpus),
+        # the same model FLOPs against the accelerator's bf16 and fp8 peaks ("mfu" divides by
+        # the one Hardware.mfu_peak names); NaN where it has no such peak
+        "mfu_bf16_peak": model_flops / ((hw.peak_bf16 or np.nan) * step * gpus),
+        "mfu_fp8_peak": model_flops / ((hw.peak_fp8 or np.nan) * step * gpus),
         "bubble_fraction": bubble / step,
         "breakdown_s": {**parts_busy, "bubble": bubble, "dp_comm": dp_exposed, "optimizer": optimizer,
                         "data": step - busy},
@@ -854,6 +866,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
 def step_time(layout: Layout, profile: dict | None = None, memory: dict | None = None) -> dict:
     """The step of a resolved plan (every stage considered), as plain numbers."""
     out, fl, data = _step(layout, profile, memory)
+    hw = hardware(layout, profile)
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
@@ -861,6 +874,10 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
     return {
         **{k: num(out[k]) for k in ("step_s", "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu",
                                     "mfu", "hfu", "bubble_fraction")},
+        # which peak "mfu" divides by, and the MFU against each peak the accelerator has (null
+        # where it has none)
+        "mfu_peak": hw.mfu_peak,
+        **{k: (None if np.isnan(out[k]) else num(out[k])) for k in ("mfu_bf16_peak", "mfu_fp8_peak")},
         "breakdown_s": breakdown,
         "bottleneck": f"{slowest.replace('_', ' ')} {breakdown[slowest] / step:.0%}"
         if breakdown[slowest] > 0.1 * step else "compute-bound",
@@ -888,7 +905,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
     stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                    attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
+                    attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab, causal=True,
                     skip_last=recipe(plan).recompute_skips_last_linear,
                     recompute_share=float(model_recomputed_share(rc, layout.recompute_layers_per_stage, stage_layers)),
                     **lora_arguments(plan))
