@@ -8,6 +8,7 @@ import numpy as np
 from .estimate import activations as act
 from .estimate.pipeline import SCHEDULE_CODE, in_flight
 from .estimate.recipe import recipe
+from .plan import conventions
 from .report import PlanResult
 from .units import GiB
 
@@ -50,10 +51,12 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
             else " each unit gathered from its forward to its backward (SHARD_GRAD_OP)")
     gathered = f" + P x {r.compute_weight_bytes:g} B{kept}" if pick(m["params_gathered"]) else ""
     out.append(f"  weights      = P x {wb:g} B{wdiv}{gathered} = {_g(pick(m['params']))}")
-    gdiv = f" / {shard}" if L.zero >= 2 else ""
-    unsharded = (f" + T x {r.reduce_bytes:g} B accumulated unsharded until the last micro-batch"
-                 if pick(m["grads_unsharded"]) else "")
-    out.append(f"  gradients    = T x {r.grad_bytes:g} B{gdiv}{unsharded} = {_g(pick(m['grads']))}")
+    gdiv = (f" / {shard}" + (f" (experts / {exp_shard})" if L.model.is_moe else "")) if L.zero >= 2 else ""
+    sharded = f"T x {r.grad_bytes:g} B{gdiv}"
+    if pick(m["grads_unsharded"]):  # never alive together: the shards replace them at the last micro-batch
+        sharded = (f"max({sharded}, T x {r.reduce_bytes:g} B accumulated unsharded until the last "
+                   "micro-batch)")
+    out.append(f"  gradients    = {sharded} = {_g(pick(m['grads']))}")
     odiv = (f" / {shard}" + (f" (experts / {exp_shard})" if L.model.is_moe else "")) if L.zero >= 1 else ""
     opt = f"{r.optimizer_bytes:g} B ({p.optimizer})" + (" + 4 B x (rows + cols) per matrix" if r.factored_optimizer else "")
     out.append(f"  optimizer    = T x ({r.master_bytes:g} B master + {opt}){odiv}"
@@ -79,6 +82,11 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
     out.append(f"  other        = {'unit gradient' if r.keeps_gathered_forward_to_backward(L.zero) else 'ZeRO-3 gather'} {_g(pick(m['zero3_gather']))} + buckets "
                f"{_g(pick(m['comm_buckets']))} + loss workspace {_g(pick(m['loss_workspace']))}"
                f" + fragmentation {_g(pick(m['fragmentation']))} + runtime {_g(pick(m['runtime_reserved']))}")
+    buffers = {k: pick(v) for k, v in m["sharding_buffers"].items() if pick(v) > 0}
+    if buffers:  # the bytes by which this ZeRO stage may need more than a lower one
+        sources = conventions()["sharding_buffers"]
+        out.append(f"  sharding buffers of ZeRO-{L.zero} (inside the terms above; a lower stage does without):")
+        out += [f"      {k:<20s} {_g(v)}: {sources[k]}" for k, v in buffers.items()]
     out.append(f"  total        = {_g(pick(m['total']))} of {_g(result.capacity)}")
     return out
 

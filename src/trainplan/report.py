@@ -9,7 +9,7 @@ import numpy as np
 from .estimate.accuracy import prediction_accuracy
 from .estimate.memory import estimate_memory, max_micro_batch
 from .estimate.recipe import recipe
-from .plan import Layout, Plan, resolve
+from .plan import Layout, Plan, conventions, resolve
 
 STAGE_COMPONENTS = ("params", "grads", "master", "optimizer_state", "activations", "zero3_gather",
                     "comm_buckets", "loss_workspace", "fragmentation", "runtime_reserved")
@@ -57,6 +57,7 @@ def stage_rows(result: PlanResult) -> list[dict]:
     per_stage = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (pp,)).tolist()  # noqa: E731
     comps = {k: per_stage(m[k]) for k in STAGE_COMPONENTS}
     parts = {k: per_stage(v) for k, v in m["activation_parts"].items()}
+    buffers = {k: per_stage(v) for k, v in m["sharding_buffers"].items()}
     cols = {name: per_stage(m[key]) for name, key in (
         ("params_bytes", "params"), ("grads_bytes", "grads"), ("optimizer_bytes", "optimizer"),
         ("activations_bytes", "activations"), ("other_bytes", "other"), ("total_bytes", "total"),
@@ -64,6 +65,7 @@ def stage_rows(result: PlanResult) -> list[dict]:
     rows = []
     for i, n in enumerate(result.layout.stage_layers):
         rows.append({"stage": i, "layers": n, **{name: col[i] for name, col in cols.items()},
+                     "sharding_buffers": {k: v[i] for k, v in buffers.items()},
                      "components": {**{k: v[i] for k, v in comps.items()},
                                     "activation_parts": {k: v[i] for k, v in parts.items()}}})
     return rows
@@ -105,6 +107,10 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
             "peak_stage": int(np.argmax(np.broadcast_to(result.memory["total"], (L.pp,)))),
             **({"max_mbs": max_micro_batch(L)} if with_max_mbs else {}),
             "stages": stage_rows(result),
+            # what each of the stages' sharding_buffers is, with its source (the bytes by which a
+            # higher ZeRO stage may need more memory than a lower one)
+            "sharding_buffer_sources": {k: v for k, v in conventions()["sharding_buffers"].items()
+                                        if any(np.asarray(result.memory["sharding_buffers"][k]) > 0)},
         },
         **({"compute": {"model_flops_per_step": result.time["model_flops_per_step"],
                         "hardware_flops_per_step": result.time["hardware_flops_per_step"]},

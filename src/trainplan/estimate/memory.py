@@ -163,6 +163,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # the expert-data-parallel group dp·cp/ep (dp_shard·cp/ep).
     shard_dense = (dp if dp_shard is None else dp_shard) * cp
     shard_expert = np.maximum(shard_dense / ep, 1)
+    # FSDP1 runs NO_SHARD whatever strategy it is given when its shard group is one rank
+    # (torch/distributed/fsdp/_init_utils.py: "FSDP is switching to use `NO_SHARD` ... since the
+    # world size is 1"): ZeRO-0's memory
+    zero = np.where(r.single_rank_no_shard & (np.asarray(shard_dense) <= 1), 0, zero)
 
     def sharded(per_param_bytes, stage_from):
         div_d = np.where(zero >= stage_from, shard_dense, 1)
@@ -196,7 +200,15 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     params_gathered = np.where(stage_gathered, p_stage * r.compute_weight_bytes, 0.0)
     grads_unsharded = np.where(pipelined_fsdp, trainable * r.reduce_bytes, 0.0)
     weights = weights + params_gathered
-    grads = grads + grads_unsharded
+    # The unsharded gradients and the sharded ones are not alive together: the optimizer's
+    # zero_grad (set_to_none) frees the shards before the step's first backward, and at the last
+    # micro-batch FSDP2 drops each unit's unsharded gradient as it reduce-scatters it into its
+    # shard (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward:
+    # "fsdp_param.unsharded_accumulated_grad = None"): the larger of the two at any time. (Summing
+    # them charged an expert-parallel stage whose experts have one rank to shard over, e.g.
+    # DeepSeek-V3 on 16 H100s at PP 2, EP 8, DP 8, twice its expert gradients: 1,140 GiB at
+    # ZeRO-2 against 980 GiB replicated.)
+    grads = np.where(pipelined_fsdp, np.maximum(grads, grads_unsharded), grads)
     if r.tp_embedding_grad_replicated and not mn.tied:
         # DTensor's vocabulary-parallel embedding returns a replicated V x h gradient (an
         # untied embedding without ZeRO-2/3, which reshard gradients like their parameters).
@@ -331,6 +343,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         "embedding_terms": emb, "head_terms": hd, "checkpoint_per_layer": ckpt,
         "per_microbatch_layers": per_mb_layers,
         "cpu_offload": cpu_offload,
+        # what sharding itself allocates (conventions.toml [sharding_buffers]): the only bytes by
+        # which a higher ZeRO stage may need more than a lower one (tests/test_zero_monotonic.py)
+        "sharding_buffers": {"zero3_gather": zero3_gather, "params_gathered": params_gathered + 0 * total,
+                             "grads_unsharded": grads_unsharded + 0 * total},
         # total is linear in the micro-batches in flight and in the live logits (activations,
         # then their fragmentation share): its slopes, for callers that vary the schedule
         "total_per_in_flight": sum(per_in_flight.values()) * (1 + fragmentation),

@@ -72,6 +72,8 @@ class Recipe:
     # master copy); ZeRO-2 (SHARD_GRAD_OP) keeps the compute-dtype copy it gathers for a unit's
     # forward until that unit's backward
     shards_params_at_rest: bool = False
+    # FSDP1 falls back to NO_SHARD (ZeRO-0) when its shard group is a single rank
+    single_rank_no_shard: bool = False
 
     @property
     def casts_linear_inputs(self) -> bool:
@@ -183,4 +185,5 @@ def recipe(plan: Plan) -> Recipe:
         grad_clip_passes=float(fw["grad_clip_passes"]) if plan.grad_clip > 0 else 0.0,
         pp_accumulates_unsharded=bool(fw.get("pp_accumulates_unsharded", False)),
         shards_params_at_rest=bool(fw.get("shards_params_at_rest", False)),
+        single_rank_no_shard=bool(fw.get("single_rank_no_shard", False)),
     )
