@@ -213,6 +213,11 @@ def mfu_peak(t: dict) -> str:
     return f" of the fp8 peak{bf16}"
 
 
+def _mfu_cell(t: dict) -> str:
+    """A table's MFU, marked where it divides by the fp8 peak."""
+    return f"{t['mfu']:.1%}" + (" of fp8" if t.get("mfu_peak") == "fp8" else "")
+
+
 def render_time(c: Console, data: dict) -> None:
     t, tr = data["time"], data["training"]
     c.print(f"[bold]step[/] {_dur(t['step_s'])} · {t['tokens_per_s']:,.0f} tokens/s · "
@@ -263,7 +268,7 @@ def render_search(data: dict) -> None:
         zero = str(p["zero"]) + (f" (shard {p['dp_shard']})" if p["zero"] >= 1 and p["dp_shard"] < p["dp"] else "")
         t.add_row(str(i), str(p["tp"]), "on" if p["sp"] else "", str(p["pp"]), str(p["dp"]), str(p["cp"]), str(p["ep"]), zero,
                   str(p["mbs"]), p["recompute"], sched, _dur(tm["step_s"]), f"{tm['tokens_per_s']:,.0f}",
-                  f"{tm['mfu']:.1%}", f"{mem['peak_bytes'] / GiB:.1f}", f"{mem['headroom_bytes'] / GiB:.1f}",
+                  _mfu_cell(tm), f"{mem['peak_bytes'] / GiB:.1f}", f"{mem['headroom_bytes'] / GiB:.1f}",
                   tm["bottleneck"], f"{per_m:.3f}" if per_m is not None else "—")
     c.print(t)
     if data["best"] and "accuracy" in data["best"][0]["time"]:
@@ -297,7 +302,7 @@ def render_gpu_comparison(data: dict) -> None:
         tm, tr, g = b["time"], b["training"], b["gpu"]
         cost = tr["cost_usd"]
         t.add_row(str(i), r["gpu"], f"{g['gpus']:,}", _layout_brief(b["parallel"]), _dur(tm["step_s"]),
-                  f"{tm['tokens_per_s']:,.0f}", f"{tm['tokens_per_s'] / g['gpus']:,.0f}", f"{tm['mfu']:.1%}",
+                  f"{tm['tokens_per_s']:,.0f}", f"{tm['tokens_per_s'] / g['gpus']:,.0f}", _mfu_cell(tm),
                   f"{b['memory']['peak_bytes'] / GiB:.1f}", f"{tr['days']:,.1f}",
                   f"${cost:,.0f}" if cost is not None else "—",
                   f"{cost / tr['tokens'] * 1e6:.3f}" if cost is not None else "—",
