@@ -11,79 +11,59 @@
                           bounded as /api/search's, all of them to COMPARE_MAX_SECONDS
     GET  /openapi.json    the API's OpenAPI document
 
-Bad input gets HTTP 422 with the field and the rule; bodies over MAX_BODY_BYTES get 413;
-no file-system path is accepted from the web (models come from the catalog or `hf_config`).
+Bad input gets HTTP 422 with the field and the rule (`body`: what is read; `schemas`: the
+request models /openapi.json publishes); bodies over MAX_BODY_BYTES get 413; a POST that is
+not `application/json` gets 415 and one from another site's page (its Origin not this Host)
+403; no file-system path is accepted from the web (models come from the catalog or
+`hf_config`). Plans run in a thread pool, searches and comparisons in worker processes with
+a bounded queue (503 with Retry-After beyond it): the event loop never computes (`pool`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from importlib import resources
 from threading import Lock
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import ValidationError
 
-from ..errors import PlanError, from_pydantic
-from ..plan import Plan
+from ..errors import PlanError
+from . import jobs
+from .body import MAX_BODY_BYTES, Refusal, check_headers, parse
+from .jobs import COMPARE_MAX_SECONDS, SEARCH_MAX_LAYOUTS, SEARCH_MAX_SECONDS  # noqa: F401 (the API's limits)
+from .pool import HeavyPool, cpu_threads
+from .schemas import REQUESTS, SEARCH_MAX_TOP, validate  # noqa: F401
 
-MAX_BODY_BYTES = 256 * 1024  # a pasted config.json is a few KB
-SEARCH_MAX_LAYOUTS = 200_000  # web searches are bounded in layouts ...
-SEARCH_MAX_SECONDS = 5.0  # ... and in time (the best found so far is returned)
-SEARCH_MAX_TOP = 20
-COMPARE_MAX_SECONDS = 20.0  # a comparison's searches together (each still bounded as one search)
+HEAVY_GRACE_S = 15.0  # past its own time bound, a search's worker is stopped after this much more
+CACHE_MAX_BYTES = 64 * 1024 * 1024  # the answers kept, in all ...
+CACHE_MAX_ENTRY_BYTES = 4 * 1024 * 1024  # ... and the largest kept (a large pipeline's plan is 2-4 MB)
 STATIC = resources.files("trainplan.web") / "static"
 MEDIA = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
-# Options that would make the server read files: not accepted from the web.
-PATH_FIELDS = ("gpu_profile",)
 
 
-def _error(field: str, rule: str) -> JSONResponse:
-    return JSONResponse(status_code=422, content={
-        "field": field, "rule": rule,
-        "detail": [{"loc": ["body", field], "msg": rule, "type": "plan_error"}]})
-
-
-def _check_web_plan(body: dict) -> None:
-    for field in PATH_FIELDS:
-        if body.get(field) not in (None, ""):
-            raise PlanError(field, "file paths are not accepted by the web API")
-    model = body.get("model")
-    if isinstance(model, str) and ("/" in model or "\\" in model or model.endswith((".json", ".toml"))):
-        raise PlanError("model", "file paths are not accepted by the web API; pick a catalog model "
-                        "or send the config.json object as hf_config")
-    if isinstance(model, str) and body.get("hf_config") is None:
-        from ..specs import catalog
-
-        catalog.model(model)  # the web takes catalog names only (never a file in the server's cwd)
-
-
-def _fixed_dimensions(fixed) -> set[str]:
-    from ..search import LAYOUT_DIMENSIONS
-
-    if not isinstance(fixed, list) or not set(fixed) <= set(LAYOUT_DIMENSIONS):
-        raise PlanError("fixed", f"must list layout dimensions to keep, from {', '.join(sorted(LAYOUT_DIMENSIONS))}")
-    return set(fixed)
-
-
-def _web_plan(body: dict) -> Plan:
-    """The plan a request's options describe (empty values left to their defaults)."""
-    _check_web_plan(body)
-    try:
-        return Plan(**{k: v for k, v in body.items() if v is not None and v != ""})
-    except ValidationError as exc:
-        raise from_pydantic(exc) from None
+def _refused(err: Refusal | PlanError) -> JSONResponse:
+    if isinstance(err, PlanError):
+        err = Refusal(422, err.field, err.rule)
+    return JSONResponse(status_code=err.status, content=err.content(), headers=err.headers)
 
 
 class ResponseCache:
     """Plans are pure functions of their options: identical requests (a shared URL, a language
-    switch) reuse the serialized answer. Bounded LRU."""
+    switch) reuse the serialized answer. Bounded LRU, in entries and in bytes; an answer over
+    `max_entry_bytes` is not kept."""
 
-    def __init__(self, size: int = 2048):
-        self.size, self.data, self.lock = size, OrderedDict(), Lock()
+    def __init__(self, size: int = 2048, max_bytes: int = CACHE_MAX_BYTES,
+                 max_entry_bytes: int = CACHE_MAX_ENTRY_BYTES):
+        self.size, self.max_bytes, self.max_entry_bytes = size, max_bytes, max_entry_bytes
+        self.data: OrderedDict[str, bytes] = OrderedDict()
+        self.bytes, self.lock = 0, Lock()
 
     def get(self, key: str):
         with self.lock:
@@ -93,17 +73,67 @@ class ResponseCache:
             return value
 
     def put(self, key: str, value: bytes) -> None:
+        if len(value) + len(key) > min(self.max_entry_bytes, self.max_bytes):
+            return
         with self.lock:
+            old = self.data.pop(key, None)
+            if old is not None:
+                self.bytes -= len(old) + len(key)
             self.data[key] = value
-            if len(self.data) > self.size:
-                self.data.popitem(last=False)
+            self.bytes += len(value) + len(key)
+            while len(self.data) > self.size or self.bytes > self.max_bytes:
+                k, v = self.data.popitem(last=False)
+                self.bytes -= len(v) + len(k)
 
 
-def create_app() -> FastAPI:
+async def _read(request: Request) -> bytes:
+    """The raw body: a JSON POST from this origin, at most MAX_BODY_BYTES (Refusal otherwise)."""
+    check_headers(request.headers)
+    too_big = Refusal(413, "body", f"request body must be at most {MAX_BODY_BYTES} bytes")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:  # refuse before reading
+        raise too_big
+    raw = bytearray()
+    async for chunk in request.stream():  # bounded read, whatever the headers claim
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise too_big
+    return bytes(raw)
+
+
+def _openapi(app: FastAPI) -> dict:
+    """The generated document, with each POST's request body: its model's schema."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for kind, model in REQUESTS.items():
+            schemas[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            doc["paths"][f"/api/{kind}"]["post"]["requestBody"] = {"required": True, "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+        app.openapi_schema = doc
+    return app.openapi_schema
+
+
+def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None, isolate: bool = True) -> FastAPI:
+    """The app. `heavy_workers` searches at once, `heavy_queue` more waiting (defaults: half the
+    cores, twice that); `isolate`: run them in worker processes (False: threads)."""
     cache = ResponseCache()
+    cpu = ThreadPoolExecutor(cpu_threads(), thread_name_prefix="trainplan-cpu")
+    heavy = HeavyPool(heavy_workers, heavy_queue, isolate=isolate)
 
-    app = FastAPI(title="trainplan", version="0.1", docs_url=None, redoc_url=None,
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        heavy.close()
+        cpu.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="trainplan", version="0.1", docs_url=None, redoc_url=None, lifespan=lifespan,
                   description="Plan LLM training: memory per GPU and stage, step time, cost.")
+    app.state.cache, app.state.cpu, app.state.heavy = cache, cpu, heavy
+    app.openapi = lambda: _openapi(app)
+
+    async def on_cpu(fn, *args):
+        return await asyncio.wrap_future(cpu.submit(fn, *args))
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> HTMLResponse:
@@ -131,113 +161,52 @@ def create_app() -> FastAPI:
 
         return [g.model_dump() for g in catalog.gpus()]
 
-    async def read_body(request: Request):
-        """The JSON object of a request, or an error response (413 / 422)."""
-        length = request.headers.get("content-length", "")
-        too_big = JSONResponse(status_code=413, content={
-            "field": "body", "rule": f"request body must be at most {MAX_BODY_BYTES} bytes"})
-        if length.isdigit() and int(length) > MAX_BODY_BYTES:  # refuse before reading
-            return None, too_big
-        raw = b""
-        async for chunk in request.stream():  # bounded read, whatever the headers claim
-            raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                return None, too_big
+    def checked(kind: str, raw: bytes) -> tuple[dict, dict]:
+        options, extras = validate(kind, parse(raw))
+        if kind == "compare":
+            jobs.compare_plans(options, extras["compare_gpus"])  # every accelerator named is known
+        else:
+            jobs.web_plan(options)
+        return options, extras
+
+    async def heavy_request(request: Request, kind: str) -> Response:
         try:
-            body = json.loads(raw or b"{}")
-        except json.JSONDecodeError as exc:
-            return None, _error("body", f"must be a JSON object ({exc.msg})")
-        if not isinstance(body, dict):
-            return None, _error("body", "must be a JSON object of plan options")
-        return body, None
+            options, x = await on_cpu(checked, kind, await _read(request))
+            if kind == "search":
+                args, seconds = (options, x["fixed"], x["top"], x["objective"]), SEARCH_MAX_SECONDS
+            else:
+                args, seconds = (options, x["compare_gpus"], x["fixed"], x["objective"]), COMPARE_MAX_SECONDS
+            payload = await heavy.run(kind, args, seconds + HEAVY_GRACE_S)
+        except (Refusal, PlanError) as err:
+            return _refused(err)
+        return Response(payload, media_type="application/json")
 
     @app.post("/api/search")
     async def search_layouts(request: Request) -> Response:
-        body, err = await read_body(request)
-        if err is not None:
-            return err
-        top = body.pop("top", 5)
-        fixed = body.pop("fixed", [])
-        objective = body.pop("objective", "time")
-        body.pop("timeline", None)
-        try:
-            if not isinstance(top, int) or not 1 <= top <= SEARCH_MAX_TOP:
-                raise PlanError("top", f"must be an integer between 1 and {SEARCH_MAX_TOP}")
-            fixed = _fixed_dimensions(fixed)
-            p = _web_plan(body)
-            from ..search import search
-
-            data = search(p, fixed, top=top, objective=objective, max_layouts=SEARCH_MAX_LAYOUTS,
-                          max_seconds=SEARCH_MAX_SECONDS)
-        except PlanError as e:
-            return _error(e.field, e.rule)
-        return Response(json.dumps(data, separators=(",", ":")).encode(), media_type="application/json")
+        return await heavy_request(request, "search")
 
     @app.post("/api/compare")
     async def compare_accelerators(request: Request) -> Response:
-        body, err = await read_body(request)
-        if err is not None:
-            return err
-        accelerators = body.pop("compare_gpus", "all")
-        fixed = body.pop("fixed", [])
-        objective = body.pop("objective", "time")
-        body.pop("timeline", None)
-        try:
-            if body.get("gpu") not in (None, ""):
-                raise PlanError("compare_gpus", "replaces gpu: name every accelerator to compare in compare_gpus")
-            if not isinstance(accelerators, (str, list)) or (
-                    isinstance(accelerators, list) and not all(isinstance(a, str) for a in accelerators)):
-                raise PlanError("compare_gpus", 'must be a list of accelerator names, or "all"')
-            fixed = _fixed_dimensions(fixed)
-            _web_plan(body)  # the options themselves, checked once
-            from ..search import accelerator_plans, compare_gpus
+        return await heavy_request(request, "compare")
 
-            options = {k: v for k, v in body.items() if v is not None and v != ""}
-            data = compare_gpus(accelerator_plans(options, accelerators), fixed, objective=objective,
-                                max_layouts=SEARCH_MAX_LAYOUTS, max_seconds=SEARCH_MAX_SECONDS,
-                                total_seconds=COMPARE_MAX_SECONDS)
-        except PlanError as e:
-            return _error(e.field, e.rule)
-        return Response(json.dumps(data, separators=(",", ":")).encode(), media_type="application/json")
+    def plan_answer(raw: bytes) -> bytes:
+        options, extras = validate("plan", parse(raw))
+        key = json.dumps([options, extras["timeline"]], sort_keys=True, separators=(",", ":"))
+        hit = cache.get(key)
+        if hit is None:
+            hit = jobs.plan_json(options, extras["timeline"])
+            cache.put(key, hit)
+        return hit
 
     @app.post("/api/plan")
     async def plan(request: Request) -> Response:
-        body, err = await read_body(request)
-        if err is not None:
-            return err
-        key = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        hit = cache.get(key)
-        if hit is not None:
-            return Response(hit, media_type="application/json")
-        timeline = bool(body.pop("timeline", False))
         try:
-            p = _web_plan(body)
-            from ..report import evaluate, to_json
-
-            result = evaluate(p)
-            data = to_json(result)
-            if timeline:
-                data["timeline"] = _timeline(result)
-        except PlanError as err:
-            return _error(err.field, err.rule)
-        payload = json.dumps(data, separators=(",", ":")).encode()
-        cache.put(key, payload)
+            payload = await on_cpu(plan_answer, await _read(request))
+        except (Refusal, PlanError) as err:
+            return _refused(err)
         return Response(payload, media_type="application/json")
 
     return app
-
-
-def _timeline(result, max_micro_batches: int = 16) -> dict:
-    """The simulated schedule of the first micro-batches, for the page to draw."""
-    from ..estimate.pipeline import FWD_SHARE, simulate
-
-    L, t = result.layout, result.time
-    m = min(L.micro_batches, max_micro_batches)
-    stage = t["per_microbatch_stage_s"]
-    sim = simulate(L.plan.schedule, L.pp, m, [x * FWD_SHARE for x in stage], [x * (1 - FWD_SHARE) for x in stage],
-                   vpp=L.vpp)
-    return {"micro_batches": m, "step_s": sim.step_time, "bubble_fraction": sim.bubble_fraction,
-            "ops": [[op.stage, op.kind, op.mb, op.start, op.end] for op in sim.ops]}
 
 
 app = create_app()

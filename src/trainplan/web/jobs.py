@@ -1,0 +1,69 @@
+"""The work behind each endpoint, from validated options to the answer's bytes.
+
+Plain functions of plain data, so that the server can run them in a thread (a plan) or in a
+worker process (a search, a comparison: `pool`). Bad input raises PlanError; a figure that is
+not finite a `body.Refusal` naming it.
+"""
+
+from __future__ import annotations
+
+from .body import dumps
+from .schemas import web_plan
+
+SEARCH_MAX_LAYOUTS = 200_000  # web searches are bounded in layouts ...
+SEARCH_MAX_SECONDS = 5.0  # ... and in time (the best found so far is returned)
+COMPARE_MAX_SECONDS = 20.0  # a comparison's searches together (each still bounded as one search)
+
+
+def plan_json(options: dict, timeline: bool) -> bytes:
+    from ..report import evaluate, to_json
+
+    result = evaluate(web_plan(options))
+    data = to_json(result)
+    if timeline:
+        data["timeline"] = _timeline(result)
+    return dumps(data)
+
+
+def search_json(options: dict, fixed: list[str], top: int, objective: str) -> bytes:
+    from ..search import search
+
+    data = search(web_plan(options), set(fixed), top=top, objective=objective, max_layouts=SEARCH_MAX_LAYOUTS,
+                  max_seconds=SEARCH_MAX_SECONDS)
+    return dumps(data)
+
+
+def compare_plans(options: dict, accelerators: str | list[str]) -> list:
+    """The plans to compare, one per accelerator (PlanError naming the field if any is wrong)."""
+    from ..errors import PlanError
+    from ..search import accelerator_plans
+
+    if options.get("gpu") is not None:
+        raise PlanError("compare_gpus", "replaces gpu: name every accelerator to compare in compare_gpus")
+    web_plan(options)  # the options themselves, checked once
+    return accelerator_plans(options, accelerators)
+
+
+def compare_json(options: dict, accelerators: str | list[str], fixed: list[str], objective: str) -> bytes:
+    from ..search import compare_gpus
+
+    data = compare_gpus(compare_plans(options, accelerators), set(fixed), objective=objective,
+                        max_layouts=SEARCH_MAX_LAYOUTS, max_seconds=SEARCH_MAX_SECONDS,
+                        total_seconds=COMPARE_MAX_SECONDS)
+    return dumps(data)
+
+
+def _timeline(result, max_micro_batches: int = 16) -> dict:
+    """The simulated schedule of the first micro-batches, for the page to draw."""
+    from ..estimate.pipeline import FWD_SHARE, simulate
+
+    L, t = result.layout, result.time
+    m = min(L.micro_batches, max_micro_batches)
+    stage = t["per_microbatch_stage_s"]
+    sim = simulate(L.plan.schedule, L.pp, m, [x * FWD_SHARE for x in stage], [x * (1 - FWD_SHARE) for x in stage],
+                   vpp=L.vpp)
+    return {"micro_batches": m, "step_s": sim.step_time, "bubble_fraction": sim.bubble_fraction,
+            "ops": [[op.stage, op.kind, op.mb, op.start, op.end] for op in sim.ops]}
+
+
+JOBS = {"plan": plan_json, "search": search_json, "compare": compare_json}
