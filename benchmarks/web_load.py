@@ -37,7 +37,7 @@ BODIES = [
 HEAVY = [
     ("/api/compare", {"model": "deepseek-v3", "gpus": 2048, "compare_gpus": "all"}),
     ("/api/search", {"model": "deepseek-v3", "gpus": 2048, "top": 5}),
-    ("/api/search", {"model": "llama-3-405b", "gpus": 1024, "top": 5}),
+    ("/api/search", {"model": "llama-3.1-405b", "gpus": 1024, "top": 5}),
     ("/api/compare", {"model": "llama-3-70b", "gpus": 512, "compare_gpus": "all"}),
 ]
 HEADERS = {"Content-Type": "application/json"}
@@ -144,7 +144,7 @@ def main() -> None:
 def run(args, port: int, pid: int) -> None:
     latencies: list[float] = []
     errors = [0]
-    heavy = {"ok": 0, "shed": 0, "failed": 0, "seconds": []}
+    heavy = {"ok": 0, "shed": 0, "failed": 0, "seconds": [], "statuses": {}}
     lock = threading.Lock()
     start = time.monotonic()
     deadline = start + args.seconds
@@ -184,6 +184,7 @@ def run(args, port: int, pid: int) -> None:
             with lock:
                 kind = "ok" if status == 200 else "shed" if status == 503 else "failed"
                 heavy[kind] += 1
+                heavy["statuses"][status] = heavy["statuses"].get(status, 0) + 1
                 if status == 200:
                     heavy["seconds"].append(time.perf_counter() - t0)
             if status == 503:
@@ -212,7 +213,7 @@ def run(args, port: int, pid: int) -> None:
     if args.mixed:
         took = statistics.median(heavy["seconds"]) if heavy["seconds"] else float("nan")
         print(f"{args.heavy} heavy clients (compare / search): {heavy['ok']} answered (median {took:.1f} s), "
-              f"{heavy['shed']} shed with 503, {heavy['failed']} failed or timed out")
+              f"{heavy['shed']} shed with 503, {heavy['failed']} failed or timed out (by status: {heavy['statuses']})")
     print(f"server memory: VmRSS {memory.server_rss / 1024:.0f} MiB, VmHWM {memory.server_hwm / 1024:.0f} MiB; "
           f"its worker processes' peak VmRSS {memory.children_peak / 1024:.0f} MiB (wall {elapsed:.0f} s)")
 

@@ -22,7 +22,6 @@ a bounded queue (503 with Retry-After beyond it): the event loop never computes 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -55,24 +54,24 @@ def _refused(err: Refusal | PlanError) -> JSONResponse:
 
 
 class ResponseCache:
-    """Plans are pure functions of their options: identical requests (a shared URL, a language
-    switch) reuse the serialized answer. Bounded LRU, in entries and in bytes; an answer over
+    """Plans are pure functions of their request bodies: identical requests (a shared URL, a
+    language switch) reuse the serialized answer. Bounded LRU, in entries and in bytes; an answer over
     `max_entry_bytes` is not kept."""
 
     def __init__(self, size: int = 2048, max_bytes: int = CACHE_MAX_BYTES,
                  max_entry_bytes: int = CACHE_MAX_ENTRY_BYTES):
         self.size, self.max_bytes, self.max_entry_bytes = size, max_bytes, max_entry_bytes
-        self.data: OrderedDict[str, bytes] = OrderedDict()
+        self.data: OrderedDict[bytes, bytes] = OrderedDict()
         self.bytes, self.lock = 0, Lock()
 
-    def get(self, key: str):
+    def get(self, key: bytes):
         with self.lock:
             value = self.data.get(key)
             if value is not None:
                 self.data.move_to_end(key)
             return value
 
-    def put(self, key: str, value: bytes) -> None:
+    def put(self, key: bytes, value: bytes) -> None:
         if len(value) + len(key) > min(self.max_entry_bytes, self.max_bytes):
             return
         with self.lock:
@@ -191,17 +190,17 @@ def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None,
 
     def plan_answer(raw: bytes) -> bytes:
         options, extras = validate("plan", parse(raw))
-        key = json.dumps([options, extras["timeline"]], sort_keys=True, separators=(",", ":"))
-        hit = cache.get(key)
-        if hit is None:
-            hit = jobs.plan_json(options, extras["timeline"])
-            cache.put(key, hit)
-        return hit
+        payload = jobs.plan_json(options, extras["timeline"])
+        cache.put(raw, payload)
+        return payload
 
     @app.post("/api/plan")
     async def plan(request: Request) -> Response:
         try:
-            payload = await on_cpu(plan_answer, await _read(request))
+            raw = await _read(request)
+            # a plan is a pure function of its body: the same bytes (a shared URL, a language
+            # switch) are answered from the cache, on the event loop (a dictionary look-up)
+            payload = cache.get(raw) or await on_cpu(plan_answer, raw)
         except (Refusal, PlanError) as err:
             return _refused(err)
         return Response(payload, media_type="application/json")

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from .body import Refusal
 
 RETRY_AFTER_S = 5  # what a shed request is told to wait
+# Searches yield the CPU to the server's own process (its plans, its event loop) when both want it.
+WORKER_NICENESS = 10
 JOBS_PER_WORKER = 100  # a worker process is replaced after this many jobs (its heap does not grow for ever)
 
 
@@ -60,6 +62,7 @@ def _serve() -> None:
     from ..errors import PlanError
     from . import jobs
 
+    os.nice(WORKER_NICENESS)
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     inp = sys.stdin.buffer
