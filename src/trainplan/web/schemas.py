@@ -114,12 +114,16 @@ def validate(kind: str, body: dict) -> tuple[dict, dict]:
     body = {k: v for k, v in body.items() if v is not None and v != ""}
     _check_no_files(body)
     _check_shapes(body)
+    model = REQUESTS[kind]
+    unknown = next((k for k in body if k not in model.model_fields), None)
+    if unknown is not None:  # named as sent (an empty key as JSON spells it)
+        raise PlanError(unknown or '""', "Extra inputs are not permitted")
     try:
-        request = REQUESTS[kind].model_validate(body)
+        request = model.model_validate(body)
     except ValidationError as exc:
         raise from_pydantic(exc) from None
     options = {k: v for k, v in body.items() if k in PLAN_FIELDS}
-    extras = {k: getattr(request, k) for k in REQUESTS[kind].model_fields if k not in PLAN_FIELDS}
+    extras = {k: getattr(request, k) for k in model.model_fields if k not in PLAN_FIELDS}
     return options, extras
 
 
