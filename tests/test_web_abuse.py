@@ -32,11 +32,11 @@ client = TestClient(create_app(), raise_server_exceptions=False)
 SMALL = {"model": "llama-3-8b", "gpus": 8}
 
 
-def _refused(res, status: int, field: str, words: str = "") -> dict:
+def _refused(res, status: int, field: str, words: str = "", where: str = "body") -> dict:
     assert res.status_code == status, res.text
     data = res.json()
     assert data["field"] == field and words in data["rule"], data
-    assert data["detail"][0]["loc"] == ["body", field]
+    assert data["detail"][0]["loc"] == [where, field]
     return data
 
 
@@ -147,14 +147,14 @@ def test_a_refusal_keeps_the_connection_alive():
 def test_a_post_that_is_not_json_is_415(ctype):
     headers = {"content-type": ctype} if ctype else {}
     res = client.post("/api/search", content=json.dumps(SMALL).encode(), headers=headers)
-    _refused(res, 415, "content-type", "must be application/json")
+    _refused(res, 415, "content-type", "must be application/json", where="header")
 
 
 @pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://testserver.evil.example",
                                     "http://testserver:8080"])
 def test_another_origin_is_403(origin):
     res = client.post("/api/plan", json=SMALL, headers={"origin": origin})
-    _refused(res, 403, "origin", "is not this server")
+    _refused(res, 403, "origin", "is not this server", where="header")
 
 
 def test_the_explorers_own_origin_is_served():
@@ -224,7 +224,7 @@ def test_heavy_requests_are_shed_with_503_when_the_queue_is_full():
     with heavy.admit(), heavy.admit():  # one running, one waiting: full
         for path in ("/api/search", "/api/compare"):
             res = c.post(path, json=SMALL if path == "/api/search" else {"gpus": 8})
-            _refused(res, 503, "server", "busy")
+            _refused(res, 503, "server", "busy", where="server")
             assert res.headers["retry-after"] == "5"
         # cheap plans are not behind the heavy queue, and bad input is still told at once
         assert c.post("/api/plan", json=SMALL).status_code == 200

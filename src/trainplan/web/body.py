@@ -25,13 +25,14 @@ _TOKENS = re.compile(rb'"(?:[^"\\]|\\.?)*"?|[\[\]{}]')
 class Refusal(Exception):
     """A request the API does not run: its HTTP status, the field and the rule."""
 
-    def __init__(self, status: int, field: str, rule: str, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, field: str, rule: str, headers: dict[str, str] | None = None,
+                 where: str = "body"):
         super().__init__(f"{field}: {rule}")
-        self.status, self.field, self.rule, self.headers = status, field, rule, headers or {}
+        self.status, self.field, self.rule, self.headers, self.where = status, field, rule, headers or {}, where
 
     def content(self) -> dict:
         return {"field": self.field, "rule": self.rule,
-                "detail": [{"loc": ["body", self.field], "msg": self.rule, "type": "plan_error"}]}
+                "detail": [{"loc": [self.where, self.field], "msg": self.rule, "type": "plan_error"}]}
 
 
 def check_headers(headers) -> None:
@@ -40,14 +41,15 @@ def check_headers(headers) -> None:
     server serves (403)."""
     media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media != "application/json":
-        raise Refusal(415, "content-type", f"must be application/json (got {media or 'none'})")
+        raise Refusal(415, "content-type", f"must be application/json (got {media or 'none'})",
+                      where="header")
     origin = headers.get("origin")
     if origin is not None:
         host = headers.get("host", "").lower()
         parts = urlsplit(origin.strip().lower())
         if parts.scheme not in ("http", "https") or not host or parts.netloc != host:
             raise Refusal(403, "origin", f"{origin!r} is not this server ({host or 'no Host header'}); "
-                          "the API answers its own page only")
+                          "the API answers its own page only", where="header")
 
 
 class _Big:

@@ -129,7 +129,7 @@ class HeavyPool:
         with self.lock:
             if self.pending >= self.workers + self.queue:
                 raise Refusal(503, "server", f"busy: {self.workers} searches running and {self.queue} waiting; "
-                              f"try again in {RETRY_AFTER_S} s", {"Retry-After": str(RETRY_AFTER_S)})
+                              f"try again in {RETRY_AFTER_S} s", {"Retry-After": str(RETRY_AFTER_S)}, where="server")
             self.pending += 1
         try:
             yield
@@ -153,7 +153,8 @@ class HeavyPool:
         except TimeoutError:
             worker.stop()
             raise Refusal(503, name, f"ran past its {seconds:g} s deadline and was stopped; fix some layout "
-                          "dimensions or compare fewer accelerators", {"Retry-After": str(RETRY_AFTER_S)}) from None
+                          "dimensions or compare fewer accelerators", {"Retry-After": str(RETRY_AFTER_S)},
+                          where="server") from None
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             worker.stop()
             raise RuntimeError(f"the {name} worker process died ({exc!r})") from None
