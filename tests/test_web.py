@@ -19,7 +19,7 @@ from trainplan.web.app import MAX_BODY_BYTES, create_app  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
-client = TestClient(create_app())
+client = TestClient(create_app(), base_url="http://127.0.0.1")
 
 
 def test_api_plan_matches_cli_json():

@@ -28,7 +28,7 @@ from trainplan.web.app import ResponseCache, create_app  # noqa: E402
 from trainplan.web.body import MAX_DEPTH, MAX_INT_DIGITS, Refusal  # noqa: E402
 
 JSON = {"content-type": "application/json"}
-client = TestClient(create_app(), raise_server_exceptions=False)
+client = TestClient(create_app(), base_url="http://127.0.0.1", raise_server_exceptions=False)
 SMALL = {"model": "llama-3-8b", "gpus": 8}
 
 
@@ -150,17 +150,39 @@ def test_a_post_that_is_not_json_is_415(ctype):
     _refused(res, 415, "content-type", "must be application/json", where="header")
 
 
-@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://testserver.evil.example",
-                                    "http://testserver:8080"])
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://127.0.0.1.evil.example",
+                                    "http://127.0.0.1:8080"])
 def test_another_origin_is_403(origin):
     res = client.post("/api/plan", json=SMALL, headers={"origin": origin})
     _refused(res, 403, "origin", "is not this server", where="header")
 
 
 def test_the_explorers_own_origin_is_served():
-    res = client.post("/api/plan", json=SMALL, headers={"origin": "http://testserver"})
+    res = client.post("/api/plan", json=SMALL, headers={"origin": "http://127.0.0.1"})
     assert res.status_code == 200 and res.json()["parallel"]["dp"] == 8
     assert client.post("/api/plan", json=SMALL).status_code == 200  # no Origin: a script, curl
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "127.0.0.1.evil.example", ""])
+def test_a_host_name_that_is_not_this_servers_is_refused(host):
+    """DNS rebinding: another site re-points its own name at 127.0.0.1; its page's requests
+    then carry a matching Origin and Host, and only the Host's name gives them away."""
+    for method, path in (("post", "/api/plan"), ("get", "/api/models"), ("get", "/")):
+        kwargs = {"json": SMALL} if method == "post" else {}
+        headers = {"host": host, "origin": f"http://{host}"} if host else {"host": ""}
+        res = getattr(client, method)(path, headers=headers, **kwargs)
+        _refused(res, 421, "host", "is not a name of this server", where="header")
+
+
+@pytest.mark.parametrize("host", ["localhost:8000", "127.0.0.1", "[::1]:8000"])
+def test_loopback_names_are_served(host):
+    res = client.post("/api/plan", json=SMALL, headers={"host": host, "origin": f"http://{host}"})
+    assert res.status_code == 200
+
+
+def test_a_server_on_every_interface_takes_any_host():
+    open_client = TestClient(create_app(isolate=False, allowed_hosts=None), base_url="http://planner.lan")
+    assert open_client.post("/api/plan", json=SMALL).status_code == 200
 
 
 def test_the_page_posts_json():
@@ -189,7 +211,7 @@ def test_cache_bounded_in_bytes_and_entries():
 
 def test_app_cache_serves_the_same_bytes_and_stays_under_its_cap():
     app = create_app()
-    c = TestClient(app)
+    c = TestClient(app, base_url="http://127.0.0.1")
     cache = app.state.cache
     cache.max_bytes, cache.max_entry_bytes = 40_000, 20_000
     first = c.post("/api/plan", json=SMALL)
@@ -219,7 +241,7 @@ def test_openapi_publishes_each_request_model():
 # ---- responsiveness --------------------------------------------------------------------
 def test_heavy_requests_are_shed_with_503_when_the_queue_is_full():
     app = create_app(heavy_workers=1, heavy_queue=1, isolate=False)
-    c = TestClient(app)
+    c = TestClient(app, base_url="http://127.0.0.1")
     heavy = app.state.heavy
     with heavy.admit(), heavy.admit():  # one running, one waiting: full
         for path in ("/api/search", "/api/compare"):
@@ -242,14 +264,14 @@ def test_plans_run_on_the_cpu_pool_not_the_event_loop(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(jobs, "plan_json", spy)
-    c = TestClient(create_app())
+    c = TestClient(create_app(), base_url="http://127.0.0.1")
     assert c.post("/api/plan", json={**SMALL, "gbs": 48}).status_code == 200
     assert len(seen) == 1 and seen[0].startswith("trainplan-cpu")
 
 
 def test_searches_run_in_a_worker_process_that_a_deadline_stops():
     app = create_app(heavy_workers=1)
-    c = TestClient(app)
+    c = TestClient(app, base_url="http://127.0.0.1")
     heavy = app.state.heavy
     res = c.post("/api/search", json={**SMALL, "top": 1})
     assert res.status_code == 200 and res.json()["best"][0]["gpu"]["gpus"] == 8
@@ -323,7 +345,7 @@ def fuzz_client():
     mp.setattr(jobs, "SEARCH_MAX_LAYOUTS", 20_000)
     mp.setattr(jobs, "SEARCH_MAX_SECONDS", 0.2)
     mp.setattr(jobs, "COMPARE_MAX_SECONDS", 0.5)
-    yield TestClient(create_app(isolate=False), raise_server_exceptions=False)
+    yield TestClient(create_app(isolate=False), base_url="http://127.0.0.1", raise_server_exceptions=False)
     mp.undo()
 
 

@@ -492,16 +492,23 @@ def bench(
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    allow_host: Annotated[list[str] | None, typer.Option(help="Another name the server may be addressed by (repeatable): requests naming any other host are refused, against DNS rebinding; default: loopback's names and --host")] = None,
 ) -> None:
     """Serve the parallel-strategy explorer and its JSON API (English and 简体中文)."""
     try:
         import uvicorn
 
-        from .web.app import app as web_app
+        from .web.app import create_app
+        from .web.body import LOOPBACK_HOSTS
     except ImportError:
         _fail(PlanError("serve", "needs the web extra: pip install 'trainplan[web]'"))
+    names = LOOPBACK_HOSTS | {host.strip("[]").lower()} | {h.lower() for h in allow_host or []}
+    if host in ("0.0.0.0", "::") and not allow_host:
+        names = None  # every interface: the names it is reached by are not known
+        typer.echo("warning: on every interface the Host check is off; name the server with --allow-host",
+                   err=True)
     typer.echo(f"trainplan explorer on http://{host}:{port}/  (API: /api/plan, /openapi.json)")
-    uvicorn.run(web_app, host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(allowed_hosts=names), host=host, port=port, log_level="warning")
 
 
 @app.command()

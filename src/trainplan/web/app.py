@@ -34,7 +34,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from ..errors import PlanError
 from . import jobs
-from .body import MAX_BODY_BYTES, Refusal, check_headers, parse
+from .body import LOOPBACK_HOSTS, MAX_BODY_BYTES, Refusal, check_headers, check_host, parse
 from .jobs import COMPARE_MAX_SECONDS, SEARCH_MAX_LAYOUTS, SEARCH_MAX_SECONDS  # noqa: F401 (the API's limits)
 from .pool import HeavyPool, cpu_threads
 from .schemas import REQUESTS, SEARCH_MAX_TOP, validate  # noqa: F401
@@ -113,9 +113,11 @@ def _openapi(app: FastAPI) -> dict:
     return app.openapi_schema
 
 
-def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None, isolate: bool = True) -> FastAPI:
+def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None, isolate: bool = True,
+               allowed_hosts: frozenset[str] | None = LOOPBACK_HOSTS) -> FastAPI:
     """The app. `heavy_workers` searches at once, `heavy_queue` more waiting (defaults: half the
-    cores, twice that); `isolate`: run them in worker processes (False: threads)."""
+    cores, twice that); `isolate`: run them in worker processes (False: threads);
+    `allowed_hosts`: the names requests may address it by (None: any; default: loopback's)."""
     cache = ResponseCache()
     cpu = ThreadPoolExecutor(cpu_threads(), thread_name_prefix="trainplan-cpu")
     heavy = HeavyPool(heavy_workers, heavy_queue, isolate=isolate)
@@ -130,6 +132,14 @@ def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None,
                   description="Plan LLM training: memory per GPU and stage, step time, cost.")
     app.state.cache, app.state.cpu, app.state.heavy = cache, cpu, heavy
     app.openapi = lambda: _openapi(app)
+
+    @app.middleware("http")
+    async def host_names_this_server(request: Request, call_next):
+        try:
+            check_host(request.headers, allowed_hosts)
+        except Refusal as refusal:
+            return _refused(refusal)
+        return await call_next(request)
 
     async def on_cpu(fn, *args):
         return await asyncio.wrap_future(cpu.submit(fn, *args))

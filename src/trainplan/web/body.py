@@ -35,6 +35,27 @@ class Refusal(Exception):
                 "detail": [{"loc": [self.where, self.field], "msg": self.rule, "type": "plan_error"}]}
 
 
+# The names a server on loopback answers to. A request naming another host reached it through
+# a name that resolves to this machine: DNS rebinding, where another site's page re-points its
+# own name at 127.0.0.1 and so passes the same-origin check below. Refused.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def check_host(headers, allowed: frozenset[str] | None) -> None:
+    """The Host header names one of `allowed` (any port); None allows every host (a server
+    bound to all interfaces on purpose)."""
+    if allowed is None:
+        return
+    host = headers.get("host", "")
+    try:
+        name = urlsplit("//" + host).hostname
+    except ValueError:
+        name = None
+    if name not in allowed:
+        raise Refusal(421, "host", f"{host!r} is not a name of this server ({', '.join(sorted(allowed))}); "
+                      "open the explorer by one of those", where="header")
+
+
 def check_headers(headers) -> None:
     """A POST must say it is JSON (a form or text/plain POST is what another site's page can send
     without asking: refused, 415) and, when the browser names its origin, come from the page this
