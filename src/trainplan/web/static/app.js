@@ -181,7 +181,8 @@
     const tm = d.time, tr = d.training;
     $("speed").dataset.step = String(tm.step_s);
     $("speed").innerHTML = [[t("step"), dur(tm.step_s)], [t("tokens_s"), fmt(tm.tokens_per_s, 0)],
-      [t("tflops"), fmt(tm.tflops_per_gpu, 0)], [t("mfu"), pct(tm.mfu)], [t("bubble"), pct(tm.bubble_fraction)],
+      [t("tflops"), fmt(tm.tflops_per_gpu, 0)], [t("mfu"), pct(tm.mfu) + (tm.mfu_peak === "fp8"
+        ? " " + t("mfu_fp8", { bf16: pct(tm.mfu_bf16_peak) }) : "")], [t("bubble"), pct(tm.bubble_fraction)],
       [t("max_mbs"), mem.max_mbs]].map(([k, v]) => `<span>${k}: <b>${v}</b></span>`).join("");
     $("accuracy").textContent = accuracyText(tm.accuracy, d.gpu.name);
     const colours = { compute: "#4c9be8", tp_comm: "#e74c3c", pp_comm: "#f39c12", dp_comm: "#8e44ad",
