@@ -52,7 +52,7 @@ from .flops import (
 )
 from .gemm_shape import GemmShape
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
-from .pipeline_engine import pipeline_engine
+from .pipeline_engine import engine_terms
 from .recipe import recipe
 
 # ZeRO-3/FSDP backward prefetch: the next layer's gather before the current layer's gradients
@@ -424,7 +424,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
                    data_s=0.0, prefetch=True, backward_prefetch=0, dp_shard=None, lora=None,
-                   recompute_layers=None, offload_params=False, p2p_transfers=2.0) -> dict:
+                   recompute_layers=None, offload_params=False) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
@@ -432,8 +432,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
                          total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
-                         cp_allgather=cp_allgather, recompute_layers=recompute_layers,
-                         p2p_transfers=p2p_transfers, **(lora or {}))
+                         cp_allgather=cp_allgather, recompute_layers=recompute_layers, **(lora or {}))
     out = step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
@@ -456,15 +455,14 @@ def lora_arguments(plan) -> dict:
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
                 overlap_tp, gpn, stage_dense, stage_moe, first, last, total_dense, total_moe,
                 vocab_padded, sp=False, sharp=False, cp_allgather=False, lora_targets=None, lora_rank=0,
-                reentrant_checkpoint=False, recompute_layers=None, p2p_transfers=2.0) -> dict:
+                reentrant_checkpoint=False, recompute_layers=None) -> dict:
     """One micro-batch's forward + backward seconds on each stage, by part ("parts", stage
     axis last), the same summed over all stages ("totals") and the point-to-point transfer
     between stages ("p2p"). Nothing here depends on the pipeline schedule. `lora_targets`
     (LoRA/QLoRA fine-tuning): the base weights are frozen, so their backward computes input
     gradients only, and rank-`lora_rank` adapters on the targeted linears add their GEMMs
     (`reentrant_checkpoint`: see `flops.first_input_grad_skipped`). Full recomputation re-runs
-    the first `recompute_layers` layers of each stage (all when None). `p2p_transfers`: the
-    transfers per micro-batch on a stage's critical path (estimate/pipeline_engine.py)."""
+    the first `recompute_layers` layers of each stage (all when None)."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     tp, pp, dp, cp, ep, mbs, seq = (f(x) for x in (tp, pp, dp, cp, ep, mbs, seq))
     rc = f(recompute)
@@ -603,7 +601,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
             + moe * (tp_fwd + tp_bwd + recomputed * tp_extra["moe"]),
             "ep_comm": moe * 4 * a2a,
             "cp_comm": (dense + moe) * (cp_layer + recomputed * cp_extra),
-            "pp_comm": n_stages * p2p_transfers * p2p,
+            "pp_comm": n_stages * 2 * p2p,
         }
 
     stage_layers = f(stage_dense) + f(stage_moe)
@@ -730,9 +728,14 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     `offload_params`: ZeRO-3 fetches each rank's shard from the host for every gather."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
-    overlap_dp = f(overlap_dp) > 0
     stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
-    pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE)
+    # The engine running the pipeline (estimate/pipeline_engine.py): DeepSpeed's blocking sends
+    # and receives put more transfers on every micro-batch's critical path than the two
+    # stage_times prices, and its gradients are reduced after the schedule, not overlapped.
+    extra_p2p, overlap_dp = engine_terms(r.pipeline_engine, pp, schedule, f(overlap_dp))
+    per_micro_batch = {**per_micro_batch, "pp_comm": per_micro_batch["pp_comm"] + extra_p2p * p2p}
+    pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE) \
+        + m * extra_p2p * p2p
     parts_busy = {k: m * v for k, v in per_micro_batch.items()}
     bubble = np.maximum(pipe - sum(parts_busy.values()), 0.0)
 
@@ -914,13 +917,11 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
                     **lora_arguments(plan))
     stages = np.arange(layout.pp)
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
-    engine = pipeline_engine(plan.framework, layout.pp, plan.schedule)
     out = step_time_core(
         model, hardware(layout, profile), recipe(plan), tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
         ep=layout.ep, zero=layout.zero, mbs=layout.mbs, seq=layout.seq_len, m=layout.micro_batches,
         vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule], recompute=rc, eager=plan.attention == "eager",
-        dropout=plan.dropout, overlap_tp=plan.overlap_tp,
-        overlap_dp=plan.overlap_dp and engine.dp_reduction_overlapped, p2p_transfers=engine.p2p_transfers_per_micro_batch,
+        dropout=plan.dropout, overlap_tp=plan.overlap_tp, overlap_dp=plan.overlap_dp,
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, gpn=plan.gpus_per_node,
         stage_dense=np.asarray(layout.stage_dense_layers, dtype=float),
         stage_moe=np.asarray(layout.stage_moe_layers, dtype=float),
