@@ -64,6 +64,12 @@ not give are chosen by one rule for all rows, never fitted per row:
   of 50,272, learned positions, tied embeddings. Its FLOP rate, whose count the paper does not
   give, is taken as Narayanan et al.'s 96-count (the FLOPs a run that recomputes every layer
   executes), and "up to" as the run's rate;
+* DeepSpeed's ZeRO-3 runs on Azure (Megatron-DeepSpeed, 2022): as its recipes set them: ZeRO-3
+  over every GPU, fp16, full recomputation (reentrant), Megatron's fused kernels and
+  materialised attention, GPT-2's 50,257 tokens (Megatron pads them to 50,304: 0.1% more head
+  FLOPs, not priced), learned positions, one
+  micro-batch per step, DeepSpeed's CPU Adam where the recipe offloads the optimizer (the 2T
+  run, whose recipe is not published, as the 1T one);
 * torchtitan (December 2024, Llama 3.1 on H100): FSDP2 (ZeRO-3; torchtitan's default
   mixed_precision_reduce float32), bf16 or, for its Float8 rows, fp8 linears (torchao's
   Float8Linear, priced as the fp8 convention); PyTorch's SDPA (FlashAttention-2 on H100) and
@@ -265,6 +271,16 @@ def opt_setup(cfg: dict, row: list) -> tuple[ModelSpec, dict]:
                       recompute="full", recompute_early_stop=False, attention="eager")
 
 
+def azure_zero3_setup(cfg: dict, row: list) -> tuple[ModelSpec, dict]:
+    """A DeepSpeed ZeRO-3 row on Azure: the model and the plan options of its run (the rule in
+    the docstring)."""
+    label, L, h, a, g, mbs, seq, offload = row[:8]
+    spec = _gpt(label, h, a, L, 50257, seq)
+    return spec, dict(gpu=cfg["gpu"], gpus=g, tp=1, pp=1, zero=3, mbs=mbs, gbs=mbs * g, seq_len=seq,
+                      recompute="full", framework="deepspeed", attention="eager", precision="fp16",
+                      fused_kernels=True, offload_optimizer=offload)
+
+
 def torchtitan_setup(cfg: dict, row: list) -> dict:
     """A torchtitan row: the plan options of its run (the rule in the docstring)."""
     _, _, model, g, tp, cp, local, gbs, seq, rc, compiled, float8, async_tp = row[:13]
@@ -356,6 +372,16 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
         flops = 96 * layout.gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
         return dict(source=table, gpu=cfg["gpu"], label=f"{label}, TP {tp} FSDP (ZeRO-2) {dp}, {g} GPUs",
                     metric="TFLOP/s per GPU (96-count)", published=row[7], predicted=flops / t["step_s"] / g / 1e12)
+    if table == "deepspeed_azure_zero3":
+        label, g = row[0], row[4]
+        spec, kw = azure_zero3_setup(cfg, row)
+        layout = resolve(_plan(profiles, **kw), spec)
+        t = evaluate_layout(layout)["time"]
+        s, h, L, V = layout.seq_len, spec.hidden, spec.layers, layout.vocab_padded
+        flops = 96 * layout.gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        return dict(source=table, gpu=cfg["gpu"], label=f"{label}, ZeRO-3 {g}, mb {kw['mbs']}, s {s}"
+                    + (", optimizer on the CPU" if kw["offload_optimizer"] else ""),
+                    metric="TFLOP/s per GPU (96-count)", published=row[8], predicted=flops / t["step_s"] / g / 1e12)
     if table == "torchtitan_h100":
         tab, label, _, g = row[:4]
         layout = resolve(_plan(profiles, **torchtitan_setup(cfg, row)))
