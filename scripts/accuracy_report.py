@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainplan.calibration import SELECTIONS, errors_by_gpu, readme_accuracy_summary, rows
+from trainplan.calibration import FITTED, SELECTIONS, errors_by_gpu, readme_accuracy_summary, rows
 from trainplan.estimate.accuracy import ACCURACY_FILE
 from trainplan.estimate.time import gemm_training_fraction
 from trainplan.plan import conventions
@@ -33,6 +33,10 @@ TITLES = {
     "mosaicml_a100_full": "MosaicML llm-foundry, the whole A100 80GB amp_bf16 table (FSDP, tokens/s per GPU)",
     "llama3_405b": "Llama 3 405B (H100, 4D parallelism, model TFLOP/s per GPU)",
     "automodel_h100": "NeMo AutoModel (H100, BF16, FSDP2 with expert or context parallelism, tokens/s per GPU)",
+    "bloom_176b": "BLOOM 176B (A100 80GB, Megatron-DeepSpeed, DeepSpeed's pipeline engine, iteration time)",
+    "opt_175b": "OPT-175B (A100 80GB, metaseq: FSDP ZeRO-2 + Megatron TP, 96-count TFLOP/s per GPU)",
+    "deepspeed_azure_zero3": "DeepSpeed ZeRO-3 on Azure (A100 80GB, Megatron-DeepSpeed, 96-count TFLOP/s per GPU)",
+    "torchtitan_h100": "torchtitan Llama 3.1 (H100 96GB at 500 W, FSDP2 / CP / TP, tokens/s per GPU)",
 }
 
 
@@ -276,6 +280,88 @@ def _automodel_mixed_peak(cfg: dict) -> float:
     return float(np.max(estimate_memory(resolve(make_plan(**kw)))["total"])) / 2**30
 
 
+def _pipeline_engine_effect(data: list[dict]) -> str:
+    """The held-out BLOOM row under DeepSpeed's pipeline engine and, for comparison, the same
+    plan priced with Megatron's schedules (estimate/pipeline_engine.py)."""
+    import trainplan.estimate.time as time_model
+    from trainplan.calibration import bloom_setup, evaluate_layout
+    from trainplan.estimate import pipeline_engine as engines
+    from trainplan.plan import make_plan, resolve
+
+    cfg = tomllib.loads((ROOT / "benchmarks" / "data" / "published_runs.toml").read_text())["bloom_176b"]
+    (bloom,) = [r for r in data if r["source"] == "bloom_176b"]
+    spec, kw = bloom_setup(cfg, cfg["rows"][0])
+    layout = resolve(make_plan(**kw), spec)
+    ds = evaluate_layout(layout)["time"]
+    chosen = time_model.engine_terms
+    time_model.engine_terms = lambda _, pp, schedule, overlap_dp: engines.engine_terms("megatron", pp, schedule, overlap_dp)
+    try:
+        mg = evaluate_layout(layout)["time"]
+    finally:
+        time_model.engine_terms = chosen
+    b = {k: ds["breakdown_s"][k] - mg["breakdown_s"][k] for k in ("pp_comm", "dp_comm")}
+    return (f"The held-out BLOOM 176B iteration (Megatron-DeepSpeed, 384 A100s, TP 4 PP 12 DP 8, 128 micro-batches of 2)\n"
+            f"is predicted at {bloom['predicted']:.1f} s against the logged {bloom['published']:.2f} s "
+            f"({bloom['predicted'] / bloom['published'] - 1:+.1%}). DeepSpeed's pipeline engine (blocking sends and\n"
+            "receives, one after the other: four transfers per micro-batch on each stage's critical path, and\n"
+            "the fp32 gradients all-reduced after the last backward) adds "
+            f"{ds['step_s'] - mg['step_s']:.2f} s ({ds['step_s'] / mg['step_s'] - 1:+.1%}) over\n"
+            f"Megatron's schedules: {b['pp_comm']:+.2f} s of point-to-point transfers and {b['dp_comm']:+.2f} s of "
+            f"exposed gradient reduction\n"
+            f"(with Megatron's schedules the row would be {mg['step_s'] / bloom['published'] - 1:+.1%}).\n")
+
+
+def _opt(data: list[dict]) -> str:
+    """The held-out OPT-175B row in words, with the memory model's peak for it."""
+    from trainplan.calibration import opt_setup
+    from trainplan.estimate.memory import estimate_memory
+    from trainplan.plan import make_plan, resolve
+
+    cfg = tomllib.loads((ROOT / "benchmarks" / "data" / "published_runs.toml").read_text())["opt_175b"]
+    (opt,) = [r for r in data if r["source"] == "opt_175b"]
+    spec, kw = opt_setup(cfg, cfg["rows"][0])
+    peak = float(np.max(estimate_memory(resolve(make_plan(**kw), spec))["total"])) / 2**30
+    return (f"The held-out OPT-175B row (metaseq, 992 A100s, TP 8 x FSDP ZeRO-2 124, 8 sequences a GPU) is predicted at\n"
+            f"{opt['predicted']:.0f} TFLOP/s per GPU against the paper's 'up to {opt['published']:.0f}' "
+            f"({opt['predicted'] / opt['published'] - 1:+.1%}), counted as Narayanan et al.'s 96-count (the paper gives no\n"
+            f"count); the memory model puts the run at {peak:.1f} GiB, over its 80 GB, for it does not credit\n"
+            "--distribute-checkpointed-activations (the checkpointed layer inputs split over the 8 tensor-parallel ranks).\n")
+
+
+def _azure_zero3(data: list[dict]) -> str:
+    """The held-out DeepSpeed ZeRO-3 rows on Azure in words, with the memory model's peaks."""
+    from trainplan.calibration import azure_zero3_setup
+    from trainplan.estimate.memory import estimate_memory
+    from trainplan.plan import make_plan, resolve
+
+    cfg = tomllib.loads((ROOT / "benchmarks" / "data" / "published_runs.toml").read_text())["deepspeed_azure_zero3"]
+    rs = [r for r in data if r["source"] == "deepspeed_azure_zero3"]
+    peaks = [float(np.max(estimate_memory(resolve(make_plan(**kw), spec))["total"])) / 2**30
+             for spec, kw in (azure_zero3_setup(cfg, row) for row in cfg["rows"])]
+    said = "; ".join(f"{r['label'].split(',')[0]} {r['predicted'] / r['published'] - 1:+.1%} (peak {p:.0f} GiB)"
+                     for r, p in zip(rs, peaks, strict=True))
+    # each layer's checkpointed fp16 input, micro-batch x sequence x hidden, for every layer (GB)
+    ckpt = [row[1] * row[5] * row[6] * row[2] * 2 / 1e9 for row in cfg["rows"]]
+    return ("The held-out DeepSpeed ZeRO-3 rows on Azure (pure data parallelism over 256-1,024 A100s, the 1T and\n"
+            f"2T runs with the optimizer on the CPU) are off by: {said}. The memory model\n"
+            "puts the 1T and 2T runs over 80 GB; their activation checkpoints alone (each layer's fp16 input) take\n"
+            f"{ckpt[1]:.0f} and {ckpt[2]:.0f} GB, so those runs kept or partitioned something the published recipe does not show.\n")
+
+
+def _torchtitan(data: list[dict]) -> str:
+    """The held-out torchtitan rows in words."""
+    rs = [r for r in data if r["source"] == "torchtitan_h100"]
+    e = {r["label"]: r["predicted"] / r["published"] - 1 for r in rs}
+    eager = [v for k, v in e.items() if k.endswith("FSDP, 8 GPUs, s 8,192") or k.endswith("FSDP, 128 GPUs, s 8,192")]
+    return ("The held-out torchtitan rows are all predicted too fast "
+            f"({min(e.values()):+.0%} to {max(e.values()):+.0%}): they ran on H100s with 96 GB of HBM2e at a\n"
+            "500 W power limit, whose peak its authors put between the SXM's and the NVL's, priced here as the\n"
+            "catalog's 700 W H100 SXM; without torch.compile (eager elementwise kernels, which the model does not\n"
+            f"price) the 8B rows are {min(eager):+.0%} and {max(eager):+.0%}, and torch.compile, which the model does not\n"
+            "price either, makes the published rows 14-16% faster. Being another part than the catalog's, they are\n"
+            "left out of the error `plan` reports for the H100 SXM.\n")
+
+
 def main() -> None:
     import argparse
 
@@ -311,7 +397,7 @@ def main() -> None:
         errs = [r["predicted"] / r["published"] - 1 for r in rs]
         if src not in SELECTIONS:  # selections of the whole tables: counted once in "all"
             allerr += errs
-        summary.append(f"| {title} | {len(rs)} | {np.mean(np.abs(errs)) * 100:.1f}% | "
+        summary.append(f"| {title} | {'fitted' if src in FITTED else 'held out'} | {len(rs)} | {np.mean(np.abs(errs)) * 100:.1f}% | "
                        f"{np.max(np.abs(errs)) * 100:.1f}% |\n")
         lines.append(f"## {title}\n\n| run | metric | published | predicted | error |\n|---|---|---:|---:|---:|\n")
         for r, e in zip(rs, errs, strict=True):
@@ -319,8 +405,9 @@ def main() -> None:
                          f"{e * 100:+.1f}% |\n")
         lines.append("\n")
     llama = [r for r in data if r["source"] == "llama3_405b"]
-    head = ["## Summary\n\n| source | rows | mean abs error | worst |\n|---|---:|---:|---:|\n", *summary,
-            f"| all | {len(allerr)} | {np.mean(np.abs(allerr)) * 100:.1f}% | {np.max(np.abs(allerr)) * 100:.1f}% |\n\n",
+    head = ["## Summary\n\n| source | fitted or held out | rows | mean abs error | worst |\n|---|---|---:|---:|---:|\n",
+            *summary,
+            f"| all | | {len(allerr)} | {np.mean(np.abs(allerr)) * 100:.1f}% | {np.max(np.abs(allerr)) * 100:.1f}% |\n\n",
             "Target: mean absolute error ≤ 5%, worst ≤ 10%, with one set of efficiency defaults per GPU.\n",
             "Met on the fitted A100 table; held out, the Megatron v1/v2 table is at "
             + _mean_worst(data, "megatron_single_node") + "\nand the MosaicML A100 table at "
@@ -359,6 +446,10 @@ def main() -> None:
             + f"{llama[1]['published'] / llama[0]['published'] - 1:+.0%} published and "
             + f"{llama[1]['predicted'] / llama[0]['predicted'] - 1:+.0%} predicted.\n",
             _automodel(data),
+            _pipeline_engine_effect(data),
+            _opt(data),
+            _azure_zero3(data),
+            _torchtitan(data),
             "Calibrated H100/H200 profiles from `trainplan bench` (its GEMM sweeps over size and over the\n",
             "inner dimension k, SDPA forward + backward over sequence length) are the next step.\n\n"]
     if profiles:  # the notes above describe the catalog defaults

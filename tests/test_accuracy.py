@@ -295,7 +295,7 @@ def test_held_out_nemo_automodel_h100_rows(published):
 def test_plans_report_the_error_of_the_published_runs_behind_them(published):
     """`plan` reports beside its step time how far the published comparison says to trust it:
     catalog/accuracy.toml, written by scripts/accuracy_report.py, holds each accelerator's runs
-    (each counted once: 92 on H100, 69 on A100 80GB, of which 9 and 10 in the tables the training
+    (each counted once: 94 on H100, 74 on A100 80GB, of which 9 and 10 in the tables the training
     ratios are fitted on) and their mean and worst absolute error,
     the same figures docs/accuracy.md shows. H200 and H800 take the H100's efficiency defaults
     and report its runs; an accelerator without its own measured defaults, or with no compared
@@ -311,12 +311,14 @@ def test_plans_report_the_error_of_the_published_runs_behind_them(published):
     readme = (DATA.parents[2] / "README.md").read_text()
     assert "<!-- BEGIN accuracy-summary -->\n" + readme_accuracy_summary(published) + "\n<!-- END" in readme
     h100 = published_errors()["H100-SXM"]
-    assert h100["runs"] == 9 + 52 + 18 + 10 + 3 + 2 and published_errors()["A100-80GB-SXM"]["runs"] == 10 + 59
+    # (A100: Narayanan et al., MosaicML's whole table, BLOOM, OPT, DeepSpeed on Azure; torchtitan's 500 W HBM2e H100s are
+    # another part than the H100 SXM and not counted for it)
+    assert h100["runs"] == 9 + 52 + 18 + 10 + 3 + 2 and published_errors()["A100-80GB-SXM"]["runs"] == 10 + 59 + 1 + 1 + 3
     assert h100["moe_runs"] == 1 and published_errors()["A100-80GB-SXM"]["moe_runs"] == 0
     assert h100["fitted_runs"] == 9 and published_errors()["A100-80GB-SXM"]["fitted_runs"] == 10
     assert h100["mean_abs_error"] == pytest.approx(np.mean(np.abs(
         [r["predicted"] / r["published"] - 1 for r in published
-         if r["gpu"] == "H100-SXM" and r["source"] not in ("mosaicml_h100",)])), abs=1e-4)
+         if r["gpu"] == "H100-SXM" and r["source"] not in ("mosaicml_h100", "torchtitan_h100")])), abs=1e-4)
     for gpu in ("H200-SXM", "H800-SXM"):
         assert prediction_accuracy(gpu) == {"compared_on": "H100-SXM", "basis": "shared defaults", **h100}
     for gpu in ("B200", "A100-PCIe-80GB", "L4", "MI300X"):
@@ -368,3 +370,110 @@ def test_auto_attention_is_the_kernel_the_framework_runs():
     with pytest.raises(PlanError) as e:
         resolve(make_plan(model="llama-3-8b", gpu="H1000", gpus=8, framework="megatron"))
     assert e.value.field == "gpu"
+
+
+def test_new_held_out_tables_cite_their_sources():
+    """The BLOOM, OPT, DeepSpeed-on-Azure and torchtitan tables: every row present with its published figure, each
+    table citing its source, none of them a table a training ratio is fitted on."""
+    import tomllib
+
+    from trainplan.calibration import FITTED, OTHER_PARTS
+
+    data = tomllib.loads(DATA.read_text())
+    bloom, opt, titan = data["bloom_176b"], data["opt_175b"], data["torchtitan_h100"]
+    assert "train/tr11-176B-ml/README.md" in bloom["source"] and "104.70" in bloom["source"]
+    assert "2211.05100" in bloom["source"] and "tr11-176B-ml.slurm" in bloom["source"]
+    assert bloom["rows"] == [["BLOOM 176B, iteration 85,376", 384, 4, 12, 8, 2, 2048, 2048, 104.70, 149.77]]
+    assert "2205.01068" in opt["source"] and "§2.4" in opt["source"] and "opt_baselines.py" in opt["source"]
+    assert opt["rows"] == [["OPT-175B", 992, 8, 124, 8, 992, 2048, 147]]
+    assert "2410.06511" in titan["source"] and "llama3_h100_202412_torchtitan.md" in titan["source"]
+    assert [row[13] for row in titan["rows"]] == [5762, 6667, 8532, 3890, 2540, 1071, 548, 5605, 6514, 8380, 829, 876]
+    azure = data["deepspeed_azure_zero3"]
+    assert "2022-07-26-deepspeed-azure.md" in azure["source"] and "examples_deepspeed/azure" in azure["source"]
+    assert [(row[0], row[4], row[5], row[6], row[8]) for row in azure["rows"]] == [
+        ("GPT 175B", 256, 32, 512, 204.49), ("GPT 1T", 1024, 8, 1024, 165.36), ("GPT 2T", 1024, 8, 1024, 157)]
+    new = {"bloom_176b", "opt_175b", "deepspeed_azure_zero3", "torchtitan_h100"}
+    assert not new & set(FITTED) and OTHER_PARTS == ("torchtitan_h100",)
+
+
+def test_held_out_bloom_and_opt_rows(published):
+    """BLOOM 176B's logged iteration (104.70 s at iteration 85,376, TP 4 PP 12 DP 8) is predicted
+    9.2% short (95.1 s); OPT-175B's 'up to 147 TFLOP/s per GPU' (96-count) 12.7% over (165.7).
+    Held out: these figures are what the model gives, held within half a point."""
+    (bloom,) = [r for r in published if r["source"] == "bloom_176b"]
+    (opt,) = [r for r in published if r["source"] == "opt_175b"]
+    assert bloom["published"] == 104.70 and bloom["predicted"] / bloom["published"] - 1 == pytest.approx(-0.092, abs=0.005)
+    assert opt["published"] == 147 and opt["predicted"] / opt["published"] - 1 == pytest.approx(0.127, abs=0.005)
+
+
+def test_held_out_torchtitan_rows(published):
+    """torchtitan's Llama 3.1 tables (H100 96GB HBM2e at 500 W, priced as the 700 W H100 SXM): all
+    12 rows predicted too fast, 39.2% mean and 69.6% worst (8B at 262,144 tokens, CP 8) in
+    docs/accuracy.md; held within half a point."""
+    e = errors(published, "torchtitan_h100")
+    assert len(e) == 12 and np.all(e > 0.2)
+    assert np.abs(e).mean() == pytest.approx(0.392, abs=0.005) and np.abs(e).max() == pytest.approx(0.696, abs=0.005)
+
+
+def test_pipeline_engine_is_deepspeeds_for_its_1f1b_schedule():
+    """DeepSpeed's PipelineEngine runs only its TrainSchedule (1F1B): a deepspeed plan with more
+    than one stage and 1F1B pays its blocking transfers (4 per micro-batch) and reduces the
+    gradients after the schedule; Megatron's schedules, and a deepspeed plan asking for a
+    schedule DeepSpeed lacks, pay 2 and keep the overlap the plan asks for."""
+    from trainplan.estimate.pipeline import SCHEDULE_CODE
+    from trainplan.estimate.pipeline_engine import engine_terms, pipeline_engine
+    from trainplan.estimate.recipe import recipe
+    from trainplan.plan import make_plan
+
+    engine_of = {fw: recipe(make_plan(model="llama-3-8b", gpus=8, framework=fw)).pipeline_engine
+                 for fw in ("deepspeed", "megatron", "fsdp", "fsdp1", "torch")}
+    assert engine_of == {"deepspeed": "deepspeed", "megatron": "megatron", "fsdp": "megatron", "fsdp1": "megatron",
+                         "torch": "megatron"}
+    ds = pipeline_engine("deepspeed", 12, "1f1b")
+    assert (ds.name, ds.p2p_transfers_per_micro_batch, ds.dp_reduction_overlapped) == ("deepspeed", 4.0, False)
+    for name, pp, schedule in (("deepspeed", 1, "1f1b"), ("deepspeed", 16, "interleaved"), ("megatron", 12, "1f1b")):
+        other = pipeline_engine(name, pp, schedule)
+        assert (other.name, other.p2p_transfers_per_micro_batch, other.dp_reduction_overlapped) == ("megatron", 2.0, True)
+    # array-friendly, as the layout search evaluates it: two more transfers and no overlap where
+    # DeepSpeed's engine runs, nothing where it does not
+    codes = np.array([SCHEDULE_CODE[s] for s in ("1f1b", "1f1b", "interleaved", "zb")])
+    extra, overlap = engine_terms("deepspeed", np.array([1, 4, 4, 4]), codes, True)
+    assert extra.tolist() == [0.0, 2.0, 0.0, 0.0] and overlap.tolist() == [True, False, True, True]
+    extra, overlap = engine_terms("megatron", np.array([1, 4, 4, 4]), codes, True)
+    assert extra.tolist() == [0.0] * 4 and overlap.tolist() == [True] * 4
+
+
+def test_deepspeed_pipeline_engine_on_the_bloom_row():
+    """On the BLOOM row, DeepSpeed's engine doubles each micro-batch's point-to-point seconds
+    against Megatron's schedules (four blocking transfers against two) and exposes the
+    gradient all-reduce: the step 2.0% longer (95.1 s against 93.2 s)."""
+    import tomllib
+
+    import trainplan.estimate.time as time_model
+    from trainplan.calibration import bloom_setup, evaluate_layout
+    from trainplan.estimate import pipeline_engine as engines
+    from trainplan.plan import make_plan, resolve
+
+    cfg = tomllib.loads(DATA.read_text())["bloom_176b"]
+    spec, kw = bloom_setup(cfg, cfg["rows"][0])
+    layout = resolve(make_plan(**kw), spec)
+    ds = evaluate_layout(layout)["time"]
+    chosen = time_model.engine_terms
+    time_model.engine_terms = lambda _, pp, schedule, overlap_dp: engines.engine_terms("megatron", pp, schedule, overlap_dp)
+    try:
+        mg = evaluate_layout(layout)["time"]
+    finally:
+        time_model.engine_terms = chosen
+    assert ds["micro_batch_s"]["pp_comm"] == pytest.approx(2 * mg["micro_batch_s"]["pp_comm"], rel=1e-9)
+    assert ds["breakdown_s"]["dp_comm"] > mg["breakdown_s"]["dp_comm"]
+    assert ds["breakdown_s"]["compute"] == pytest.approx(mg["breakdown_s"]["compute"], rel=1e-12)
+    assert ds["step_s"] / mg["step_s"] - 1 == pytest.approx(0.020, abs=0.002)
+    assert ds["step_s"] == pytest.approx(95.1, abs=0.1) and mg["step_s"] == pytest.approx(93.2, abs=0.1)
+
+
+def test_held_out_deepspeed_zero3_azure_rows(published):
+    """DeepSpeed's ZeRO-3 runs on Azure A100s (96-count TFLOP/s per GPU): 175B at 204.49 predicted
+    0.8% under; 1T (165.36) and 2T (157), the optimizer on the CPU, 25.1% and 33.0% over; 19.6%
+    mean in docs/accuracy.md. Held out: held within half a point."""
+    e = errors(published, "deepspeed_azure_zero3")
+    assert e == pytest.approx([-0.008, 0.251, 0.330], abs=0.005)

@@ -74,6 +74,9 @@ class Recipe:
     shards_params_at_rest: bool = False
     # FSDP1 falls back to NO_SHARD (ZeRO-0) when its shard group is a single rank
     single_rank_no_shard: bool = False
+    # the engine that runs its pipeline stages (conventions.toml [pipeline_engines]; applied by
+    # estimate/pipeline_engine.py where that engine has the plan's schedule)
+    pipeline_engine: str = "megatron"
 
     @property
     def casts_linear_inputs(self) -> bool:
@@ -186,4 +189,5 @@ def recipe(plan: Plan) -> Recipe:
         pp_accumulates_unsharded=bool(fw.get("pp_accumulates_unsharded", False)),
         shards_params_at_rest=bool(fw.get("shards_params_at_rest", False)),
         single_rank_no_shard=bool(fw.get("single_rank_no_shard", False)),
+        pipeline_engine=str(fw.get("pipeline_engine", "megatron")),
     )

@@ -52,6 +52,7 @@ from .flops import (
 )
 from .gemm_shape import GemmShape
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
+from .pipeline_engine import engine_terms
 from .recipe import recipe
 
 # ZeRO-3/FSDP backward prefetch: the next layer's gather before the current layer's gradients
@@ -727,9 +728,14 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     `offload_params`: ZeRO-3 fetches each rank's shard from the host for every gather."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
-    overlap_dp = f(overlap_dp) > 0
     stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
-    pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE)
+    # The engine running the pipeline (estimate/pipeline_engine.py): DeepSpeed's blocking sends
+    # and receives put more transfers on every micro-batch's critical path than the two
+    # stage_times prices, and its gradients are reduced after the schedule, not overlapped.
+    extra_p2p, overlap_dp = engine_terms(r.pipeline_engine, pp, schedule, f(overlap_dp))
+    per_micro_batch = {**per_micro_batch, "pp_comm": per_micro_batch["pp_comm"] + extra_p2p * p2p}
+    pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE) \
+        + m * extra_p2p * p2p
     parts_busy = {k: m * v for k, v in per_micro_batch.items()}
     bubble = np.maximum(pipe - sum(parts_busy.values()), 0.0)
 
