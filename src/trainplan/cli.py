@@ -95,6 +95,7 @@ def _plan_options(
     recompute_early_stop: Annotated[bool | None, typer.Option("--recompute-early-stop/--no-recompute-early-stop", help="Non-reentrant checkpointing stops recomputing before each block's last linear (PyTorch >= 2.1); default: the framework's (on for fsdp)")] = None,
     schedule: Annotated[ScheduleOpt, typer.Option(help="Pipeline schedule")] = ScheduleOpt("1f1b"),
     vpp: Annotated[int | None, typer.Option(help="Virtual stages per GPU (interleaved schedule)")] = None,
+    pp_group: Annotated[int | None, typer.Option(help="Interleaved schedule: contiguous micro-batches per virtual stage (Megatron-Core --microbatch-group-size-per-virtual-pipeline-stage, in [pp, micro-batches]; Llama 3's N); default pp")] = None,
     stage_layers: Annotated[str | None, typer.Option(help="Layers per pipeline stage, e.g. 7,8,8,7")] = None,
     precision: Annotated[PrecisionOpt, typer.Option(help="fp32, or 16-bit / fp8 mixed precision with fp32 master weights")] = PrecisionOpt("bf16"),
     grad_dtype: Annotated[GradDtypeOpt | None, typer.Option(help="Override the framework's gradient dtype")] = None,

@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import PlanError, from_pydantic
@@ -81,6 +82,10 @@ class Plan(BaseModel):
         "linear (PyTorch >= 2.1's default); default: the framework's convention (on for fsdp)")
     schedule: Schedule = "1f1b"
     vpp: int | None = Field(default=None, ge=1, le=1024)
+    pp_group: int | None = Field(
+        default=None, ge=1, le=MAX_BATCH, description="interleaved schedule: contiguous micro-batches each virtual "
+        "stage runs before the next (Megatron-Core microbatch_group_size_per_vp_stage, in [pp, micro-batches]; "
+        "Llama 3's N); default pp")
     stage_layers: list[int] | None = None
     precision: Precision = "bf16"
     grad_dtype: GradDtype | None = None
@@ -353,6 +358,28 @@ def torchtitan_virtual_stages(split: list[int], v: int) -> tuple[int, int] | Non
     return None
 
 
+def schedule_batch_rules(plan: Plan, pp: int, m: int) -> None:
+    """The micro-batches per step a schedule needs (m), and its interleaving group."""
+    if plan.pp_group is not None:
+        if plan.schedule != "interleaved":
+            raise PlanError("pp_group", f"applies to --schedule interleaved only (got {plan.schedule})")
+        n = plan.pp_group
+        if n > m:
+            raise PlanError("pp_group", f"cannot exceed the micro-batches per step ({m}); got {n}")
+        if plan.framework == "megatron":
+            # megatron/core/pipeline_parallel/schedules.py @d98e8a64 (interleaving)
+            if n < pp:
+                raise PlanError("pp_group", f"Megatron-Core runs [pp={pp}, m={m}] contiguous micro-batches per "
+                                f"virtual stage; got {n}")
+            if 0 < m % n < pp:
+                raise PlanError("pp_group", f"the micro-batches per step ({m}) modulo --pp-group ({n}) must be 0 or "
+                                f"at least pp ({pp}) (Megatron-Core: otherwise the last group stalls)")
+    if plan.schedule == "dualpipe" and (m < 2 * pp or m % 2):
+        # DualPipe.step: "num_chunks % 2 == 0 and num_chunks >= num_ranks * 2"
+        raise PlanError("gbs", f"dualpipe needs an even number of micro-batches per step, at least 2 x pp = "
+                        f"{2 * pp}; got {m}")
+
+
 def default_stage_split(layers: int, pp: int) -> list[int]:
     """Even split; when it does not divide, the first and last stages (which also hold the
     embedding and the output head) give up layers first, as Llama 3 405B does
@@ -461,6 +488,9 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("vpp", "the interleaved schedule needs --vpp >= 2 (virtual stages per GPU)")
     elif plan.vpp not in (None, 1):
         raise PlanError("vpp", f"virtual stages only apply to --schedule interleaved (got {plan.schedule})")
+    if plan.schedule == "dualpipe" and (pp < 2 or pp % 2):
+        # deepseek-ai/DualPipe dualpipe.py DualPipe.step: "assert num_ranks % 2 == 0"
+        raise PlanError("schedule", f"dualpipe needs an even pp >= 2 (its two directions meet in the middle); got {pp}")
     if plan.stage_layers is not None:
         split = list(plan.stage_layers)
         if len(split) != pp:
@@ -478,6 +508,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     moe_flags = model.moe_layer_flags
     stage_moe = [sum(moe_flags[bounds[i]:bounds[i + 1]]) for i in range(pp)]
     stage_dense = [n - m for n, m in zip(split, stage_moe, strict=True)]
+    if plan.schedule == "dualpipe":
+        # DualPipe keeps two copies of the model: rank r holds stage r of one and stage
+        # p - 1 - r of the other (DeepSeek-V3 §3.2.1: "two copies of the model parameters")
+        split, stage_moe, stage_dense = (x + x[::-1] for x in map(np.asarray, (split, stage_moe, stage_dense)))
+        split, stage_moe, stage_dense = ([int(n) for n in x] for x in (split, stage_moe, stage_dense))
 
     # -- context and expert parallelism
     seq_len = plan.seq_len or min(model.max_position, 4096)
@@ -524,6 +559,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if plan.schedule == "interleaved" and micro_batches % pp:
         raise PlanError("gbs", f"the interleaved schedule needs micro-batches per step "
                         f"({micro_batches}) divisible by pp ({pp})")
+    schedule_batch_rules(plan, pp, micro_batches)
     if pp > 1 and micro_batches < pp:
         warn("few_micro_batches", f"only {micro_batches} micro-batches for {pp} pipeline stages: "
              "most stages sit idle; raise --gbs", m=micro_batches, pp=pp)

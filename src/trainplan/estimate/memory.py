@@ -368,8 +368,8 @@ def layout_inputs(layout: Layout) -> dict:
     return dict(
         dense_layers=np.asarray(layout.stage_dense_layers, dtype=float),
         moe_layers=np.asarray(layout.stage_moe_layers, dtype=float),
-        first=(stages == 0).astype(float), last=(stages == pp - 1).astype(float),
-        in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp),
+        first=pipeline_ends(layout, 0), last=pipeline_ends(layout, pp - 1),
+        in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp, plan.pp_group),
         logits_in_flight=last_stage_logits_in_flight(sched, layout.micro_batches),
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
         dp_shard=layout.dp_shard,
@@ -380,6 +380,16 @@ def layout_inputs(layout: Layout) -> dict:
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
         reserved_bytes=reserved, fragmentation=frag,
     )
+
+
+def pipeline_ends(layout: Layout, end: int) -> np.ndarray:
+    """1.0 for the stages holding the model's first (end 0: the embedding) or last (end pp - 1:
+    the output head) stage: under DualPipe both end ranks hold both, one for each copy."""
+    stages = np.arange(layout.pp)
+    ends = (stages == end)
+    if layout.plan.schedule == "dualpipe":
+        ends = ends | (stages == layout.pp - 1 - end)
+    return ends.astype(float)
 
 
 def numbers_for(layout: Layout) -> ModelNumbers:
@@ -421,7 +431,7 @@ def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
     stages = np.arange(layout.pp)[:, None]
     inputs.update(
         mbs=cands[None, :],
-        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp),
+        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp, plan.pp_group),
         logits_in_flight=last_stage_logits_in_flight(sched, m[None, :]),
         dense_layers=inputs["dense_layers"][:, None], moe_layers=inputs["moe_layers"][:, None],
         first=inputs["first"][:, None], last=inputs["last"][:, None],

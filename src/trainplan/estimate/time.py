@@ -730,7 +730,9 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     overlap_dp = f(overlap_dp) > 0
     stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
     pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE)
-    parts_busy = {k: m * v for k, v in per_micro_batch.items()}
+    # a DualPipe rank holds two stages and runs each micro-batch through one of them
+    busy_mbs = np.where(np.asarray(schedule) == SCHEDULE_CODE["dualpipe"], m / 2, m)
+    parts_busy = {k: busy_mbs * v for k, v in per_micro_batch.items()}
     bubble = np.maximum(pipe - sum(parts_busy.values()), 0.0)
 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
