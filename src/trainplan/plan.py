@@ -24,12 +24,14 @@ from .plan_types import (
     BackwardPrefetch,
     CpComm,
     Finetune,
+    Fp8Cached,
     Framework,
     GradDtype,
     Optimizer,
     OptimizerImpl,
     Precision,
     Recompute,
+    RecomputeModule,
     Schedule,
 )
 from .specs import catalog, hf
@@ -74,6 +76,15 @@ class Plan(BaseModel):
     seq_len: int | None = Field(default=None, ge=1, le=MAX_SEQ_LEN)
     recompute: Recompute = "none"
     recompute_layers: int | None = Field(default=None, ge=0)
+    recompute_modules: list[RecomputeModule] | None = Field(
+        default=None, description="with --recompute selective, what it recomputes (Megatron-Core --recompute-modules): "
+        "core_attn (the attention core, the default), layernorm (the norms' outputs), mla_up_proj (MLA's "
+        "up-projections and RoPE), moe_act (the experts' SwiGLU output); e.g. layernorm,mla_up_proj,moe_act as "
+        "DeepSeek-V3 runs")
+    fp8_cache: list[Fp8Cached] | None = Field(
+        default=None, description="with --precision fp8, saved tensors kept in low precision besides the linears' "
+        "inputs (DeepSeek-V3 §3.3.3): attn_out (the attention output, E5M6), moe_act_input (the experts' SwiGLU "
+        "input, FP8)")
     fused_kernels: bool | None = Field(
         default=None, description="fused norm and SwiGLU kernels that save only their inputs (Megatron's, "
         "Liger Kernel's, Apex's); default: the framework's convention (on for megatron)")
@@ -170,6 +181,13 @@ class Plan(BaseModel):
             raise ValueError(f"unknown LoRA target(s) {bad}; choose from {', '.join(LORA_TARGETS)}")
         if not v:
             raise ValueError("name at least one LoRA target")
+        return v
+
+    @field_validator("recompute_modules", "fp8_cache", mode="before")
+    @classmethod
+    def _split_modules(cls, v):
+        if isinstance(v, str):
+            v = [t.strip() for t in v.split(",") if t.strip()]
         return v
 
     @field_validator("stage_layers", mode="before")
@@ -573,6 +591,20 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                      f"of a virtual stage ({max(split) // vpp}, with {vpp} virtual stages per stage)")
             raise PlanError("recompute_layers", f"cannot exceed the layers {where}")
 
+    if plan.recompute_modules is not None:
+        if plan.recompute != "selective":
+            raise PlanError("recompute_modules", "applies to --recompute selective only (Megatron-Core's "
+                            "--recompute-granularity selective)")
+        if "mla_up_proj" in plan.recompute_modules and not model.is_mla:
+            raise PlanError("recompute_modules", f"mla_up_proj recomputes multi-head latent attention's "
+                            f"up-projections; {model.name} has none")
+        if "moe_act" in plan.recompute_modules and not model.is_moe:
+            raise PlanError("recompute_modules", f"moe_act recomputes the experts' activation; {model.name} has "
+                            "no experts")
+    if plan.fp8_cache is not None and plan.precision != "fp8":
+        raise PlanError("fp8_cache", f"applies to --precision fp8 only (got {plan.precision})")
+    if plan.fp8_cache is not None and "moe_act_input" in plan.fp8_cache and not model.is_moe:
+        raise PlanError("fp8_cache", f"moe_act_input is the experts' SwiGLU input; {model.name} has no experts")
     if plan.recompute_early_stop and plan.recompute != "full":
         warn("early_stop_unused", "--recompute-early-stop changes only full recomputation; recompute is "
              f"{plan.recompute}", recompute=plan.recompute)

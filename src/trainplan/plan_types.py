@@ -14,3 +14,10 @@ Finetune = Literal["full", "lora", "qlora"]
 GradDtype = Literal["fp32", "bf16", "fp16"]
 CpComm = Literal["ring", "allgather"]
 BackwardPrefetch = Literal["pre", "post", "none"]
+# Megatron-Core's --recompute-modules (transformer_config.py recompute_modules) that trainplan
+# models: with --recompute selective, the attention core (its default), the norms' outputs, MLA's
+# up-projections with RoPE, and the experts' activation function
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "moe_act"]
+# saved tensors an FP8 recipe keeps in low precision besides the linears' inputs
+# (estimate/activations.py FP8_CACHED; DeepSeek-V3 §3.3.3)
+Fp8Cached = Literal["attn_out", "moe_act_input"]

@@ -135,7 +135,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                  in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
                  vocab_padded, attention, recompute, recompute_layers, dropout, lora,
                  lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
-                 fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None, lora_rank=0) -> dict:
+                 fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None, lora_rank=0, modules=None,
+                 fp8_cache=None) -> dict:
     """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast);
     `dp_shard`, the data-parallel ranks ZeRO shards over (all `dp` when None)."""
     h = mn.hidden
@@ -232,7 +233,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   linear_in_bytes=r.linear_in_bytes, attention=attention, recompute=recompute,
                   fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves, mask_bytes=mask_bytes,
                   adapter_rank=lora_rank if lora_saves is not None else 0,
-                  adapter_dropout=float(r.lora_dropout))
+                  adapter_dropout=float(r.lora_dropout), modules=modules, fp8_cache=fp8_cache)
     dense_terms = act.layer_terms(mn.shape, moe=False, **common)
     moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
@@ -374,12 +375,28 @@ def layout_inputs(layout: Layout) -> dict:
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
         dp_shard=layout.dp_shard,
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
-        attention=act.ATTENTION_CODE[plan.attention], recompute=act.RECOMPUTE_CODE[plan.recompute],
+        attention=act.ATTENTION_CODE[plan.attention], recompute=recompute_code(plan), modules=recompute_modules(plan),
+        fp8_cache={name: 1.0 for name in plan.fp8_cache} if plan.fp8_cache else None,
         recompute_layers=layout.recompute_layers_per_stage if plan.recompute_layers is not None else 10**9,
         dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves(plan), lora_rank=plan.lora_rank,
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
         reserved_bytes=reserved, fragmentation=frag,
     )
+
+
+def recompute_code(plan) -> int:
+    """RECOMPUTE_CODE for the layers' saved tensors: selective recomputation recomputes the
+    attention core unless its modules leave core_attn out."""
+    if plan.recompute == "selective" and plan.recompute_modules is not None and "core_attn" not in plan.recompute_modules:
+        return act.RECOMPUTE_CODE["none"]
+    return act.RECOMPUTE_CODE[plan.recompute]
+
+
+def recompute_modules(plan) -> dict | None:
+    """1.0 for each output-discarding module selective recomputation re-runs (None: none)."""
+    if plan.recompute != "selective" or not plan.recompute_modules:
+        return None
+    return {name: float(name in plan.recompute_modules) for name in act.RECOMPUTE_MODULES if name != "core_attn"}
 
 
 def pipeline_ends(layout: Layout, end: int) -> np.ndarray:
