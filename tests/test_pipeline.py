@@ -213,3 +213,18 @@ def test_unknown_schedule_names_the_field_and_the_choices():
         make_plan(schedule="zbv")
     assert err.value.field == "schedule"
     assert all(name in str(err.value) for name in SCHEDULES)
+
+
+def test_timeline_draws_dualpipe(tmp_path):
+    """The drawing and the web page's timeline take simulate()'s ops, DualPipe's W kind among
+    them (the page colours F, B and W: style.css .tl-op), at least 2 x pp micro-batches."""
+    from trainplan.report import evaluate
+    from trainplan.timeline import draw_timeline
+    from trainplan.web.app import _timeline
+
+    result = evaluate(make_plan(model="llama-3-8b", gpus=8, pp=4, gbs=64, schedule="dualpipe"))
+    out = tmp_path / "dualpipe.svg"
+    draw_timeline(result, str(out))
+    assert out.stat().st_size > 0
+    page = _timeline(result, max_micro_batches=4)
+    assert page["micro_batches"] == 8 and {op[1] for op in page["ops"]} == {"F", "B", "W"}
