@@ -228,3 +228,19 @@ def test_timeline_draws_dualpipe(tmp_path):
     assert out.stat().st_size > 0
     page = _timeline(result, max_micro_batches=4)
     assert page["micro_batches"] == 8 and {op[1] for op in page["ops"]} == {"F", "B", "W"}
+
+
+def test_exports_carry_the_schedule_or_refuse_it():
+    """Megatron-LM takes the interleaving group as its own flag; neither Megatron-LM nor torchtitan
+    has DualPipe, so exporting it is refused by name rather than run as 1F1B."""
+    from trainplan.errors import PlanError
+    from trainplan.export import export
+
+    inter = resolve(make_plan(model="llama-3-8b", gpus=8, pp=4, gbs=32, schedule="interleaved", vpp=2, pp_group=8,
+                              framework="megatron"))
+    assert "--microbatch-group-size-per-virtual-pipeline-stage 8" in export(inter, "megatron")
+    dual = resolve(make_plan(model="llama-3-8b", gpus=8, pp=4, gbs=16, schedule="dualpipe"))
+    for target in ("megatron", "torchtitan"):
+        with pytest.raises(PlanError) as err:
+            export(dual, target)
+        assert err.value.field == "schedule"
