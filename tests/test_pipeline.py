@@ -146,6 +146,16 @@ def test_simulated_peak_equals_in_flight(schedule, p, m, v, group):
     assert t.peak_in_flight == pytest.approx(list(expected), abs=1e-12)
 
 
+def test_interleaving_group_below_pp_deadlocks():
+    """Why --pp-group >= pp: with groups smaller than pp, Megatron's warm-up count is too short for
+    the last stage's first backward, and the order deadlocks."""
+    with pytest.raises(RuntimeError, match="deadlocked"):
+        simulate("interleaved", 4, 8, 1.0, 2.0, vpp=2, group=2)
+    # a last group shorter than pp only stalls (outside Megatron's rule, allowed elsewhere)
+    t = simulate("interleaved", 4, 8, 1.0, 2.0, vpp=2, group=6)
+    assert t.peak_in_flight == list(in_flight(SCHEDULE_CODE["interleaved"], np.arange(4), 4, 8, 2, 6))
+
+
 def test_megatron_group_warmup_and_table():
     """Megatron-Core (schedules.py @d98e8a64): warm-up (p - i - 1)·2 + (v - 1)·N chunk-forwards
     and the schedule table in groups of N, the last group taking the rest."""
@@ -197,6 +207,9 @@ def test_dualpipe_layout_holds_two_stages():
     (dict(schedule="interleaved", vpp=2, pp=4, gpus=4, model="llama-3-8b", gbs=16, pp_group=2,
           framework="megatron"), "pp_group"),
     (dict(schedule="interleaved", vpp=2, pp=4, gpus=4, model="llama-3-8b", gbs=16, pp_group=32), "pp_group"),
+    (dict(schedule="interleaved", vpp=2, pp=4, gpus=4, model="llama-3-8b", gbs=8, pp_group=2), "pp_group"),
+    (dict(schedule="interleaved", vpp=2, pp=4, gpus=4, model="llama-3-8b", gbs=8, pp_group=6,
+          framework="megatron"), "pp_group"),
 ])
 def test_schedule_rules_refused_by_name(options, field):
     from trainplan.errors import PlanError

@@ -382,13 +382,13 @@ def schedule_batch_rules(plan: Plan, pp: int, m: int) -> None:
         if plan.schedule != "interleaved":
             raise PlanError("pp_group", f"applies to --schedule interleaved only (got {plan.schedule})")
         n = plan.pp_group
-        if n > m:
-            raise PlanError("pp_group", f"cannot exceed the micro-batches per step ({m}); got {n}")
+        if n > m or n < pp:
+            # megatron/core/pipeline_parallel/schedules.py @d98e8a64 (interleaving): with fewer
+            # than pp per group the last stage's first backward waits on forwards its warm-up
+            # has not run (the order deadlocks; estimate/pipeline.py simulate)
+            raise PlanError("pp_group", f"contiguous micro-batches per virtual stage must lie in [pp={pp}, "
+                            f"micro-batches per step={m}]; got {n}")
         if plan.framework == "megatron":
-            # megatron/core/pipeline_parallel/schedules.py @d98e8a64 (interleaving)
-            if n < pp:
-                raise PlanError("pp_group", f"Megatron-Core runs [pp={pp}, m={m}] contiguous micro-batches per "
-                                f"virtual stage; got {n}")
             if 0 < m % n < pp:
                 raise PlanError("pp_group", f"the micro-batches per step ({m}) modulo --pp-group ({n}) must be 0 or "
                                 f"at least pp ({pp}) (Megatron-Core: otherwise the last group stalls)")
