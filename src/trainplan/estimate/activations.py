@@ -168,8 +168,12 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
     # A fused QKV projection with RoPE: the rotated q and k are new tensors, but v stays a view
     # of the fused output, so keeping v keeps all of it (GPT-NeoX; measured in validate) unless
-    # eager GQA saves repeated copies of v instead
-    fused_rope = (shape.qkv_projections == 1) & bool(shape.rotary) & ~(eager & (k_w > shape.k))
+    # eager GQA saves repeated copies of v instead. MLA's q and k are concatenations of their
+    # non-rotary and rotary parts (new tensors) and its v is made contiguous for the attention
+    # kernel (Megatron-Core multi_latent_attention.py @d98e8a64: query, key and value
+    # .contiguous()), so its up-projections' outputs are not kept: q, k and v only.
+    fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary) & ~(eager & (k_w > shape.k))
+                  & (shape.latent == 0))
     t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
     # a fused kernel's output, kept by the kernel for its backward (unless the core is recomputed)
     # and as the output projection's input for its weight's (or adapter's) gradient: one storage
