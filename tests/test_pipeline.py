@@ -257,3 +257,16 @@ def test_exports_carry_the_schedule_or_refuse_it():
         with pytest.raises(PlanError) as err:
             export(dual, target)
         assert err.value.field == "schedule"
+
+
+def test_a_framework_registers_its_own_rule_for_a_schedule():
+    """in_flight dispatches on (schedule, framework): a framework's engine that runs a schedule
+    its own way registers its rule; the others keep the common one."""
+    from trainplan.estimate import pipeline
+
+    code = pipeline.register_schedule("interleaved", lambda stage, pp, m, v, n: m + 0 * stage, framework="x-engine")
+    try:
+        assert list(in_flight(code, np.arange(4), 4, 8, 2, framework="x-engine")) == [8] * 4
+        assert list(in_flight(code, np.arange(4), 4, 8, 2, framework="megatron")) == [5.5, 4.5, 3.5, 2.5]
+    finally:
+        del pipeline.IN_FLIGHT_RULES[(code, "x-engine")]

@@ -370,7 +370,7 @@ def layout_inputs(layout: Layout) -> dict:
         dense_layers=np.asarray(layout.stage_dense_layers, dtype=float),
         moe_layers=np.asarray(layout.stage_moe_layers, dtype=float),
         first=pipeline_ends(layout, 0), last=pipeline_ends(layout, pp - 1),
-        in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp, plan.pp_group),
+        in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp, plan.pp_group, plan.framework),
         logits_in_flight=last_stage_logits_in_flight(sched, layout.micro_batches),
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
         dp_shard=layout.dp_shard,
@@ -448,7 +448,7 @@ def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
     stages = np.arange(layout.pp)[:, None]
     inputs.update(
         mbs=cands[None, :],
-        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp, plan.pp_group),
+        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework),
         logits_in_flight=last_stage_logits_in_flight(sched, m[None, :]),
         dense_layers=inputs["dense_layers"][:, None], moe_layers=inputs["moe_layers"][:, None],
         first=inputs["first"][:, None], last=inputs["last"][:, None],

@@ -30,8 +30,9 @@ first backward, plus the one in progress), as each framework's pipeline engine r
   pair of step 4 allocates one more before the backward frees one: p + 1 chunks on every rank,
   (p + 1)/2 of the rank's layers (it needs m >= 2p and m even).
 
-`in_flight` is the one entry point: it dispatches on a schedule code through IN_FLIGHT_RULES,
-to which another framework's pipeline engine adds its own schedules with `register_schedule`.
+`in_flight` is the one entry point: it dispatches on a schedule code, and a framework where one
+runs a schedule its own way, through IN_FLIGHT_RULES, to which another framework's pipeline
+engine adds its schedules or its own rules with `register_schedule`.
 All functions take numbers or numpy arrays (broadcast together) and return layer-equivalent
 micro-batch counts (how many micro-batches' worth of the stage's layers are alive).
 """
@@ -72,35 +73,38 @@ def _dualpipe(stage, pp, m, v, group):
     return (pp + 1) / 2 + 0 * stage + 0 * m
 
 
-# schedule code -> rule(stage, pp, m, vpp, group) giving layer-equivalent micro-batches in flight
-IN_FLIGHT_RULES: dict[int, Callable] = {
-    SCHEDULE_CODE["gpipe"]: _gpipe,
-    SCHEDULE_CODE["1f1b"]: _one_f_one_b,
-    SCHEDULE_CODE["interleaved"]: _interleaved,
-    SCHEDULE_CODE["zb"]: _zb_h1,
-    SCHEDULE_CODE["dualpipe"]: _dualpipe,
+# (schedule code, framework or None) -> rule(stage, pp, m, vpp, group) giving layer-equivalent
+# micro-batches in flight; None: the rule every framework's engine follows unless it has its own
+IN_FLIGHT_RULES: dict[tuple[int, str | None], Callable] = {
+    (SCHEDULE_CODE["gpipe"], None): _gpipe,
+    (SCHEDULE_CODE["1f1b"], None): _one_f_one_b,
+    (SCHEDULE_CODE["interleaved"], None): _interleaved,
+    (SCHEDULE_CODE["zb"], None): _zb_h1,
+    (SCHEDULE_CODE["dualpipe"], None): _dualpipe,
 }
 
 
-def register_schedule(name: str, rule: Callable) -> int:
-    """Add a schedule (another framework's pipeline engine) with its in-flight rule
-    rule(stage, pp, m, vpp, group); returns its code."""
+def register_schedule(name: str, rule: Callable, framework: str | None = None) -> int:
+    """Add a schedule, or a framework's own rule for one (its pipeline engine runs it its way),
+    with its in-flight rule rule(stage, pp, m, vpp, group); returns the schedule's code."""
     if name not in SCHEDULE_CODE:
         SCHEDULES.append(name)
         SCHEDULE_CODE[name] = len(SCHEDULES) - 1
-    IN_FLIGHT_RULES[SCHEDULE_CODE[name]] = rule
+    IN_FLIGHT_RULES[(SCHEDULE_CODE[name], framework)] = rule
     return SCHEDULE_CODE[name]
 
 
-def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None):
+def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framework: str | None = None):
     """Micro-batches' worth of activations stage `stage` holds at its peak; `group` is the
-    interleaved schedule's contiguous micro-batches per chunk (N; default pp)."""
+    interleaved schedule's contiguous micro-batches per chunk (N; default pp); `framework` picks
+    that framework's own rule for a schedule where it registered one."""
     stage, pp, m, v = (np.asarray(x, dtype=float) for x in (stage, pp, micro_batches, vpp))
     n = pp if group is None else np.asarray(group, dtype=float)
     code = np.asarray(schedule_code)
     out = np.zeros(np.broadcast_shapes(code.shape, stage.shape, pp.shape, m.shape, v.shape, np.shape(n)))
-    for c, rule in IN_FLIGHT_RULES.items():
+    for c in {c for c, _ in IN_FLIGHT_RULES}:
         if np.any(code == c):
+            rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
             out = np.where(code == c, rule(stage, pp, m, v, n), out)
     return out
 
