@@ -899,11 +899,13 @@ def step_derivation(layout: Layout, profile: dict | None = None, memory: dict | 
 
 
 def _step(layout: Layout, profile: dict | None, memory: dict | None):
-    from .memory import estimate_memory
+    from .memory import estimate_memory, recompute_code
 
     plan, model = layout.plan, layout.model
     mem = memory if memory is not None else estimate_memory(layout)
-    rc = act.RECOMPUTE_CODE[plan.recompute]
+    # selective recomputation re-runs the attention core unless its modules leave core_attn out
+    # (the output-discarding modules' norms, up-projections and activations are not priced)
+    rc = recompute_code(plan)
     stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
