@@ -173,3 +173,17 @@ def test_mla_saves_its_query_key_and_value_once():
                                               gbs=15360, seq_len=4096, framework="megatron")))["moe_layer_terms"]
     assert float(terms["qkv"]) == 4096 * (2 * 128 * 192 + 128 * 128) * 2
     assert float(terms["mla_latents"]) == 4096 * (1536 + 512 + 64) * 2 * 2
+
+
+def test_recompute_modules_without_core_attn_do_not_rerun_attention():
+    """Selective recomputation re-runs the attention core (its hardware FLOPs above the model's)
+    only when its modules include core_attn, Megatron-Core's default."""
+    from trainplan.report import evaluate, to_json
+
+    def compute(modules):
+        data = to_json(evaluate(make_plan(model="llama-3-8b", gpus=8, tp=8, sp=True, recompute="selective",
+                                          recompute_modules=modules, framework="megatron")))
+        return data["compute"]["hardware_flops_per_step"] / data["compute"]["model_flops_per_step"]
+
+    assert compute(["layernorm"]) == pytest.approx(1.0)
+    assert compute(["core_attn", "layernorm"]) > 1.0
