@@ -15,7 +15,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import PlanError, from_pydantic
@@ -529,8 +528,8 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if plan.schedule == "dualpipe":
         # DualPipe keeps two copies of the model: rank r holds stage r of one and stage
         # p - 1 - r of the other (DeepSeek-V3 §3.2.1: "two copies of the model parameters")
-        split, stage_moe, stage_dense = (x + x[::-1] for x in map(np.asarray, (split, stage_moe, stage_dense)))
-        split, stage_moe, stage_dense = ([int(n) for n in x] for x in (split, stage_moe, stage_dense))
+        split, stage_moe, stage_dense = ([a + b for a, b in zip(x, x[::-1], strict=True)]
+                                         for x in (split, stage_moe, stage_dense))
 
     # -- context and expert parallelism
     seq_len = plan.seq_len or min(model.max_position, 4096)
