@@ -115,11 +115,6 @@ def last_stage_logits_in_flight(schedule_code, micro_batches):
     return np.where(np.asarray(schedule_code) == 0, np.asarray(micro_batches, dtype=float), 1.0)
 
 
-def dualpipe_rank_layers(split: list[int]) -> list[int]:
-    """Layers a DualPipe rank holds: stage r of one copy and stage p - 1 - r of the other."""
-    return [a + b for a, b in zip(split, split[::-1], strict=True)]
-
-
 # ---- event simulation of the schedules ----------------------------------------------------
 from dataclasses import dataclass, field  # noqa: E402
 
