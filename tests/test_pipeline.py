@@ -233,7 +233,7 @@ def test_timeline_draws_dualpipe(tmp_path):
     them (the page colours F, B and W: style.css .tl-op), at least 2 x pp micro-batches."""
     from trainplan.report import evaluate
     from trainplan.timeline import draw_timeline
-    from trainplan.web.app import _timeline
+    from trainplan.web.jobs import _timeline
 
     result = evaluate(make_plan(model="llama-3-8b", gpus=8, pp=4, gbs=64, schedule="dualpipe"))
     out = tmp_path / "dualpipe.svg"
