@@ -73,7 +73,7 @@ def explain_lines(result: PlanResult, stage: int | None = None) -> list[str]:
             if v:
                 out.append(f"      {k:<20s} {_g(v)}")
     parts = {k: pick(v) for k, v in m["activation_parts"].items()}
-    flight = float(in_flight(SCHEDULE_CODE[p.schedule], i, L.pp, L.micro_batches, L.vpp))
+    flight = float(in_flight(SCHEDULE_CODE[p.schedule], i, L.pp, L.micro_batches, L.vpp, p.pp_group, p.framework))
     out.append(f"  activations  = {L.stage_layers[i]} layers x per-layer x {flight:g} micro-batch(es) in flight "
                f"({p.schedule}, m={L.micro_batches}) + embedding/head terms = {_g(pick(m['activations']))}")
     for k, v in parts.items():

@@ -23,12 +23,14 @@ from .plan_types import (
     BackwardPrefetch,
     CpComm,
     Finetune,
+    Fp8Cached,
     Framework,
     GradDtype,
     Optimizer,
     OptimizerImpl,
     Precision,
     Recompute,
+    RecomputeModule,
     Schedule,
 )
 from .specs import catalog, hf
@@ -73,6 +75,15 @@ class Plan(BaseModel):
     seq_len: int | None = Field(default=None, ge=1, le=MAX_SEQ_LEN)
     recompute: Recompute = "none"
     recompute_layers: int | None = Field(default=None, ge=0)
+    recompute_modules: list[RecomputeModule] | None = Field(
+        default=None, description="with --recompute selective, what it recomputes (Megatron-Core --recompute-modules): "
+        "core_attn (the attention core, the default), layernorm (the norms' outputs), mla_up_proj (MLA's "
+        "up-projections and RoPE), moe_act (the experts' SwiGLU output); e.g. layernorm,mla_up_proj,moe_act as "
+        "DeepSeek-V3 runs")
+    fp8_cache: list[Fp8Cached] | None = Field(
+        default=None, description="with --precision fp8, saved tensors kept in low precision besides the linears' "
+        "inputs (DeepSeek-V3 §3.3.3): attn_out (the attention output, E5M6), moe_act_input (the experts' SwiGLU "
+        "input, FP8)")
     fused_kernels: bool | None = Field(
         default=None, description="fused norm and SwiGLU kernels that save only their inputs (Megatron's, "
         "Liger Kernel's, Apex's); default: the framework's convention (on for megatron)")
@@ -81,6 +92,10 @@ class Plan(BaseModel):
         "linear (PyTorch >= 2.1's default); default: the framework's convention (on for fsdp)")
     schedule: Schedule = "1f1b"
     vpp: int | None = Field(default=None, ge=1, le=1024)
+    pp_group: int | None = Field(
+        default=None, ge=1, le=MAX_BATCH, description="interleaved schedule: contiguous micro-batches each virtual "
+        "stage runs before the next (Megatron-Core microbatch_group_size_per_vp_stage, in [pp, micro-batches]; "
+        "Llama 3's N); default pp")
     stage_layers: list[int] | None = None
     precision: Precision = "bf16"
     grad_dtype: GradDtype | None = None
@@ -165,6 +180,13 @@ class Plan(BaseModel):
             raise ValueError(f"unknown LoRA target(s) {bad}; choose from {', '.join(LORA_TARGETS)}")
         if not v:
             raise ValueError("name at least one LoRA target")
+        return v
+
+    @field_validator("recompute_modules", "fp8_cache", mode="before")
+    @classmethod
+    def _split_modules(cls, v):
+        if isinstance(v, str):
+            v = [t.strip() for t in v.split(",") if t.strip()]
         return v
 
     @field_validator("stage_layers", mode="before")
@@ -353,6 +375,28 @@ def torchtitan_virtual_stages(split: list[int], v: int) -> tuple[int, int] | Non
     return None
 
 
+def schedule_batch_rules(plan: Plan, pp: int, m: int) -> None:
+    """The micro-batches per step a schedule needs (m), and its interleaving group."""
+    if plan.pp_group is not None:
+        if plan.schedule != "interleaved":
+            raise PlanError("pp_group", f"applies to --schedule interleaved only (got {plan.schedule})")
+        n = plan.pp_group
+        if n > m or n < pp:
+            # megatron/core/pipeline_parallel/schedules.py @d98e8a64 (interleaving): with fewer
+            # than pp per group the last stage's first backward waits on forwards its warm-up
+            # has not run (the order deadlocks; estimate/pipeline.py simulate)
+            raise PlanError("pp_group", f"contiguous micro-batches per virtual stage must lie in [pp={pp}, "
+                            f"micro-batches per step={m}]; got {n}")
+        if plan.framework == "megatron":
+            if 0 < m % n < pp:
+                raise PlanError("pp_group", f"the micro-batches per step ({m}) modulo --pp-group ({n}) must be 0 or "
+                                f"at least pp ({pp}) (Megatron-Core: otherwise the last group stalls)")
+    if plan.schedule == "dualpipe" and (m < 2 * pp or m % 2):
+        # DualPipe.step: "num_chunks % 2 == 0 and num_chunks >= num_ranks * 2"
+        raise PlanError("gbs", f"dualpipe needs an even number of micro-batches per step, at least 2 x pp = "
+                        f"{2 * pp}; got {m}")
+
+
 def default_stage_split(layers: int, pp: int) -> list[int]:
     """Even split; when it does not divide, the first and last stages (which also hold the
     embedding and the output head) give up layers first, as Llama 3 405B does
@@ -461,6 +505,9 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("vpp", "the interleaved schedule needs --vpp >= 2 (virtual stages per GPU)")
     elif plan.vpp not in (None, 1):
         raise PlanError("vpp", f"virtual stages only apply to --schedule interleaved (got {plan.schedule})")
+    if plan.schedule == "dualpipe" and (pp < 2 or pp % 2):
+        # deepseek-ai/DualPipe dualpipe.py DualPipe.step: "assert num_ranks % 2 == 0"
+        raise PlanError("schedule", f"dualpipe needs an even pp >= 2 (its two directions meet in the middle); got {pp}")
     if plan.stage_layers is not None:
         split = list(plan.stage_layers)
         if len(split) != pp:
@@ -478,6 +525,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     moe_flags = model.moe_layer_flags
     stage_moe = [sum(moe_flags[bounds[i]:bounds[i + 1]]) for i in range(pp)]
     stage_dense = [n - m for n, m in zip(split, stage_moe, strict=True)]
+    if plan.schedule == "dualpipe":
+        # DualPipe keeps two copies of the model: rank r holds stage r of one and stage
+        # p - 1 - r of the other (DeepSeek-V3 §3.2.1: "two copies of the model parameters")
+        split, stage_moe, stage_dense = ([a + b for a, b in zip(x, x[::-1], strict=True)]
+                                         for x in (split, stage_moe, stage_dense))
 
     # -- context and expert parallelism
     seq_len = plan.seq_len or min(model.max_position, 4096)
@@ -524,6 +576,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if plan.schedule == "interleaved" and micro_batches % pp:
         raise PlanError("gbs", f"the interleaved schedule needs micro-batches per step "
                         f"({micro_batches}) divisible by pp ({pp})")
+    schedule_batch_rules(plan, pp, micro_batches)
     if pp > 1 and micro_batches < pp:
         warn("few_micro_batches", f"only {micro_batches} micro-batches for {pp} pipeline stages: "
              "most stages sit idle; raise --gbs", m=micro_batches, pp=pp)
@@ -537,6 +590,20 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                      f"of a virtual stage ({max(split) // vpp}, with {vpp} virtual stages per stage)")
             raise PlanError("recompute_layers", f"cannot exceed the layers {where}")
 
+    if plan.recompute_modules is not None:
+        if plan.recompute != "selective":
+            raise PlanError("recompute_modules", "applies to --recompute selective only (Megatron-Core's "
+                            "--recompute-granularity selective)")
+        if "mla_up_proj" in plan.recompute_modules and not model.is_mla:
+            raise PlanError("recompute_modules", f"mla_up_proj recomputes multi-head latent attention's "
+                            f"up-projections; {model.name} has none")
+        if "moe_act" in plan.recompute_modules and not model.is_moe:
+            raise PlanError("recompute_modules", f"moe_act recomputes the experts' activation; {model.name} has "
+                            "no experts")
+    if plan.fp8_cache is not None and plan.precision != "fp8":
+        raise PlanError("fp8_cache", f"applies to --precision fp8 only (got {plan.precision})")
+    if plan.fp8_cache is not None and "moe_act_input" in plan.fp8_cache and not model.is_moe:
+        raise PlanError("fp8_cache", f"moe_act_input is the experts' SwiGLU input; {model.name} has no experts")
     if plan.recompute_early_stop and plan.recompute != "full":
         warn("early_stop_unused", "--recompute-early-stop changes only full recomputation; recompute is "
              f"{plan.recompute}", recompute=plan.recompute)

@@ -64,9 +64,11 @@ def render_plan(data: dict) -> None:
             f"{' · SP' if par['sp'] else ''}")
     c.print(f"micro-batch {par['mbs']} x seq {par['seq_len']}, global batch {par['gbs']} "
             f"({par['micro_batches']} micro-batch{'es' if par['micro_batches'] != 1 else ''} per step), recompute {par['recompute']}"
+            f"{' (' + ', '.join(par['recompute_modules']) + ')' if par.get('recompute_modules') else ''}"
             f"{' (the first ' + str(par['recompute_layers']) + ' layers of each ' + ('virtual stage' if par['vpp'] > 1 else 'stage') + ')' if par.get('recompute_layers') is not None else ''}"
             f"{' (early stop)' if par.get('recompute_early_stop') else ''}, "
-            f"schedule {par['schedule']}{' v=' + str(par['vpp']) if par['vpp'] > 1 else ''}")
+            f"schedule {par['schedule']}{' v=' + str(par['vpp']) if par['vpp'] > 1 else ''}"
+            f"{' N=' + str(par['pp_group']) if par.get('pp_group') else ''}")
     bpp = tr["bytes_per_param"]
     c.print(f"{tr['precision']} · {tr['optimizer']} ({tr['optimizer_impl']}) · {tr['framework']} conventions "
             f"({bpp['weights']:g}+{bpp['grads']:g}+{bpp['master']:g}+{bpp['optimizer']:g} bytes/param) · "

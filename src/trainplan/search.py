@@ -360,7 +360,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
         fragmentation=fragmentation)
     total = (mem["total"][group]
-             + mem["total_per_in_flight"][group] * (in_flight(sched, stage_idx, pp, m, vpp) - 1)
+             + mem["total_per_in_flight"][group] * (in_flight(sched, stage_idx, pp, m, vpp, framework=plan.framework) - 1)
              + mem["total_per_logits"][group] * (last_stage_logits_in_flight(sched, m) - 1))
     peak = np.max(total, axis=-1)
     fits = peak <= lay0.gpu.capacity_bytes

@@ -10,14 +10,24 @@ MAX_MICRO_BATCHES_DRAWN = 64
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
 
 
+def drawn_micro_batches(layout, most: int) -> int:
+    """The first micro-batches of a step a drawing shows: at most `most`, but DualPipe's whole
+    schedule needs at least 2 x pp of them, an even number (DualPipe.step)."""
+    m = min(layout.micro_batches, most)
+    if layout.plan.schedule == "dualpipe":
+        m = min(layout.micro_batches, max(m, 2 * layout.pp))
+        m -= m % 2
+    return m
+
+
 def draw_timeline(result, path: str) -> None:
     plt, out = pyplot_for(path, "timeline")
     L, t = result.layout, result.time
-    m = min(L.micro_batches, MAX_MICRO_BATCHES_DRAWN)
+    m = drawn_micro_batches(L, MAX_MICRO_BATCHES_DRAWN)
     stage = t["per_microbatch_stage_s"]
     fwd = [x * FWD_SHARE for x in stage]
     bwd = [x * (1 - FWD_SHARE) for x in stage]
-    sim = simulate(L.plan.schedule, L.pp, m, fwd, bwd, vpp=L.vpp)
+    sim = simulate(L.plan.schedule, L.pp, m, fwd, bwd, vpp=L.vpp, group=L.plan.pp_group)
     fig, ax = plt.subplots(figsize=(12, 0.45 * L.pp + 1.6))
     for op in sim.ops:
         ax.barh(op.stage, op.end - op.start, left=op.start, color=COLOURS[op.kind], edgecolor="white", linewidth=0.3)
@@ -28,7 +38,8 @@ def draw_timeline(result, path: str) -> None:
     ax.set_xlabel("seconds")
     drawn = f" (first {m} of {L.micro_batches} micro-batches)" if m < L.micro_batches else ""
     ax.set_title(f"{L.model.name}: {L.plan.schedule} schedule, p={L.pp}, m={m}{drawn} — "
-                 f"bubble {sim.bubble_fraction:.1%}; forward blue, backward orange, weight-grad green")
+                 f"bubble {sim.bubble_fraction:.1%}; forward blue, backward orange, weight-grad green"
+                 + (" (DualPipe: both directions)" if L.plan.schedule == "dualpipe" else ""))
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)

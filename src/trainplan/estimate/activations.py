@@ -50,6 +50,11 @@ ATTENTION = ("flash", "sdpa", "eager", "triton", "cudnn")
 ATTENTION_CODE = {name: i for i, name in enumerate(ATTENTION)}
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
+# Megatron-Core's selective recompute modules (megatron/core/transformer/transformer_config.py
+# @d98e8a64, recompute_modules; default ["core_attn"]). "layernorm", "mla_up_proj" and "moe_act"
+# use output-discarding checkpointing: the module's output, kept by the op after it, is dropped
+# after the forward and recomputed from the module's input before the backward needs it.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
 
 FP32 = 4
 TOKEN_ID_BYTES = 8  # int64 token ids, kept by the embedding's backward
@@ -108,7 +113,8 @@ def adapter_inputs(shape: LayerShape, saves, *, moe: bool, tp) -> float:
 
 def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                 linear_in_bytes, residual_bytes=None, autocast=0, attention, recompute, fused, dropout,
-                saves=None, mask_bytes=MASK_BYTES, adapter_rank=0, adapter_dropout=0) -> dict:
+                saves=None, mask_bytes=MASK_BYTES, adapter_rank=0, adapter_dropout=0, modules=None,
+                fp8_cache=None) -> dict:
     """Bytes one layer saves for one micro-batch, by term.
 
     tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
@@ -119,7 +125,10 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     (None = full training, every linear trainable; under LoRA the norms' weights are frozen
     too); adapter_rank: LoRA's rank, whose x·A each adapter keeps for B's gradient;
     adapter_dropout: 1 when each adapter drops out its input, keeping the dropped copy and its
-    mask for A's gradient instead of the input.
+    mask for A's gradient instead of the input; modules: 0/1 per output-discarding recompute
+    module (RECOMPUTE_MODULES but core_attn, which `recompute` = selective carries), see
+    `discard_recomputed`; fp8_cache: 0/1 per tensor kept in a low-precision format beyond the
+    linears' inputs (FP8_CACHED), see `cache_low_precision`.
     """
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
@@ -159,8 +168,12 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
     # A fused QKV projection with RoPE: the rotated q and k are new tensors, but v stays a view
     # of the fused output, so keeping v keeps all of it (GPT-NeoX; measured in validate) unless
-    # eager GQA saves repeated copies of v instead
-    fused_rope = (shape.qkv_projections == 1) & bool(shape.rotary) & ~(eager & (k_w > shape.k))
+    # eager GQA saves repeated copies of v instead. MLA's q and k are concatenations of their
+    # non-rotary and rotary parts (new tensors) and its v is made contiguous for the attention
+    # kernel (Megatron-Core multi_latent_attention.py @d98e8a64: query, key and value
+    # .contiguous()), so its up-projections' outputs are not kept: q, k and v only.
+    fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary) & ~(eager & (k_w > shape.k))
+                  & (shape.latent == 0))
     t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
     # a fused kernel's output, kept by the kernel for its backward (unless the core is recomputed)
     # and as the output projection's input for its weight's (or adapter's) gradient: one storage
@@ -185,7 +198,9 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # gate-weight multiply and, with an eager `index_add` combine, the weighted outputs
         # (its derivative formula reads `source`; a fused unpermute kernel does not).
         # (under LoRA the gathered inputs only for the gate and up adapters' gradients)
-        inputs = (1 - autocast) * residual_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes
+        # (the gathered copy is what the experts' input projections keep: in FP8 under fp8, where
+        # the 16-bit gather is freed once cast, or dispatched in FP8 as DeepSeek-V3 §3.3.3 does)
+        inputs = (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes
         per_copy = inputs * save_mlp_in + act_bytes + residual_bytes * (1 - np.asarray(fused))
         t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep
         # The block's normalised input is kept by the linears that read it directly, for their
@@ -214,7 +229,53 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     t["lora_adapters"] = tokens * adapter_rank * act_bytes * (attn_adapters + mlp_adapters * mlp_passes)
     t["lora_dropout"] = tokens * adapter_dropout * (act_bytes + mask_bytes) * adapter_inputs(shape, saves, moe=moe,
                                                                                              tp=tp)
+    if modules:
+        discard_recomputed(t, shape, modules, moe=moe, tokens=tokens, tp=tp, linear_in_bytes=linear_in_bytes,
+                           save_down=save["down"])
+    if fp8_cache:
+        cache_low_precision(t, shape, fp8_cache, moe=moe, tokens=tokens, tp=tp, act_bytes=act_bytes)
     return t
+
+
+# Saved tensors an FP8 recipe may keep in low precision besides the linears' inputs, with their
+# bytes per element. DeepSeek-V3 (arXiv 2412.19437 §3.3.3, "Low-Precision Storage"): the input
+# of the linear after attention, which attention's backward also reads, in its E5M6 format (12
+# bits), and the MoE SwiGLU's input in FP8 (its output recomputed: recompute module moe_act).
+FP8_CACHED = {"attn_out": 1.5, "moe_act_input": 1.0}
+
+
+def cache_low_precision(t: dict, shape: LayerShape, cached: dict, *, moe: bool, tokens, tp, act_bytes) -> None:
+    """Re-price the tensors `cached` names (0/1 each) at FP8_CACHED bytes instead of act_bytes."""
+    on = np.asarray(cached.get("attn_out", 0), dtype=float)
+    t["attn_out"] = t["attn_out"] * (1 - on * (1 - FP8_CACHED["attn_out"] / act_bytes))
+    if moe and shape.mlp_matrices == 3:
+        on = np.asarray(cached.get("moe_act_input", 0), dtype=float)
+        # a fused SwiGLU's input: gate and up, 2f per routed copy
+        t["expert_mlp"] = t["expert_mlp"] - on * tokens * shape.top_k * shape.capacity_factor * (
+            2 * shape.expert_ffn * (act_bytes - FP8_CACHED["moe_act_input"])) / tp
+
+
+def discard_recomputed(t: dict, shape: LayerShape, modules: dict, *, moe: bool, tokens, tp, linear_in_bytes,
+                       save_down) -> None:
+    """What output-discarding recomputation leaves unsaved (Megatron-Core, transformer_config.py
+    recompute_modules; DeepSeek-V3 §3.2.3 recomputes the RMSNorms and the MLA up-projections,
+    §3.3.3 the MoE SwiGLU's output):
+
+    * layernorm: the two norms' outputs, which the linears reading them keep as their inputs
+      (the attention's input projections; the MLP's, or the router's and shared experts');
+    * mla_up_proj: MLA's per-head queries, keys and values, the up-projections' outputs after
+      RoPE, recomputed from the kept latents;
+    * moe_act: the experts' SwiGLU output, the down projection's input (its input, gate and up,
+      stays)."""
+    ln = np.asarray(modules.get("layernorm", 0), dtype=float)
+    t["attn_input"] = t["attn_input"] * (1 - ln)
+    t["mlp_input"] = t["mlp_input"] * (1 - ln)
+    up = np.asarray(modules.get("mla_up_proj", 0), dtype=float) * (shape.latent > 0)
+    t["qkv"] = t["qkv"] * (1 - up)
+    if moe and shape.mlp_matrices == 3:
+        act = np.asarray(modules.get("moe_act", 0), dtype=float)
+        t["expert_mlp"] = t["expert_mlp"] - act * tokens * shape.top_k * shape.capacity_factor * (
+            shape.expert_ffn * linear_in_bytes * save_down) / tp
 
 
 def _norm_bytes(h, eager_rms, residual_bytes, stats, frozen=0):

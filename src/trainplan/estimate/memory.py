@@ -135,7 +135,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                  in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
                  vocab_padded, attention, recompute, recompute_layers, dropout, lora,
                  lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
-                 fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None, lora_rank=0) -> dict:
+                 fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None, lora_rank=0, modules=None,
+                 fp8_cache=None) -> dict:
     """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast);
     `dp_shard`, the data-parallel ranks ZeRO shards over (all `dp` when None)."""
     h = mn.hidden
@@ -232,7 +233,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   linear_in_bytes=r.linear_in_bytes, attention=attention, recompute=recompute,
                   fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves, mask_bytes=mask_bytes,
                   adapter_rank=lora_rank if lora_saves is not None else 0,
-                  adapter_dropout=float(r.lora_dropout))
+                  adapter_dropout=float(r.lora_dropout), modules=modules, fp8_cache=fp8_cache)
     dense_terms = act.layer_terms(mn.shape, moe=False, **common)
     moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
@@ -368,18 +369,44 @@ def layout_inputs(layout: Layout) -> dict:
     return dict(
         dense_layers=np.asarray(layout.stage_dense_layers, dtype=float),
         moe_layers=np.asarray(layout.stage_moe_layers, dtype=float),
-        first=(stages == 0).astype(float), last=(stages == pp - 1).astype(float),
-        in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp),
+        first=pipeline_ends(layout, 0), last=pipeline_ends(layout, pp - 1),
+        in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp, plan.pp_group, plan.framework),
         logits_in_flight=last_stage_logits_in_flight(sched, layout.micro_batches),
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
         dp_shard=layout.dp_shard,
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
-        attention=act.ATTENTION_CODE[plan.attention], recompute=act.RECOMPUTE_CODE[plan.recompute],
+        attention=act.ATTENTION_CODE[plan.attention], recompute=recompute_code(plan), modules=recompute_modules(plan),
+        fp8_cache={name: 1.0 for name in plan.fp8_cache} if plan.fp8_cache else None,
         recompute_layers=layout.recompute_layers_per_stage if plan.recompute_layers is not None else 10**9,
         dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves(plan), lora_rank=plan.lora_rank,
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
         reserved_bytes=reserved, fragmentation=frag,
     )
+
+
+def recompute_code(plan) -> int:
+    """RECOMPUTE_CODE for the layers' saved tensors: selective recomputation recomputes the
+    attention core unless its modules leave core_attn out."""
+    if plan.recompute == "selective" and plan.recompute_modules is not None and "core_attn" not in plan.recompute_modules:
+        return act.RECOMPUTE_CODE["none"]
+    return act.RECOMPUTE_CODE[plan.recompute]
+
+
+def recompute_modules(plan) -> dict | None:
+    """1.0 for each output-discarding module selective recomputation re-runs (None: none)."""
+    if plan.recompute != "selective" or not plan.recompute_modules:
+        return None
+    return {name: float(name in plan.recompute_modules) for name in act.RECOMPUTE_MODULES if name != "core_attn"}
+
+
+def pipeline_ends(layout: Layout, end: int) -> np.ndarray:
+    """1.0 for the stages holding the model's first (end 0: the embedding) or last (end pp - 1:
+    the output head) stage: under DualPipe both end ranks hold both, one for each copy."""
+    stages = np.arange(layout.pp)
+    ends = (stages == end)
+    if layout.plan.schedule == "dualpipe":
+        ends = ends | (stages == layout.pp - 1 - end)
+    return ends.astype(float)
 
 
 def numbers_for(layout: Layout) -> ModelNumbers:
@@ -421,7 +448,7 @@ def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
     stages = np.arange(layout.pp)[:, None]
     inputs.update(
         mbs=cands[None, :],
-        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp),
+        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework),
         logits_in_flight=last_stage_logits_in_flight(sched, m[None, :]),
         dense_layers=inputs["dense_layers"][:, None], moe_layers=inputs["moe_layers"][:, None],
         first=inputs["first"][:, None], last=inputs["last"][:, None],

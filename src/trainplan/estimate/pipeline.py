@@ -1,26 +1,49 @@
 """Micro-batches whose activations a pipeline stage holds at its memory peak.
 
 Counts follow each schedule's warm-up rule (the number of forwards a stage runs before its
-first backward, plus the one in progress):
+first backward, plus the one in progress), as each framework's pipeline engine runs it:
 
 * GPipe (Huang et al. 2019): all forwards first, so every stage holds all m micro-batches.
 * 1F1B (PipeDream-Flush; Narayanan et al. 2021 §2.2.1): stage i (0-based) of p runs
   p - i - 1 warm-up forwards, so it holds min(p - i, m).
-* Interleaved 1F1B with v model chunks per stage (Megatron-LM schedules.py,
-  `get_num_warmup_microbatches`): (p - i - 1)·2 + (v - 1)·p warm-up chunk-forwards plus one,
-  capped at m·v; each chunk holds 1/v of the stage's layers. Stage 0 therefore holds
-  L/p·(1 + (p - 1)/(p·v)) layers' worth, Korthikanti et al. 2023 §4.2.3.
-* Zero-bubble ZB-H1 (Qi et al. 2024): same activation memory as 1F1B, min(p - i, m).
+* Interleaved 1F1B with v model chunks per stage, as Megatron-Core runs it
+  (megatron/core/pipeline_parallel/schedules.py @d98e8a64, get_pp_rank_microbatches):
+  (p - i - 1)·2 + (v - 1)·N warm-up chunk-forwards plus one, capped at m·v, where N is
+  `microbatch_group_size_per_vp_stage`, the contiguous micro-batches each chunk runs before the
+  next chunk (model_parallel_config.py: default p, the 2021 rule; allowed in [p, m]; Llama 3's
+  schedule, arXiv 2407.21783 §3.3.2, "allows setting N flexibly"). Each chunk holds 1/v of the
+  stage's layers, so with N = p stage 0 holds L/p·(1 + (p - 1)/(p·v)) layers' worth
+  (Korthikanti et al. 2023 §4.2.3). The output tensor a chunk sends on is freed once sent
+  (schedules.py deallocate_output_tensor, which megatron/training sets on; Llama 3 §3.3.2
+  frees the pipeline's input and output tensors alike): the memory model counts only what
+  the layers save, so no pipeline buffers are added.
+* Zero-bubble ZB-H1 (Qi et al. 2024, arXiv 2401.10241 §3.1, Fig. 3): stage i runs 1F1B's
+  p - i warm-up forwards, then defers weight gradients (W) into the bubbles; a micro-batch's
+  activations (the linears' inputs W needs) live until its W. The peak is 1F1B's, p micro-batches
+  (the paper's pM_B), but every stage reaches it: the later stages hold the inputs of up to
+  p - 1 - i deferred W's besides their own in flight (the event simulation below shows min(p, m) on
+  every stage; ZB-H2's 2p - 1 is not offered).
+* DualPipe (DeepSeek-V3, arXiv 2412.19437 §3.2.1 and Table 2; deepseek-ai/DualPipe @3da1bbea
+  dualpipe/dualpipe.py DualPipe.step): two copies of the model run in opposite directions, rank
+  r holding stage r of one and stage p - 1 - r of the other (twice 1F1B's parameters). Its
+  warm-up (steps 1-2) runs p forward chunks, and the first overlapped forward-and-backward
+  pair of step 4 allocates one more before the backward frees one: p + 1 chunks on every rank,
+  (p + 1)/2 of the rank's layers (it needs m >= 2p and m even).
 
+`in_flight` is the one entry point: it dispatches on a schedule code, and a framework where one
+runs a schedule its own way, through IN_FLIGHT_RULES, to which another framework's pipeline
+engine adds its schedules or its own rules with `register_schedule`.
 All functions take numbers or numpy arrays (broadcast together) and return layer-equivalent
 micro-batch counts (how many micro-batches' worth of the stage's layers are alive).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb", "dualpipe"]
 # A backward pass costs twice its forward (input and weight gradients: two GEMMs per forward
 # GEMM), so the forward is a third of a micro-batch's work and the weight gradients another
 # third (the share ZB-H1 can defer).
@@ -29,14 +52,61 @@ WGRAD_SHARE = 1 / 3
 SCHEDULE_CODE = {name: i for i, name in enumerate(SCHEDULES)}
 
 
-def in_flight(schedule_code, stage, pp, micro_batches, vpp=1):
-    """Micro-batches' worth of activations stage `stage` holds at its peak."""
+def _gpipe(stage, pp, m, v, group):
+    return m + 0 * stage
+
+
+def _one_f_one_b(stage, pp, m, v, group):
+    return np.minimum(pp - stage, m)
+
+
+def _interleaved(stage, pp, m, v, group):
+    chunks = np.minimum((pp - stage - 1) * 2 + (v - 1) * group + 1, m * v)
+    return chunks / v
+
+
+def _zb_h1(stage, pp, m, v, group):
+    return np.minimum(pp, m) + 0 * stage
+
+
+def _dualpipe(stage, pp, m, v, group):
+    return (pp + 1) / 2 + 0 * stage + 0 * m
+
+
+# (schedule code, framework or None) -> rule(stage, pp, m, vpp, group) giving layer-equivalent
+# micro-batches in flight; None: the rule every framework's engine follows unless it has its own
+IN_FLIGHT_RULES: dict[tuple[int, str | None], Callable] = {
+    (SCHEDULE_CODE["gpipe"], None): _gpipe,
+    (SCHEDULE_CODE["1f1b"], None): _one_f_one_b,
+    (SCHEDULE_CODE["interleaved"], None): _interleaved,
+    (SCHEDULE_CODE["zb"], None): _zb_h1,
+    (SCHEDULE_CODE["dualpipe"], None): _dualpipe,
+}
+
+
+def register_schedule(name: str, rule: Callable, framework: str | None = None) -> int:
+    """Add a schedule, or a framework's own rule for one (its pipeline engine runs it its way),
+    with its in-flight rule rule(stage, pp, m, vpp, group); returns the schedule's code."""
+    if name not in SCHEDULE_CODE:
+        SCHEDULES.append(name)
+        SCHEDULE_CODE[name] = len(SCHEDULES) - 1
+    IN_FLIGHT_RULES[(SCHEDULE_CODE[name], framework)] = rule
+    return SCHEDULE_CODE[name]
+
+
+def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framework: str | None = None):
+    """Micro-batches' worth of activations stage `stage` holds at its peak; `group` is the
+    interleaved schedule's contiguous micro-batches per chunk (N; default pp); `framework` picks
+    that framework's own rule for a schedule where it registered one."""
     stage, pp, m, v = (np.asarray(x, dtype=float) for x in (stage, pp, micro_batches, vpp))
-    one_f_one_b = np.minimum(pp - stage, m)
-    chunks = np.minimum((pp - stage - 1) * 2 + (v - 1) * pp + 1, m * v)
-    interleaved = chunks / v
+    n = pp if group is None else np.asarray(group, dtype=float)
     code = np.asarray(schedule_code)
-    return np.where(code == 0, m, np.where(code == 2, interleaved, one_f_one_b))
+    out = np.zeros(np.broadcast_shapes(code.shape, stage.shape, pp.shape, m.shape, v.shape, np.shape(n)))
+    for c in {c for c, _ in IN_FLIGHT_RULES}:
+        if np.any(code == c):
+            rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
+            out = np.where(code == c, rule(stage, pp, m, v, n), out)
+    return out
 
 
 def last_stage_logits_in_flight(schedule_code, micro_batches):
@@ -76,9 +146,23 @@ class Timeline:
         return 1.0 - sum(self.busy) / (self.pp * self.step_time) if self.step_time else 0.0
 
 
-def _static_order(schedule: str, i: int, p: int, m: int, v: int) -> list[tuple[str, int, int]]:
+def megatron_schedule_table(m: int, v: int, group: int) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) of each virtual micro-batch in the order a stage runs its forwards:
+    groups of `group` micro-batches through chunk 0, then chunk 1, ..., the last group taking
+    what is left (Megatron-Core schedules.py @d98e8a64, get_schedule_table)."""
+    table = []
+    for lo in range(0, m, group):
+        hi = m if lo + group >= m else lo + group
+        table += [(b, c) for c in range(v) for b in range(lo, hi)]
+        if hi == m:
+            break
+    return table
+
+
+def _static_order(schedule: str, i: int, p: int, m: int, v: int, group: int | None = None) -> list[tuple]:
     """Each stage's op order (kind, micro-batch, chunk) for GPipe, 1F1B and interleaved 1F1B
-    (Megatron-LM `forward_backward_pipelining_with_interleaving`)."""
+    (Megatron-Core `forward_backward_pipelining_with_interleaving`: warm-up forwards, then one
+    forward and one backward, then the remaining backwards; backwards run the chunks in reverse)."""
     if schedule == "gpipe":
         return [("F", b, 0) for b in range(m)] + [("B", b, 0) for b in range(m)]
     if schedule == "1f1b":
@@ -87,63 +171,142 @@ def _static_order(schedule: str, i: int, p: int, m: int, v: int) -> list[tuple[s
         for k in range(m - warm):
             order += [("F", warm + k, 0), ("B", k, 0)]
         return order + [("B", b, 0) for b in range(m - warm, m)]
-    # interleaved: virtual micro-batch k -> (chunk, micro-batch), in groups of p
+    table = megatron_schedule_table(m, v, group or p)
     total = m * v
 
     def fwd(k):
-        return ("F", (k // (p * v)) * p + k % p, (k // p) % v)
+        return ("F", table[k][0], table[k][1])
 
     def bwd(k):
-        return ("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+        return ("B", table[k][0], v - 1 - table[k][1])
 
-    warm = min((p - i - 1) * 2 + (v - 1) * p, total)
+    warm = min((p - i - 1) * 2 + (v - 1) * (group or p), total)
     order = [fwd(k) for k in range(warm)]
     for k in range(total - warm):
         order += [fwd(warm + k), bwd(k)]
     return order + [bwd(k) for k in range(total - warm, total)]
 
 
+def _dualpipe_order(rank: int, p: int, m: int) -> list[tuple]:
+    """One DualPipe rank's ops (kind, micro-batch, direction, deferred) in the order
+    deepseek-ai/DualPipe @3da1bbea dualpipe/dualpipe.py DualPipe.step issues them (steps 1-8;
+    an overlapped forward-and-backward pair as its forward, then its backward). Direction 0
+    enters at rank 0, direction 1 at rank p - 1; a deferred backward ("enable_zb") leaves its
+    weight gradient to a later W, which the WeightGradStore queue runs first in, first out."""
+    n, h = p // 2, min(rank, p - 1 - rank)
+    direction = (lambda ph: ph) if rank < n else (lambda ph: 1 - ph)
+    nf, nb = [0, 0], [0, 0]
+    queue: list[tuple[int, int]] = []
+    order: list[tuple] = []
+
+    def F(ph):
+        d = direction(ph)
+        order.append(("F", nf[d], d, False))
+        nf[d] += 1
+
+    def B(ph, zb=False):
+        d = direction(ph)
+        order.append(("B", nb[d], d, zb))
+        if zb:
+            queue.append((nb[d], d))
+        nb[d] += 1
+
+    def W():
+        b, d = queue.pop(0)
+        order.append(("W", b, d, False))
+
+    for _ in range((n - h - 1) * 2):
+        F(0)
+    for _ in range(h + 1):
+        F(0)
+        F(1)
+    for _ in range(n - h - 1):
+        B(1, zb=True)
+        W()
+        F(1)
+    for _ in range(m // 2 - p + h + 1):
+        F(0)
+        B(1)
+        F(1)
+        B(0)
+    for _ in range(n - h - 1):
+        B(1)
+        F(1)
+        B(0)
+    zb = False
+    for k in range(h + 1):
+        if k == (h + 1) // 2 and h % 2 == 1:
+            zb = True
+        B(1, zb)
+        if k == (h + 1) // 2 and h % 2 == 0:
+            zb = True
+        B(0, zb)
+    for _ in range(n - h - 1):
+        W()
+        B(0, zb=True)
+    for _ in range(h + 1):
+        W()
+    return order
+
+
 def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1, p2p: float = 0.0,
-             wgrad_fraction: float = 0.5) -> Timeline:
+             wgrad_fraction: float = 0.5, group: int | None = None) -> Timeline:
     """Event simulation of one pipeline step.
 
     fwd[i], bwd[i]: forward and backward time of stage i for one micro-batch (its whole layer
-    range; a chunk under interleaving takes 1/vpp of it); p2p: activation transfer time
-    between neighbouring stages; wgrad_fraction: share of the backward that computes weight
-    gradients, which zero-bubble ZB-H1 (Qi et al. 2024) defers into the bubbles while keeping
-    1F1B's activation memory (at most p - i micro-batches whose weight gradients are pending).
+    range; a chunk under interleaving takes 1/vpp of it, under DualPipe half); p2p: activation
+    transfer time between neighbouring stages; wgrad_fraction: share of the backward that
+    computes weight gradients, which zero-bubble ZB-H1 (Qi et al. 2024) defers into the bubbles
+    while keeping 1F1B's activation memory (at most p - i micro-batches whose weight gradients
+    are pending), and DualPipe defers where its step says so; group: the interleaved schedule's
+    contiguous micro-batches per chunk (default pp).
     """
-    p, m, v = int(pp), int(micro_batches), int(vpp) if schedule == "interleaved" else 1
+    p, m = int(pp), int(micro_batches)
+    v = int(vpp) if schedule == "interleaved" else (2 if schedule == "dualpipe" else 1)
     fwd = [float(x) for x in np.broadcast_to(np.asarray(fwd, dtype=float), (p,))]
     bwd = [float(x) for x in np.broadcast_to(np.asarray(bwd, dtype=float), (p,))]
     zb = schedule == "zb"
+    dual = schedule == "dualpipe"
     done: dict[tuple, float] = {}
     ops: list[PipeOp] = []
     free = [0.0] * p
     busy = [0.0] * p
     live = [0.0] * p  # micro-batch chunks alive (activations held) per stage
     peak = [0.0] * p
-    orders = None if zb else [_static_order(schedule, i, p, m, v) for i in range(p)]
+    if dual:
+        orders = [_dualpipe_order(i, p, m) for i in range(p)]
+    elif zb:
+        orders = None
+    else:
+        orders = [[(*o, False) for o in _static_order(schedule, i, p, m, v, group)] for i in range(p)]
     pos = [0] * p
+    deferred: set[tuple] = set()
     # ZB-H1 state per stage: next forward, next backward, pending weight-grad micro-batches
     nf, nb = [0] * p, [0] * p
     pending_w: list[list[int]] = [[] for _ in range(p)]
 
     def dep(i, kind, b, c):
         """(key, extra delay) the op waits for, or None."""
+        if kind == "W":
+            return ("B", i, b, c), 0.0
+        if dual:  # c: the direction, 0 from rank 0 to p - 1, 1 back
+            step = 1 if c == 0 else -1
+            if kind == "F":
+                prev = i - step
+                return (("F", prev, b, c), p2p) if 0 <= prev < p else None
+            nxt = i + step
+            return (("B", nxt, b, c), p2p) if 0 <= nxt < p else (("F", i, b, c), 0.0)
         if kind == "F":
             if i > 0:
                 return ("F", i - 1, b, c), p2p
             if c > 0:
                 return ("F", p - 1, b, c - 1), p2p
             return None
-        if kind == "B":
-            if i < p - 1:
-                return ("B", i + 1, b, c), p2p
-            if c < v - 1:
-                return ("B", 0, b, c + 1), p2p
-            return ("F", i, b, c), 0.0
-        return ("B", i, b, c), 0.0  # W after its B
+        if i < p - 1:
+            return ("B", i + 1, b, c), p2p
+        if c < v - 1:
+            return ("B", 0, b, c + 1), p2p
+        return ("F", i, b, c), 0.0
 
     def ready_at(i, kind, b, c):
         d = dep(i, kind, b, c)
@@ -152,26 +315,26 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
         key, delay = d
         return done[key] + delay if key in done else None
 
-    def duration(i, kind):
+    def duration(i, kind, defer):
         if kind == "F":
             return fwd[i] / v
         if kind == "B":
-            return bwd[i] / v * ((1 - wgrad_fraction) if zb else 1.0)
-        return bwd[i] * wgrad_fraction
+            return bwd[i] / v * ((1 - wgrad_fraction) if (zb or defer) else 1.0)
+        return bwd[i] / v * wgrad_fraction * (1 if dual else v)
 
     def candidates(i):
         if not zb:
             return [orders[i][pos[i]]] if pos[i] < len(orders[i]) else []
         out = []
         if nb[i] < nf[i]:
-            out.append(("B", nb[i], 0))
+            out.append(("B", nb[i], 0, True))
         # 1F1B's order for F and B; weight gradients wait for idle time. ZB-H1 keeps every
         # stage within 1F1B's peak, the p micro-batches of stage 0 (Qi et al. 2024 §3.1).
         outstanding = nf[i] - (nb[i] - len(pending_w[i]))  # forwards whose W is not done
         if nf[i] < m and nf[i] - nb[i] < p - i and outstanding < p:
-            out.append(("F", nf[i], 0))
+            out.append(("F", nf[i], 0, False))
         if pending_w[i]:
-            out.append(("W", pending_w[i][0], 0))
+            out.append(("W", pending_w[i][0], 0, False))
         return out
 
     remaining = sum(len(o) for o in orders) if orders else 3 * m * p
@@ -180,10 +343,10 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
         best = None
         for i in range(p):
             cands = []
-            for kind, b, c in candidates(i):
+            for kind, b, c, defer in candidates(i):
                 r = ready_at(i, kind, b, c)
                 if r is not None:
-                    cands.append((max(free[i], r), priority[kind], kind, b, c))
+                    cands.append((max(free[i], r), priority[kind], kind, b, c, defer))
             if not cands:
                 continue
             start = min(x[0] for x in cands)
@@ -193,8 +356,8 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
                 best = (pick, i)
         if best is None:
             raise RuntimeError(f"pipeline schedule {schedule} deadlocked (p={p}, m={m}, v={v})")
-        (start, _, kind, b, c), i = best
-        end = start + duration(i, kind)
+        (start, _, kind, b, c, defer), i = best
+        end = start + duration(i, kind, defer)
         ops.append(PipeOp(i, kind, b, c, start, end))
         done[(kind, i, b, c)] = end
         free[i] = end
@@ -205,7 +368,9 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
             peak[i] = max(peak[i], live[i])
         if not zb:
             pos[i] += 1
-            if kind == "B":
+            if kind == "B" and defer:
+                deferred.add((i, b, c))
+            elif kind == "B" or (kind == "W" and (i, b, c) in deferred):
                 live[i] -= 1
         else:
             if kind == "F":
@@ -230,7 +395,12 @@ def pipeline_time(schedule_code, pp, micro_batches, stage_fwd_bwd_max, stage_fwd
     equal stages; Narayanan et al. 2021 §2.2); interleaving divides the fill and drain by v:
     m·max + (sum - max)/v; ZB-H1 (weight gradients filling idle time) removes twice the
     weight-gradient share w of the fill and drain (one W fills the warm-up, one the cool-down
-    idle slot of each stage), as the simulation shows.
+    idle slot of each stage), as the simulation shows. DualPipe: a rank runs m chunks of half
+    its layers (m·max/2) and, run as DualPipe.step orders it, leaves (p/2 - 1)·(F + B - 2W) of
+    one chunk idle, F, B and W a chunk's forward, whole backward and weight gradients: with
+    F = B/2 and W = B/2 a third of a chunk, (p/2 - 1)·(1 - 2w)·max/2 (the simulation, equal
+    stages; DeepSeek-V3 Table 2 gives (p/2 - 1)(F&B + B - 3W) with the forward and backward of a
+    pair overlapped).
     """
     code = np.asarray(schedule_code)
     m, p, v = (np.asarray(x, dtype=float) for x in (micro_batches, pp, vpp))
@@ -240,6 +410,9 @@ def pipeline_time(schedule_code, pp, micro_batches, stage_fwd_bwd_max, stage_fwd
     base = (m - 1) * tmax + tsum
     inter = m * tmax + fill / v
     zb = base - fill * np.minimum(2 * np.asarray(wgrad_share, dtype=float), 1.0)
+    w = np.asarray(wgrad_share, dtype=float)
+    dual = m * tmax / 2 + (p / 2 - 1) * np.maximum(1 - 2 * w, 0.0) * tmax / 2
     t = np.where(code == SCHEDULE_CODE["interleaved"], inter, np.where(code == SCHEDULE_CODE["zb"], zb, base))
+    t = np.where(code == SCHEDULE_CODE["dualpipe"], dual, t)
     hops = np.where(code == SCHEDULE_CODE["interleaved"], 2 * (p - 1) * v, 2 * (p - 1))
     return t + hops * p2p

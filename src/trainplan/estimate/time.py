@@ -736,7 +736,9 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     per_micro_batch = {**per_micro_batch, "pp_comm": per_micro_batch["pp_comm"] + extra_p2p * p2p}
     pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE) \
         + m * extra_p2p * p2p
-    parts_busy = {k: m * v for k, v in per_micro_batch.items()}
+    # a DualPipe rank holds two stages and runs each micro-batch through one of them
+    busy_mbs = np.where(np.asarray(schedule) == SCHEDULE_CODE["dualpipe"], m / 2, m)
+    parts_busy = {k: busy_mbs * v for k, v in per_micro_batch.items()}
     bubble = np.maximum(pipe - sum(parts_busy.values()), 0.0)
 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
@@ -903,11 +905,13 @@ def step_derivation(layout: Layout, profile: dict | None = None, memory: dict | 
 
 
 def _step(layout: Layout, profile: dict | None, memory: dict | None):
-    from .memory import estimate_memory
+    from .memory import estimate_memory, recompute_code
 
     plan, model = layout.plan, layout.model
     mem = memory if memory is not None else estimate_memory(layout)
-    rc = act.RECOMPUTE_CODE[plan.recompute]
+    # selective recomputation re-runs the attention core unless its modules leave core_attn out
+    # (the output-discarding modules' norms, up-projections and activations are not priced)
+    rc = recompute_code(plan)
     stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,

@@ -38,6 +38,11 @@ def megatron_args(layout) -> str:
               ("--moe-ffn-hidden-size", m.expert_ffn or m.ffn), ("--expert-model-parallel-size", layout.ep)]
     if layout.sp:
         flags.append("--sequence-parallel")
+    if p.schedule == "dualpipe" and layout.pp > 1:
+        raise PlanError("schedule", "Megatron-LM has no DualPipe schedule (DeepSeek's own engine, "
+                        "deepseek-ai/DualPipe); export 1f1b, interleaved or zb")
+    if p.pp_group is not None:
+        a.append(("--microbatch-group-size-per-virtual-pipeline-stage", p.pp_group))
     if p.schedule == "interleaved":
         if any(n % layout.vpp for n in layout.stage_layers):
             raise PlanError("vpp", f"Megatron-LM's --num-layers-per-virtual-pipeline-stage needs every stage's layers "

@@ -35,6 +35,8 @@ def _toml(v) -> str:
 
 def torchtitan_toml(layout) -> str:
     p, m = layout.plan, layout.model
+    if p.schedule not in SCHEDULES and layout.pp > 1:
+        raise PlanError("schedule", f"torchtitan has no {p.schedule} schedule; export one of {', '.join(SCHEDULES)}")
     # FSDP shards parameters, gradients and optimizer state (ZeRO-3), and with
     # fsdp_reshard_after_forward "never" keeps each layer gathered from its forward to its
     # backward (ZeRO-2, SHARD_GRAD_OP); without ZeRO the data parallel ranks replicate (DDP).

@@ -56,12 +56,13 @@ def compare_json(options: dict, accelerators: str | list[str], fixed: list[str],
 def _timeline(result, max_micro_batches: int = 16) -> dict:
     """The simulated schedule of the first micro-batches, for the page to draw."""
     from ..estimate.pipeline import FWD_SHARE, simulate
+    from ..timeline import drawn_micro_batches
 
     L, t = result.layout, result.time
-    m = min(L.micro_batches, max_micro_batches)
+    m = drawn_micro_batches(L, max_micro_batches)
     stage = t["per_microbatch_stage_s"]
     sim = simulate(L.plan.schedule, L.pp, m, [x * FWD_SHARE for x in stage], [x * (1 - FWD_SHARE) for x in stage],
-                   vpp=L.vpp)
+                   vpp=L.vpp, group=L.plan.pp_group)
     return {"micro_batches": m, "step_s": sim.step_time, "bubble_fraction": sim.bubble_fraction,
             "ops": [[op.stage, op.kind, op.mb, op.start, op.end] for op in sim.ops]}
 
