@@ -8,6 +8,7 @@ Every rule that can fail raises `PlanError(field, rule)`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -18,6 +19,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import PlanError, from_pydantic
+
+# upper bounds that catch typos (e.g. an extra zero) without limiting real clusters, and bound a
+# plan's work: trainplan.limits says why each is where it is (re-exported here for the callers)
+from .limits import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN, MAX_STAGES  # noqa: F401
 from .plan_types import (
     Attention,
     BackwardPrefetch,
@@ -37,11 +42,6 @@ from .specs import catalog, hf
 from .specs.hardware import GPUSpec
 from .specs.model import LORA_TARGETS, ModelSpec
 
-# Upper bounds that catch typos (e.g. an extra zero) without limiting real clusters.
-MAX_GPUS = 1_000_000
-MAX_SEQ_LEN = 16 * 1024 * 1024
-MAX_BATCH = 100_000_000
-
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -58,7 +58,7 @@ class Plan(BaseModel):
         default=None, ge=1, le=MAX_GPUS, description="GPUs one scale-up link joins (a server's NVLink, an NVL72 "
         "rack, a TPU slice's ICI); default: the accelerator's (catalog scale_up_domain: 8 for most, 72 for GB200)")
     tp: int = Field(default=1, ge=1, le=MAX_GPUS)
-    pp: int = Field(default=1, ge=1, le=MAX_GPUS)
+    pp: int = Field(default=1, ge=1)
     dp: int | None = Field(default=None, ge=1, le=MAX_GPUS)
     cp: int = Field(default=1, ge=1, le=MAX_GPUS)
     ep: int = Field(default=1, ge=1, le=MAX_GPUS)
@@ -187,6 +187,14 @@ class Plan(BaseModel):
     def _split_modules(cls, v):
         if isinstance(v, str):
             v = [t.strip() for t in v.split(",") if t.strip()]
+        return v
+
+    @field_validator("pp")
+    @classmethod
+    def _planned_stages(cls, v: int) -> int:
+        if v > MAX_STAGES:  # a plan's work grows with its stages (trainplan.limits)
+            raise ValueError(f"at most {MAX_STAGES:,} pipeline stages are planned (one layer a stage, and models "
+                             f"of at most {MAX_STAGES:,} layers); got {v:,}")
         return v
 
     @field_validator("stage_layers", mode="before")
@@ -403,17 +411,11 @@ def default_stage_split(layers: int, pp: int) -> list[int]:
     (126 layers on 16 stages: 7 + 14 x 8 + 7; Llama 3 paper §3.3.2)."""
     per = math.ceil(layers / pp)
     split = [per] * pp
-    # Take layers from the outside in: last, first, second-to-last, second, ...
-    order: list[int] = []
-    for lo, hi in zip(range(pp), range(pp - 1, -1, -1), strict=True):
-        for i in (hi, lo):
-            if i not in order:
-                order.append(i)
-    deficit, k = per * pp - layers, 0
-    while deficit > 0:
-        split[order[k % pp]] -= 1
-        deficit -= 1
-        k += 1
+    # The deficit (fewer than pp layers) is taken one layer a stage from the outside in: last,
+    # first, second-to-last, second, ...: the j-th stage in that order is pp - 1 - j/2 for even
+    # j and (j - 1)/2 for odd j. O(pp).
+    for j in range(per * pp - layers):
+        split[pp - 1 - j // 2 if j % 2 == 0 else j // 2] -= 1
     return split
 
 
@@ -521,7 +523,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         problem = interleaving_problem(split, vpp, plan.framework)
         if problem:
             raise PlanError("vpp", problem)
-    bounds = [sum(split[:i]) for i in range(pp + 1)]
+    bounds = [0, *itertools.accumulate(split)]
     moe_flags = model.moe_layer_flags
     stage_moe = [sum(moe_flags[bounds[i]:bounds[i + 1]]) for i in range(pp)]
     stage_dense = [n - m for n, m in zip(split, stage_moe, strict=True)]

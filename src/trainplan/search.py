@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from .estimate.time import (
     stage_times,
     step_from_stages,
 )
+from .limits import MAX_SEARCH_LAYOUTS
 from .plan import (
     Plan,
     conventions,
@@ -123,19 +125,57 @@ def _keep(cols: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, np.ndarray]:
     return {name: col[ok] for name, col in cols.items()}
 
 
-def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[str, np.ndarray]:
+LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "m", "gbs")
+# (tp, pp, cp, ep) combinations expanded into full layouts at a time: at most a few hundred
+# thousand layouts, so the layout limit and the deadline are checked while listing, and a
+# listing past the limit stops there (each combination has at most 10 micro-batches x 3
+# recomputes x 4 ZeRO stages x 8 schedules)
+ENUM_BLOCK = 512
+
+
+def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None,
+                      max_layouts: int | None = None) -> dict[str, np.ndarray]:
     """Every combination of the space that satisfies the plan rules, as arrays, in the row
     order of the full product (tp, pp, cp, ep, mbs, recompute, zero, schedule, vpp). Built
     dimension by dimension, each rule applied as soon as its dimensions exist, so rejected
-    prefixes are never multiplied out."""
-    model = spec or load_model(plan)
+    prefixes are never multiplied out; more than `max_layouts` is refused as soon as they are
+    listed (a PlanError)."""
+    return _list_layouts(plan, space, gpus, spec or load_model(plan), max_layouts)[0]
+
+
+def _list_layouts(plan: Plan, space: Space, gpus: int, model, max_layouts: int | None = None,
+                  deadline: float | None = None) -> tuple[dict[str, np.ndarray], bool]:
+    """`enumerate_layouts`, listed ENUM_BLOCK (tp, pp, cp, ep) combinations at a time, and
+    whether the listing is complete: at `deadline` (time.perf_counter) it stops early."""
+    parts, count = [], 0
+    for part in _layout_blocks(plan, space, gpus, model):
+        count += len(part["tp"])
+        if max_layouts is not None and count > max_layouts:
+            raise PlanError("search", f"a search over {gpus:,} GPUs lists more than {max_layouts:,} layouts, the "
+                            "limit; fix some dimensions (e.g. tp, pp or zero)")
+        parts.append(part)
+        if deadline is not None and time.perf_counter() > deadline:
+            return _concat(parts), False
+    return _concat(parts), True
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if not parts:
+        return {k: np.zeros(0, dtype=np.int64) for k in LAYOUT_KEYS}
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in LAYOUT_KEYS}
+
+
+def _layout_blocks(plan: Plan, space: Space, gpus: int, model):
+    """The layouts of `enumerate_layouts` in consecutive blocks (a generator)."""
     seq = plan.seq_len or min(model.max_position, 4096)
     # innermost the dimensions that change the least work: schedule and interleaving leave
     # memory (but for micro-batches in flight) and stage times alike, ZeRO leaves stage times
     # alike, so equal work lies in adjacent runs (see `_evaluate`)
     if any(len(a) == 0 for a in (space.tp, space.pp, space.cp, space.ep, space.mbs, space.recompute, space.zero,
                                  space.schedule, space.vpp)):
-        return {}
+        return
     cols: dict[str, np.ndarray] = {}
     for name in ("tp", "pp", "cp", "ep"):
         cols = _expand(cols, {name: getattr(space, name)})
@@ -162,9 +202,34 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
         ok &= ep == 1
     cols = _keep({**cols, "dp": dp}, ok)
 
+    # (schedule, vpp) pairs: interleaving needs v >= 2, every other schedule v = 1
+    inter_code = SCHEDULE_CODE["interleaved"]
+    pairs = [(SCHEDULE_CODE[s], v) for s in space.schedule for v in space.vpp
+             if (SCHEDULE_CODE[s] == inter_code) == (v >= 2)]
+    if not pairs:
+        return
+    # interleaving needs a split into equal virtual stages (or, outside Megatron, ones lighter by
+    # a layer at both ends) of the default split: the (pp, vpp) pairs that cannot, as keys
+    vs = sorted({v for _, v in pairs if v > 1})
+    key_base = max(vs, default=1) + 1
+    no_split = np.array([p * key_base + v for p in np.unique(cols["pp"]).tolist() for v in vs
+                         if interleaving_problem(default_stage_split(model.layers, p), v, plan.framework)],
+                        dtype=np.int64)
+    gbs = plan.gbs or search_batch(seq, gpus)
+    n = len(cols["tp"])
+    for lo in range(0, n, ENUM_BLOCK):
+        block = {k: v[lo:lo + ENUM_BLOCK] for k, v in cols.items()}
+        out = _expand_block(plan, space, block, gbs, pairs, no_split, key_base)
+        if len(out["tp"]):
+            yield out
+
+
+def _expand_block(plan: Plan, space: Space, cols: dict[str, np.ndarray], gbs: int, pairs: list[tuple[int, int]],
+                  no_split: np.ndarray, key_base: int) -> dict[str, np.ndarray]:
+    """Valid (tp, pp, cp, ep) combinations times micro-batch, recompute, ZeRO and schedule, each
+    rule applied as soon as its dimensions exist."""
     cols = _expand(cols, {"mbs": space.mbs})
     dp, mbs = cols["dp"], cols["mbs"]
-    gbs = plan.gbs or search_batch(seq, gpus)
     cols = _keep(cols, (gbs % np.maximum(dp * mbs, 1)) == 0)
     cols["m"] = gbs // np.maximum(cols["dp"] * cols["mbs"], 1)
     cols["gbs"] = np.full_like(cols["dp"], gbs)
@@ -181,12 +246,7 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
             ok &= ~(hybrid & ((cols["zero"] == 1) | (cols["zero"] == 2)))
         cols = _keep(cols, ok)
 
-    # (schedule, vpp) pairs: interleaving needs v >= 2, every other schedule v = 1
     inter_code = SCHEDULE_CODE["interleaved"]
-    pairs = [(SCHEDULE_CODE[s], v) for s in space.schedule for v in space.vpp
-             if (SCHEDULE_CODE[s] == inter_code) == (v >= 2)]
-    if not pairs:
-        return {}
     cols = _expand(cols, {"schedule": [p[0] for p in pairs], "vpp": [p[1] for p in pairs]})
     pp, vpp, inter = cols["pp"], cols["vpp"], cols["schedule"] == inter_code
     ok = ~inter | ((pp >= 2) & ((cols["m"] % np.maximum(pp, 1)) == 0))
@@ -194,18 +254,29 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None) -> dict[st
     # and GPipe the same or worse (it keeps every micro-batch's activations), so only 1F1B stays
     if "1f1b" in space.schedule:
         ok &= (pp > 1) | (cols["schedule"] == SCHEDULE_CODE["1f1b"])
-    # interleaving needs a split into equal virtual stages (or, outside Megatron, ones lighter by
-    # a layer at both ends) of the default split
-    for p in {int(x) for x in space.pp}:
-        if p > model.layers:
-            continue
-        split = default_stage_split(model.layers, p)
-        for v in {v for _, v in pairs if v > 1}:
-            if interleaving_problem(split, v, plan.framework):
-                ok &= ~((pp == p) & (vpp == v) & inter)
+    if len(no_split):
+        ok &= ~(inter & np.isin(pp * key_base + vpp, no_split))
     cols = _keep(cols, ok)
-    return {k: cols[k] for k in ("tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "m",
-                                 "gbs")}
+    return {k: cols[k] for k in LAYOUT_KEYS}
+
+
+@lru_cache(maxsize=4096)
+def _representatives(model, p: int, lora: bool) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """A pipeline of p stages' representative stage indices and their (dense, MoE) layers (see
+    `_stage_tables`); O(layers), once per model and depth."""
+    split = np.asarray(default_stage_split(model.layers, p), dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(split)])
+    # (dense, MoE) layers of each stage: a model whose first layers are dense (DeepSeek-V3's
+    # three) has stages of equal depth but unequal weight
+    moe_before = np.concatenate([[0], np.cumsum(np.asarray(model.moe_layer_flags, dtype=np.int64))])
+    moe = moe_before[bounds[1:]] - moe_before[bounds[:-1]]
+    kinds = np.stack([split - moe, moe], axis=1)
+    # stage 0 (embedding, most micro-batches in flight), the last stage (output head) and
+    # the first stage holding each distinct mix of layers: in-flight micro-batches fall with
+    # the stage index, so no later stage with the same layers can hold or take more
+    firsts = np.sort(np.unique(kinds, axis=0, return_index=True)[1]).tolist()
+    reps = list(dict.fromkeys([0, p - 1] + ([1] if lora and p > 1 else []) + firsts))
+    return tuple(reps), tuple((int(kinds[s, 0]), int(kinds[s, 1])) for s in reps)
 
 
 def _stage_tables(model, pps: np.ndarray, lora: bool = False):
@@ -214,20 +285,7 @@ def _stage_tables(model, pps: np.ndarray, lora: bool = False):
     as LoRA's stage 0 keeps nothing for its first layer's input norm and may hold less. The
     tables are as wide as the most representative stages any pp value needs (REPRESENTATIVE
     at least)."""
-    flags = np.array(model.moe_layer_flags)
-    chosen = []
-    for p in pps:
-        split = default_stage_split(model.layers, int(p))
-        bounds = np.concatenate([[0], np.cumsum(split)])
-        # (dense, MoE) layers of each stage: a model whose first layers are dense (DeepSeek-V3's
-        # three) has stages of equal depth but unequal weight
-        moe_per_stage = [int(flags[lo:hi].sum()) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
-        kinds = [(n - m, m) for n, m in zip(split, moe_per_stage, strict=True)]
-        # stage 0 (embedding, most micro-batches in flight), the last stage (output head) and
-        # the first stage holding each distinct mix of layers: in-flight micro-batches fall with
-        # the stage index, so no later stage with the same layers can hold or take more
-        firsts = [kinds.index(k) for k in dict.fromkeys(kinds)]
-        chosen.append((list(dict.fromkeys([0, int(p) - 1] + ([1] if lora and p > 1 else []) + firsts)), kinds))
+    chosen = [_representatives(model, int(p), lora) for p in pps]
     wide = max([REPRESENTATIVE] + [len(reps) for reps, _ in chosen])
     idx = np.zeros((len(pps), wide), dtype=np.int64)
     dense = np.zeros((len(pps), wide))
@@ -235,9 +293,10 @@ def _stage_tables(model, pps: np.ndarray, lora: bool = False):
     width = np.zeros(len(pps), dtype=np.int64)
     for row, (reps, kinds) in enumerate(chosen):
         width[row] = len(reps)
-        for j, s in enumerate(reps + [0] * (wide - len(reps))):
-            idx[row, j] = s
-            dense[row, j], moe[row, j] = kinds[s]
+        for j in range(wide):
+            k = j if j < len(reps) else 0  # padding repeats stage 0
+            idx[row, j] = reps[k]
+            dense[row, j], moe[row, j] = kinds[k]
     return idx, dense, moe, width
 
 
@@ -426,15 +485,19 @@ def _sequence_parallel(plan: Plan) -> bool:
     return bool(plan.sp or "sp" not in plan.model_fields_set)
 
 
-def _layouts(plan: Plan, fixed: set[str], gpus: int, model, max_tp: int | None) -> dict[str, np.ndarray]:
-    """The layouts a search ranks; when there are none, the rule a fixed value breaks, by name."""
+def _layouts(plan: Plan, fixed: set[str], gpus: int, model, max_tp: int | None, max_layouts: int | None = None,
+             deadline: float | None = None) -> tuple[dict[str, np.ndarray], bool]:
+    """The layouts a search ranks (at most `max_layouts`, MAX_SEARCH_LAYOUTS unless given) and
+    whether they are all of them (listing stops at `deadline`); when there are none, the rule a
+    fixed value breaks, by name."""
     if plan.stage_layers is not None:
         raise PlanError("stage_layers", "a search splits each pipeline its own way (evenly, the first and last "
                         "stages lighter); price a split of your own with `trainplan plan --stage-layers`")
     space = default_space(plan, fixed, gpus, model.layers, max_tp or plan.gpus_per_node, model.is_moe)
-    layouts = enumerate_layouts(plan, space, gpus, model)
-    if len(layouts.get("tp", [])):
-        return layouts
+    layouts, complete = _list_layouts(plan, space, gpus, model,
+                                      MAX_SEARCH_LAYOUTS if max_layouts is None else max_layouts, deadline)
+    if len(layouts["tp"]):
+        return layouts, complete
     gbs = plan.gbs or search_batch(plan.seq_len or min(model.max_position, 4096), gpus)
     try:
         resolve(plan.model_copy(update={"gpus": gpus, "gbs": gbs}), model)
@@ -461,24 +524,24 @@ def batches(total: int) -> list[slice]:
 
 def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", max_tp: int | None = None,
            progress=None, spec=None, max_layouts: int | None = None, max_seconds: float | None = None) -> dict:
-    """The best layouts that fit, best first, each as the full plan JSON. Ctrl-C during the
-    evaluation returns the best of what was evaluated so far (`interrupted`: true)."""
+    """The best layouts that fit, best first, each as the full plan JSON. More than
+    `max_layouts` layouts (MAX_SEARCH_LAYOUTS unless given) are refused while they are listed;
+    past `max_seconds` (checked while listing and between evaluated batches) or on Ctrl-C, the
+    best of what was evaluated so far is returned (`interrupted`: true)."""
     from .report import evaluate, to_json
 
     if objective not in OBJECTIVES:
         raise PlanError("objective", f"must be one of {', '.join(OBJECTIVES)}")
     t0 = time.perf_counter()
+    deadline = None if max_seconds is None else t0 + max_seconds
     model = spec or load_model(plan)
     gpus = plan.gpus or (plan.tp * plan.pp * plan.cp * (plan.dp or 1))
-    layouts = _layouts(plan, fixed, gpus, model, max_tp)
+    layouts, complete = _layouts(plan, fixed, gpus, model, max_tp, max_layouts, deadline)
     total = len(layouts["tp"])
-    if max_layouts is not None and total > max_layouts:
-        raise PlanError("search", f"{total:,} layouts exceed the limit of {max_layouts:,}; fix some dimensions "
-                        "(e.g. tp, pp or zero)")
-    parts, interrupted = [], False
+    parts, interrupted = [], not complete
     try:
         for part in batches(total):
-            if max_seconds is not None and parts and time.perf_counter() - t0 > max_seconds:
+            if deadline is not None and parts and time.perf_counter() > deadline:
                 interrupted = True  # out of time: rank what was evaluated
                 break
             chunk = {k: v[part] for k, v in layouts.items()}
@@ -530,7 +593,7 @@ def pareto(plan: Plan, fixed: set[str], max_tp: int | None = None) -> dict:
     runs faster."""
     model = load_model(plan)
     gpus = plan.gpus or (plan.tp * plan.pp * plan.cp * (plan.dp or 1))
-    lay = _layouts(plan, fixed, gpus, model, max_tp)
+    lay = _layouts(plan, fixed, gpus, model, max_tp)[0]
     res = evaluate_bulk(plan, lay, gpus, fitting_only=True)
     fits = np.flatnonzero(res["fits"])
     front = fits[pareto_front(res["peak_bytes"][fits], res["tokens_per_s"][fits])]
@@ -547,13 +610,16 @@ def pareto(plan: Plan, fixed: set[str], max_tp: int | None = None) -> dict:
 
 # ---- how many GPUs -------------------------------------------------------------------------
 def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = None, max_gpus: int = 1 << 17,
-             max_tp: int | None = None) -> dict:
+             max_tp: int | None = None, total_seconds: float | None = None, **limits) -> dict:
     """The fewest GPUs (doubling from a node of 8, or one smaller node) whose best layout trains
-    `tokens` (default 20 per parameter) within `days`, goodput included."""
+    `tokens` (default 20 per parameter) within `days`, goodput included. `limits` bound each
+    search (`search`'s max_layouts, max_seconds); `total_seconds` all of them: past it, the sizes
+    not reached are not tried (a PlanError when none met the deadline)."""
     from .estimate.cost import CHINCHILLA_TOKENS_PER_PARAM
 
     if days <= 0:
         raise PlanError("days", "must be positive")
+    t0 = time.perf_counter()
     model = load_model(plan)
     tokens = tokens or plan.tokens or CHINCHILLA_TOKENS_PER_PARAM * model.params
     tried, refused = [], []
@@ -561,8 +627,14 @@ def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = No
     # comes in smaller sizes
     gpus = min(plan.gpus_per_node, GPUSpec.model_fields["scale_up_domain"].default)
     while gpus <= max_gpus:
+        left = None if total_seconds is None else total_seconds - (time.perf_counter() - t0)
+        if left is not None and left <= 0:
+            raise PlanError("days", f"no cluster of the {len(tried)} sizes tried trains {tokens:.3g} tokens in "
+                            f"{days:g} days, and no larger one was tried within {total_seconds:g} s")
+        each = _within(limits.get("max_seconds"), left)
         try:
-            out = search(plan.model_copy(update={"gpus": gpus, "tokens": tokens}), fixed, top=1, max_tp=max_tp)
+            out = search(plan.model_copy(update={"gpus": gpus, "tokens": tokens}), fixed, top=1, max_tp=max_tp,
+                         **{**limits, "max_seconds": each})
         except PlanError as err:
             out = None
             refused.append(err)
@@ -583,6 +655,11 @@ def min_gpus(plan: Plan, fixed: set[str], days: float, tokens: float | None = No
                     f"(fastest: {fastest:.1f} days)")
 
 
+def _within(seconds: float | None, left: float | None) -> float | None:
+    """The tighter of a search's own time limit and what is left of an overall one (None: none)."""
+    return seconds if left is None else left if seconds is None else min(seconds, left)
+
+
 # ---- across accelerators -------------------------------------------------------------------
 def compare_gpus(plans: list[Plan], fixed: set[str], objective: str = "time", max_tp: int | None = None,
                  days: float | None = None, progress=None, total_seconds: float | None = None, **limits) -> dict:
@@ -599,19 +676,22 @@ def compare_gpus(plans: list[Plan], fixed: set[str], objective: str = "time", ma
     rows, t0 = [], time.perf_counter()
     for plan in plans:
         name = plan.gpu
-        if total_seconds is not None and time.perf_counter() - t0 > total_seconds:
+        left = None if total_seconds is None else total_seconds - (time.perf_counter() - t0)
+        if left is not None and left <= 0:
             rows.append({"gpu": name, "best": None, "reason": f"not searched: the comparison ran past its "
                          f"{total_seconds:g} s; compare fewer accelerators"})
             continue
         if progress:
             progress(f"searching {name}…")
+        # each search stops by the comparison's deadline too
+        bounded = {**limits, "max_seconds": _within(limits.get("max_seconds"), left)}
         try:
             if days is None:
-                out = search(plan, fixed, top=1, objective=objective, max_tp=max_tp, **limits)
+                out = search(plan, fixed, top=1, objective=objective, max_tp=max_tp, **bounded)
                 rows.append({"gpu": name, "best": out["best"][0], "evaluated": out["evaluated"],
                              "feasible": out["feasible"], "reason": None})
             else:
-                out = min_gpus(plan, fixed, days, max_tp=max_tp)
+                out = min_gpus(plan, fixed, days, max_tp=max_tp, total_seconds=left, **limits)
                 rows.append({"gpu": name, "best": out["best"], "tried": out["tried"], "reason": None})
         except PlanError as err:
             rows.append({"gpu": name, "best": None, "reason": str(err)})

@@ -432,10 +432,40 @@ def estimate_memory(layout: Layout) -> dict:
     return stage_memory(numbers_for(layout), recipe(layout.plan), **layout_inputs(layout))
 
 
+# stage x candidate elements per `stage_memory` call in `max_micro_batch` (its temporaries stay
+# a few MB whatever the pipeline's depth)
+MAX_MBS_CELLS = 1 << 16
+
+
+def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batches=None) -> np.ndarray:
+    """The stages among which the memory peak lies under any micro-batch size: the first of
+    the stages sharing each (dense layers, MoE layers, first, last) of `inputs`
+    (`layout_inputs`). A stage's memory is set by those and by its micro-batches in flight, and
+    grows with these, which no schedule of estimate/pipeline.py lets grow with the stage index;
+    so no later stage of the same kind holds more. A rule registered there that did (checked at
+    the fewest and the most `micro_batches`) gets every stage. An even split has at most four
+    (stage 0, one or two kinds of middle stages, the last)."""
+    inputs = inputs or layout_inputs(layout)
+    plan, pp = layout.plan, layout.pp
+    if micro_batches is not None and len(micro_batches):
+        flight = in_flight(SCHEDULE_CODE[plan.schedule], np.arange(pp)[:, None], pp,
+                           np.array([np.min(micro_batches), np.max(micro_batches)])[None, :], layout.vpp,
+                           plan.pp_group, plan.framework)
+        if np.any(np.diff(flight, axis=0) > 0):
+            return np.arange(pp)
+    first: dict = {}  # kind -> its first stage, in stage order
+    columns = (np.broadcast_to(inputs[k], (pp,)).tolist() for k in ("dense_layers", "moe_layers", "first", "last"))
+    kinds = zip(*columns, strict=True)
+    for i, kind in enumerate(kinds):
+        first.setdefault(kind, i)
+    return np.fromiter(first.values(), dtype=np.int64, count=len(first))
+
+
 def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
     """Largest micro-batch that fits every stage (respecting gbs divisibility when the
-    global batch was given); 0 when even 1 does not fit. Evaluated for all candidates at
-    once through the same array formula."""
+    global batch was given); 0 when even 1 does not fit. Evaluated for all candidates through
+    the same array formula, on the stages that can hold the peak (`peak_candidate_stages`),
+    in blocks of at most MAX_MBS_CELLS stage x candidate elements."""
     plan = layout.plan
     cands = np.arange(1, limit + 1)
     if plan.gbs is not None:
@@ -445,14 +475,18 @@ def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
         m = np.full(cands.shape, layout.micro_batches)
     inputs = layout_inputs(layout)
     sched = SCHEDULE_CODE[plan.schedule]
-    stages = np.arange(layout.pp)[:, None]
-    inputs.update(
-        mbs=cands[None, :],
-        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework),
-        logits_in_flight=last_stage_logits_in_flight(sched, m[None, :]),
-        dense_layers=inputs["dense_layers"][:, None], moe_layers=inputs["moe_layers"][:, None],
-        first=inputs["first"][:, None], last=inputs["last"][:, None],
-    )
-    total = stage_memory(numbers_for(layout), recipe(plan), **inputs)["total"]
-    fits = (np.max(total, axis=0) <= layout.gpu.capacity_bytes)
+    stages = peak_candidate_stages(layout, inputs, m)
+    per_stage = {k: inputs[k][stages][:, None] for k in ("dense_layers", "moe_layers", "first", "last")}
+    numbers, rec = numbers_for(layout), recipe(plan)
+    fits = np.zeros(cands.shape, dtype=bool)
+    block = max(1, MAX_MBS_CELLS // len(stages))
+    for lo in range(0, len(cands), block):
+        c, mb = cands[lo:lo + block], m[lo:lo + block]
+        inputs.update(
+            mbs=c[None, :],
+            in_flight_mb=in_flight(sched, stages[:, None], layout.pp, mb[None, :], layout.vpp, plan.pp_group,
+                                   plan.framework),
+            logits_in_flight=last_stage_logits_in_flight(sched, mb[None, :]), **per_stage)
+        total = stage_memory(numbers, rec, **inputs)["total"]
+        fits[lo:lo + block] = np.max(total, axis=0) <= layout.gpu.capacity_bytes
     return int(cands[fits].max()) if fits.any() else 0

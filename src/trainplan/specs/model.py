@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..limits import MAX_LAYERS
 
 MLPKind = Literal["gelu", "swiglu"]
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -57,7 +59,7 @@ class ModelSpec(BaseModel):
     published_params: float | None = Field(default=None, gt=0)
     published_active_params: float | None = Field(default=None, gt=0)
 
-    layers: int = Field(ge=1, le=100_000)
+    layers: int = Field(ge=1)
     hidden: int = Field(ge=1, le=1_000_000)
     heads: int = Field(ge=1, le=100_000)
     kv_heads: int | None = Field(default=None, ge=1, le=100_000)
@@ -92,6 +94,14 @@ class ModelSpec(BaseModel):
     qk_rope_head_dim: int | None = Field(default=None, ge=0)
     qk_nope_head_dim: int | None = Field(default=None, ge=0)
     v_head_dim: int | None = Field(default=None, ge=1)
+
+    @field_validator("layers")
+    @classmethod
+    def _planned_depth(cls, v: int) -> int:
+        if v > MAX_LAYERS:  # a plan's and a search's work grow with the layers (trainplan.limits)
+            raise ValueError(f"at most {MAX_LAYERS:,} layers are planned (the deepest published models have "
+                             f"about 128); got {v:,}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
