@@ -11,6 +11,10 @@ typos (an extra zero) and requests built to exhaust a server:
 * a pipeline stage holds at least one layer, so pipeline stages are capped by the same number;
 * the largest training clusters reported hold about 100,000 GPUs (xAI Colossus): MAX_GPUS
   allows ten times that;
+* a pipeline timeline is an event simulation whose cost grows with micro-batches x stages^2
+  (0.4 s for 16 micro-batches on 128 stages); the deepest published pipeline has 64 stages
+  (Narayanan et al. 2021 Table 1, the 1T-parameter model), so MAX_TIMELINE_STAGES allows twice
+  that and deeper pipelines are priced without one;
 * the searches of the largest real runs list about 10^5 layouts (DeepSeek-V3 on 16,384 H800:
   108,288; Llama 3.1 405B on 16,384 H100: 20,280; benchmarks/search_speed.py); a search lists
   at most MAX_SEARCH_LAYOUTS, about a hundred times that: some 10 s of evaluation at the
@@ -25,3 +29,4 @@ MAX_GPUS = 1_000_000  # GPUs of a cluster, and any one parallel degree
 MAX_SEQ_LEN = 16 * 1024 * 1024  # tokens of a sequence
 MAX_BATCH = 100_000_000  # sequences of a global batch or micro-batch
 MAX_SEARCH_LAYOUTS = 10_000_000  # layouts one search may list (each is evaluated)
+MAX_TIMELINE_STAGES = 128  # pipeline stages a simulated timeline is drawn for

@@ -126,11 +126,11 @@ def _keep(cols: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, np.ndarray]:
 
 
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "m", "gbs")
-# (tp, pp, cp, ep) combinations expanded into full layouts at a time: at most a few hundred
-# thousand layouts, so the layout limit and the deadline are checked while listing, and a
-# listing past the limit stops there (each combination has at most 10 micro-batches x 3
-# recomputes x 4 ZeRO stages x 8 schedules)
-ENUM_BLOCK = 512
+# (tp, pp, cp, ep) combinations expanded into full layouts at a time: each has at most 10
+# micro-batches x 3 recomputes x 4 ZeRO stages x 8 (schedule, vpp) pairs, so a block is at most
+# 123k layouts (a few tens of MB, some 0.1 s), between which the layout limit and the deadline
+# are checked: a listing past either stops there
+ENUM_BLOCK = 128
 
 
 def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None,
@@ -212,9 +212,11 @@ def _layout_blocks(plan: Plan, space: Space, gpus: int, model):
     # a layer at both ends) of the default split: the (pp, vpp) pairs that cannot, as keys
     vs = sorted({v for _, v in pairs if v > 1})
     key_base = max(vs, default=1) + 1
-    no_split = np.array([p * key_base + v for p in np.unique(cols["pp"]).tolist() for v in vs
-                         if interleaving_problem(default_stage_split(model.layers, p), v, plan.framework)],
-                        dtype=np.int64)
+    no_split = []
+    for p in np.unique(cols["pp"]).tolist() if vs else []:
+        split = default_stage_split(model.layers, p)
+        no_split += [p * key_base + v for v in vs if interleaving_problem(split, v, plan.framework)]
+    no_split = np.array(no_split, dtype=np.int64)
     gbs = plan.gbs or search_batch(seq, gpus)
     n = len(cols["tp"])
     for lo in range(0, n, ENUM_BLOCK):
