@@ -116,9 +116,16 @@ def search_batch_tokens() -> str:
 def search_batch(seq: int, gpus: int) -> int:
     """The global batch (sequences) every layout of a search trains when the plan gives none:
     about conventions.toml [search] batch_tokens, as the GPU count times a power of two (or
-    divided by one), so that it divides among as many data-parallel ranks as it can."""
+    divided by one), so that it divides among as many data-parallel ranks as it can; where the
+    GPU count does not divide by that power of two (100,000 by 128), its divisor nearest to the
+    batch (1,000), so that data parallelism still can."""
     sequences = conventions()["search"]["batch_tokens"] / seq
-    return max(1, round(gpus * 2.0 ** round(math.log2(sequences / gpus))))
+    shift = round(math.log2(sequences / gpus))
+    if shift >= 0 or gpus % 2 ** -shift == 0:
+        return max(1, round(gpus * 2.0 ** shift))
+    divisors = [d for d in range(1, math.isqrt(gpus) + 1) if gpus % d == 0]
+    divisors += [gpus // d for d in divisors]
+    return min(divisors, key=lambda d: (abs(math.log2(d / sequences)), d))
 
 
 def _keep(cols: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, np.ndarray]:
