@@ -576,7 +576,7 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
     best = []
     for i in order:
         p = layout_plan(plan, layouts, int(i), gpus)
-        data = to_json(evaluate(p, spec=spec))
+        data = to_json(evaluate(p, spec=model))  # the model already loaded (an hf_config is parsed once)
         best.append(data)
     return {"evaluated": evaluated, "feasible": int(len(fits)), "seconds": time.perf_counter() - t0,
             "objective": objective, "interrupted": interrupted,
