@@ -211,11 +211,11 @@ def test_a_web_search_of_100000_layers_is_refused_by_name():
 
 
 def test_the_deepest_web_plan_answers_without_a_timeline():
-    """The page asks every plan for its timeline: past MAX_TIMELINE_STAGES stages (a simulation
-    that took minutes at 4,096 stages) the plan comes without one; at the limit, with one."""
+    """The page asks every plan for its timeline, an event simulation of ops x stages steps (it
+    took minutes at 4,096 stages): within MAX_TIMELINE_STEPS, 16 micro-batches on 128 stages;
+    past them, the plan without one."""
     from fastapi.testclient import TestClient
 
-    from trainplan.limits import MAX_TIMELINE_STAGES
     from trainplan.web.app import app
 
     client = TestClient(app)
@@ -224,47 +224,38 @@ def test_the_deepest_web_plan_answers_without_a_timeline():
                                          "timeline": True})
     assert time.perf_counter() - t0 < 5
     assert res.status_code == 200 and res.json()["timeline"] is None
-    res = client.post("/api/plan", json={"hf_config": _llama(MAX_TIMELINE_STAGES), "gpus": MAX_TIMELINE_STAGES,
-                                         "pp": MAX_TIMELINE_STAGES, "timeline": True})
+    res = client.post("/api/plan", json={"hf_config": _llama(128), "gpus": 128, "pp": 128, "gbs": 2048,
+                                         "timeline": True})
     timeline = res.json()["timeline"]
-    assert {op[0] for op in timeline["ops"]} == set(range(MAX_TIMELINE_STAGES))
-    with pytest.raises(PlanError, match="timeline: is drawn for at most"):
-        from trainplan.report import evaluate
-        from trainplan.timeline import draw_timeline
-
-        draw_timeline(evaluate(make_plan(hf_config=_llama(256), gpus=256, pp=256)), "never-written.png")
+    assert timeline["micro_batches"] == 16 and {op[0] for op in timeline["ops"]} == set(range(128))
+    assert len(timeline["ops"]) == 2 * 16 * 128  # a forward and a backward of each micro-batch on each stage
 
 
-def test_listing_in_blocks_keeps_the_order_and_the_layouts(monkeypatch):
-    """Blocks of a few (tp, pp, cp, ep) combinations list the same layouts in the same order as
-    one block of all of them."""
-    import trainplan.search as S
-    from trainplan.plan import load_model
+def test_an_interleaved_timeline_simulates_whole_groups_of_stages():
+    """Interleaved 1F1B takes micro-batches pp at a time: the first 16 of 20 stages deadlocked
+    the simulation (HTTP 500); a whole group of 20 is drawn instead."""
+    from fastapi.testclient import TestClient
 
-    plan = make_plan(model="mixtral-8x7b", gpus=64, gbs=256)
-    model = load_model(plan)
-    space = S.default_space(plan, set(), 64, model.layers, 8, model.is_moe)
-    whole = S.enumerate_layouts(plan, space, 64)
-    monkeypatch.setattr(S, "ENUM_BLOCK", 3)
-    blocks = S.enumerate_layouts(plan, space, 64)
-    assert len(whole["tp"]) > 1000
-    for k in S.LAYOUT_KEYS:
-        np.testing.assert_array_equal(blocks[k], whole[k], err_msg=k)
-    with pytest.raises(PlanError, match="more than 100 layouts"):
-        S.enumerate_layouts(plan, space, 64, max_layouts=100)
+    from trainplan.web.app import app
+
+    res = TestClient(app).post("/api/plan", json={"model": "llama-3-70b", "gpus": 20, "pp": 20, "schedule": "interleaved",
+                                                  "vpp": 2, "gbs": 40, "timeline": True})
+    assert res.status_code == 200 and res.json()["timeline"]["micro_batches"] == 20
 
 
-def test_a_comparison_stops_by_its_total_deadline():
-    """Each accelerator's search gets what is left of the comparison's time: none runs past it
-    by more than one evaluated batch."""
-    from trainplan.search import accelerator_plans, compare_gpus
+def test_the_drawn_timeline_keeps_to_its_steps():
+    """16 micro-batches on 128 stages are 2^19 steps, the limit; 256 stages take 4, 512 one, and
+    past 512 the CLI refuses by name."""
+    from trainplan.limits import MAX_TIMELINE_STEPS
+    from trainplan.report import evaluate
+    from trainplan.timeline import draw_timeline, drawn_micro_batches
 
-    options = _deepest_moe_search().model_dump(exclude_unset=True)
-    plans = accelerator_plans({k: v for k, v in options.items() if k != "gpu"}, "H100-SXM,H200,B200")
-    t0 = time.perf_counter()
-    out = compare_gpus(plans, set(), max_seconds=5.0, total_seconds=1.5)
-    assert time.perf_counter() - t0 < 6
-    assert any(r["reason"] and "not searched" in r["reason"] for r in out["rows"])
+    assert 2 * 16 * 128 * 128 == MAX_TIMELINE_STEPS
+    for pp, m in ((128, 16), (256, 4), (512, 1), (513, None)):
+        layout = resolve(make_plan(hf_config=_llama(1024), gpus=pp, pp=pp, gbs=64 * pp))
+        assert drawn_micro_batches(layout, 64) == m
+    with pytest.raises(PlanError, match="timeline: a simulation of 1024 pipeline stages is not drawn"):
+        draw_timeline(evaluate(make_plan(hf_config=_llama(1024), gpus=1024, pp=1024)), "never-written.png")
 
 
 def test_a_search_without_a_limit_of_its_own_keeps_the_core_one(monkeypatch):

@@ -11,10 +11,11 @@ typos (an extra zero) and requests built to exhaust a server:
 * a pipeline stage holds at least one layer, so pipeline stages are capped by the same number;
 * the largest training clusters reported hold about 100,000 GPUs (xAI Colossus): MAX_GPUS
   allows ten times that;
-* a pipeline timeline is an event simulation whose cost grows with micro-batches x stages^2
-  (0.4 s for 16 micro-batches on 128 stages); the deepest published pipeline has 64 stages
-  (Narayanan et al. 2021 Table 1, the 1T-parameter model), so MAX_TIMELINE_STAGES allows twice
-  that and deeper pipelines are priced without one;
+* a drawn pipeline timeline is an event simulation in which each operation (a forward, a
+  backward) scans every stage: micro-batches x chunks x 2 or 3 operations x stages^2 steps,
+  about 0.7 us of CPU each; MAX_TIMELINE_STEPS (about 0.4 s) simulates 16 micro-batches on 128
+  stages (twice the deepest published pipeline, 64 stages: Narayanan et al. 2021 Table 1's 1T
+  model), fewer micro-batches on deeper pipelines, and none past 512 stages;
 * the searches of the largest real runs list about 10^5 layouts (DeepSeek-V3 on 16,384 H800:
   108,288; Llama 3.1 405B on 16,384 H100: 20,280; benchmarks/search_speed.py); a search lists
   at most MAX_SEARCH_LAYOUTS, about a hundred times that: some 10 s of evaluation at the
@@ -29,4 +30,4 @@ MAX_GPUS = 1_000_000  # GPUs of a cluster, and any one parallel degree
 MAX_SEQ_LEN = 16 * 1024 * 1024  # tokens of a sequence
 MAX_BATCH = 100_000_000  # sequences of a global batch or micro-batch
 MAX_SEARCH_LAYOUTS = 10_000_000  # layouts one search may list (each is evaluated)
-MAX_TIMELINE_STAGES = 128  # pipeline stages a simulated timeline is drawn for
+MAX_TIMELINE_STEPS = 1 << 19  # operation x stage steps of a simulated timeline
