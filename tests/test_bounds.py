@@ -258,6 +258,38 @@ def test_the_drawn_timeline_keeps_to_its_steps():
         draw_timeline(evaluate(make_plan(hf_config=_llama(1024), gpus=1024, pp=1024)), "never-written.png")
 
 
+def test_listing_in_blocks_keeps_the_order_and_the_layouts(monkeypatch):
+    """Blocks of a few (tp, pp, cp, ep) combinations list the same layouts in the same order as
+    one block of all of them."""
+    import trainplan.search as S
+    from trainplan.plan import load_model
+
+    plan = make_plan(model="mixtral-8x7b", gpus=64, gbs=256)
+    model = load_model(plan)
+    space = S.default_space(plan, set(), 64, model.layers, 8, model.is_moe)
+    whole = S.enumerate_layouts(plan, space, 64)
+    monkeypatch.setattr(S, "ENUM_BLOCK_LAYOUTS", 3 * 960)  # 3 combinations x 10 mbs x 3 x 4 x 8 a block
+    blocks = S.enumerate_layouts(plan, space, 64)
+    assert len(whole["tp"]) > 1000
+    for k in S.LAYOUT_KEYS:
+        np.testing.assert_array_equal(blocks[k], whole[k], err_msg=k)
+    with pytest.raises(PlanError, match="more than 100 layouts"):
+        S.enumerate_layouts(plan, space, 64, max_layouts=100)
+
+
+def test_a_comparison_stops_by_its_total_deadline():
+    """Each accelerator's search gets what is left of the comparison's time: none runs past it
+    by more than one evaluated batch."""
+    from trainplan.search import accelerator_plans, compare_gpus
+
+    options = _deepest_moe_search().model_dump(exclude_unset=True)
+    plans = accelerator_plans({k: v for k, v in options.items() if k != "gpu"}, "H100-SXM,H200,B200")
+    t0 = time.perf_counter()
+    out = compare_gpus(plans, set(), max_seconds=5.0, total_seconds=1.5)
+    assert time.perf_counter() - t0 < 6
+    assert any(r["reason"] and "not searched" in r["reason"] for r in out["rows"])
+
+
 def test_a_search_without_a_limit_of_its_own_keeps_the_core_one(monkeypatch):
     """The CLI passes no layout limit: MAX_SEARCH_LAYOUTS (10 M, a hundred times the largest
     real search) bounds it; here lowered to show it applies."""

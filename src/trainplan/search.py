@@ -133,11 +133,11 @@ def _keep(cols: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, np.ndarray]:
 
 
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "m", "gbs")
-# (tp, pp, cp, ep) combinations expanded into full layouts at a time: each has at most 10
-# micro-batches x 3 recomputes x 4 ZeRO stages x 8 (schedule, vpp) pairs, so a block is at most
-# 123k layouts (a few tens of MB, some 0.1 s), between which the layout limit and the deadline
-# are checked: a listing past either stops there
-ENUM_BLOCK = 128
+# Layouts listed at a time, at most: (tp, pp, cp, ep) combinations are expanded into full
+# layouts (x micro-batch, recompute, ZeRO, schedule) in blocks of as many as can give this many
+# (some 25 MB), between which the layout limit and the deadline are checked: a listing past
+# either stops there. A block of a real search is usually all of it (GPT-3 on 1,024 GPUs).
+ENUM_BLOCK_LAYOUTS = 1 << 18
 
 
 def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None,
@@ -152,7 +152,7 @@ def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None,
 
 def _list_layouts(plan: Plan, space: Space, gpus: int, model, max_layouts: int | None = None,
                   deadline: float | None = None) -> tuple[dict[str, np.ndarray], bool]:
-    """`enumerate_layouts`, listed ENUM_BLOCK (tp, pp, cp, ep) combinations at a time, and
+    """`enumerate_layouts`, listed in blocks of at most ENUM_BLOCK_LAYOUTS layouts, and
     whether the listing is complete: at `deadline` (time.perf_counter) it stops early."""
     parts, count = [], 0
     for part in _layout_blocks(plan, space, gpus, model):
@@ -226,8 +226,12 @@ def _layout_blocks(plan: Plan, space: Space, gpus: int, model):
     no_split = np.array(no_split, dtype=np.int64)
     gbs = plan.gbs or search_batch(seq, gpus)
     n = len(cols["tp"])
-    for lo in range(0, n, ENUM_BLOCK):
-        block = {k: v[lo:lo + ENUM_BLOCK] for k, v in cols.items()}
+    # near-equal blocks of (tp, pp, cp, ep) rows, each expanding to at most ENUM_BLOCK_LAYOUTS
+    per_row = len(space.mbs) * len(space.recompute) * len(space.zero) * len(pairs)
+    count = -(-n // max(1, ENUM_BLOCK_LAYOUTS // per_row))
+    size = max(1, -(-n // max(count, 1)))
+    for lo in range(0, n, size):
+        block = {k: v[lo:lo + size] for k, v in cols.items()}
         out = _expand_block(plan, space, block, gbs, pairs, no_split, key_base)
         if len(out["tp"]):
             yield out
