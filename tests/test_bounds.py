@@ -32,6 +32,14 @@ def _llama(layers: int) -> dict:
     return {**json.loads((HF / "llama-3-8b.json").read_text()), "num_hidden_layers": layers}
 
 
+def _web_client():
+    from fastapi.testclient import TestClient
+
+    from trainplan.web.app import create_app
+
+    return TestClient(create_app(), base_url="http://127.0.0.1")
+
+
 # ---- reference copies of the algorithms as they were, to show the answers did not change ----
 def _old_stage_split(layers: int, pp: int) -> list[int]:
     per = math.ceil(layers / pp)
@@ -197,11 +205,7 @@ def test_a_search_stops_by_its_deadline_with_the_best_so_far():
 
 
 def test_a_web_search_of_100000_layers_is_refused_by_name():
-    from fastapi.testclient import TestClient
-
-    from trainplan.web.app import app
-
-    client = TestClient(app)
+    client = _web_client()
     t0 = time.perf_counter()
     res = client.post("/api/search", json={"hf_config": _llama(100_000), "gpus": 720_720})
     assert time.perf_counter() - t0 < 3
@@ -214,11 +218,7 @@ def test_the_deepest_web_plan_answers_without_a_timeline():
     """The page asks every plan for its timeline, an event simulation of ops x stages steps (it
     took minutes at 4,096 stages): within MAX_TIMELINE_STEPS, 16 micro-batches on 128 stages;
     past them, the plan without one."""
-    from fastapi.testclient import TestClient
-
-    from trainplan.web.app import app
-
-    client = TestClient(app)
+    client = _web_client()
     t0 = time.perf_counter()
     res = client.post("/api/plan", json={"hf_config": _llama(MAX_LAYERS), "gpus": MAX_STAGES, "pp": MAX_STAGES,
                                          "timeline": True})
@@ -234,11 +234,7 @@ def test_the_deepest_web_plan_answers_without_a_timeline():
 def test_an_interleaved_timeline_simulates_whole_groups_of_stages():
     """Interleaved 1F1B takes micro-batches pp at a time: the first 16 of 20 stages deadlocked
     the simulation (HTTP 500); a whole group of 20 is drawn instead."""
-    from fastapi.testclient import TestClient
-
-    from trainplan.web.app import app
-
-    res = TestClient(app).post("/api/plan", json={"model": "llama-3-70b", "gpus": 20, "pp": 20, "schedule": "interleaved",
+    res = _web_client().post("/api/plan", json={"model": "llama-3-70b", "gpus": 20, "pp": 20, "schedule": "interleaved",
                                                   "vpp": 2, "gbs": 40, "timeline": True})
     assert res.status_code == 200 and res.json()["timeline"]["micro_batches"] == 20
 
