@@ -58,7 +58,7 @@ class Plan(BaseModel):
         default=None, ge=1, le=MAX_GPUS, description="GPUs one scale-up link joins (a server's NVLink, an NVL72 "
         "rack, a TPU slice's ICI); default: the accelerator's (catalog scale_up_domain: 8 for most, 72 for GB200)")
     tp: int = Field(default=1, ge=1, le=MAX_GPUS)
-    pp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1, le=MAX_STAGES)
     dp: int | None = Field(default=None, ge=1, le=MAX_GPUS)
     cp: int = Field(default=1, ge=1, le=MAX_GPUS)
     ep: int = Field(default=1, ge=1, le=MAX_GPUS)
@@ -189,10 +189,11 @@ class Plan(BaseModel):
             v = [t.strip() for t in v.split(",") if t.strip()]
         return v
 
-    @field_validator("pp")
+    @field_validator("pp", mode="before")
     @classmethod
-    def _planned_stages(cls, v: int) -> int:
-        if v > MAX_STAGES:  # a plan's work grows with its stages (trainplan.limits)
+    def _planned_stages(cls, v):
+        # a plan's work grows with its stages (trainplan.limits): the limit in words
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_STAGES:
             raise ValueError(f"at most {MAX_STAGES:,} pipeline stages are planned (one layer a stage, and models "
                              f"of at most {MAX_STAGES:,} layers); got {v:,}")
         return v

@@ -59,7 +59,7 @@ class ModelSpec(BaseModel):
     published_params: float | None = Field(default=None, gt=0)
     published_active_params: float | None = Field(default=None, gt=0)
 
-    layers: int = Field(ge=1)
+    layers: int = Field(ge=1, le=MAX_LAYERS)
     hidden: int = Field(ge=1, le=1_000_000)
     heads: int = Field(ge=1, le=100_000)
     kv_heads: int | None = Field(default=None, ge=1, le=100_000)
@@ -95,10 +95,11 @@ class ModelSpec(BaseModel):
     qk_nope_head_dim: int | None = Field(default=None, ge=0)
     v_head_dim: int | None = Field(default=None, ge=1)
 
-    @field_validator("layers")
+    @field_validator("layers", mode="before")
     @classmethod
-    def _planned_depth(cls, v: int) -> int:
-        if v > MAX_LAYERS:  # a plan's and a search's work grow with the layers (trainplan.limits)
+    def _planned_depth(cls, v):
+        # a plan's and a search's work grow with the layers (trainplan.limits): the limit in words
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_LAYERS:
             raise ValueError(f"at most {MAX_LAYERS:,} layers are planned (the deepest published models have "
                              f"about 128); got {v:,}")
         return v
