@@ -71,7 +71,7 @@ def _old_max_micro_batch(layout, limit: int = 4096) -> int:
     stages = np.arange(layout.pp)[:, None]
     inputs.update(
         mbs=cands[None, :],
-        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp),
+        in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework),
         logits_in_flight=last_stage_logits_in_flight(sched, m[None, :]),
         dense_layers=inputs["dense_layers"][:, None], moe_layers=inputs["moe_layers"][:, None],
         first=inputs["first"][:, None], last=inputs["last"][:, None],
@@ -105,7 +105,7 @@ def _sweep():
     """Catalog models x pipeline depths x schedules x batches, LoRA, and a split by hand."""
     for m in catalog.models():
         for pp in sorted({1, 2, 4, min(m.layers, 8), min(m.layers, 16)}):
-            for sched, vpp in (("1f1b", None), ("gpipe", None), ("interleaved", 2)):
+            for sched, vpp in (("1f1b", None), ("gpipe", None), ("interleaved", 2), ("zb", None)):
                 if sched != "1f1b" and pp < 2:
                     continue
                 for gbs in (None, 64 * pp):
@@ -119,6 +119,9 @@ def _sweep():
     yield dict(model="llama-3-70b", gpus=8, pp=4, tp=2, finetune="qlora")
     yield dict(model="deepseek-v3", gpu="H800", gpus=256, pp=16, ep=16, zero=1, gbs=512)
     yield dict(model="mixtral-8x7b", gpus=16, pp=4, ep=4, schedule="zb", gbs=64)
+    yield dict(model="deepseek-v3", gpu="H800", gpus=256, pp=16, ep=16, zero=1, gbs=512, schedule="dualpipe")
+    yield dict(model="llama-3-8b", gpus=8, pp=8, gbs=64, schedule="dualpipe")
+    yield dict(model="llama-3-70b", gpus=32, tp=4, pp=8, schedule="interleaved", vpp=2, pp_group=16, gbs=64)
 
 
 def test_max_micro_batch_unchanged_on_a_sweep():
@@ -232,11 +235,11 @@ def test_the_deepest_web_plan_answers_without_a_timeline():
 
 
 def test_an_interleaved_timeline_simulates_whole_groups_of_stages():
-    """Interleaved 1F1B takes micro-batches pp at a time: the first 16 of 20 stages deadlocked
-    the simulation (HTTP 500); a whole group of 20 is drawn instead."""
-    res = _web_client().post("/api/plan", json={"model": "llama-3-70b", "gpus": 20, "pp": 20, "schedule": "interleaved",
-                                                  "vpp": 2, "gbs": 40, "timeline": True})
-    assert res.status_code == 200 and res.json()["timeline"]["micro_batches"] == 20
+    """Interleaved 1F1B takes micro-batches pp at a time: the first 16 of 24 on 12 stages
+    deadlocked the simulation (HTTP 500); one whole group of 12 is drawn instead."""
+    res = _web_client().post("/api/plan", json={"model": "qwen3-30b-a3b", "gpus": 12, "pp": 12,
+                                                "schedule": "interleaved", "vpp": 2, "gbs": 24, "timeline": True})
+    assert res.status_code == 200 and res.json()["timeline"]["micro_batches"] == 12
 
 
 def test_the_drawn_timeline_keeps_to_its_steps():
@@ -250,6 +253,11 @@ def test_the_drawn_timeline_keeps_to_its_steps():
     for pp, m in ((128, 16), (256, 4), (512, 1), (513, None)):
         layout = resolve(make_plan(hf_config=_llama(1024), gpus=pp, pp=pp, gbs=64 * pp))
         assert drawn_micro_batches(layout, 64) == m
+    # DualPipe needs 2 x pp micro-batches, each some five steps a stage: DeepSeek-V3's 16 stages
+    # are drawn (32 micro-batches), 64 are not
+    for pp, m in ((16, 32), (64, None)):
+        layout = resolve(make_plan(hf_config=_llama(1024), gpus=pp, pp=pp, gbs=4 * pp, schedule="dualpipe"))
+        assert drawn_micro_batches(layout, 16) == m
     with pytest.raises(PlanError, match="timeline: a simulation of 1024 pipeline stages is not drawn"):
         draw_timeline(evaluate(make_plan(hf_config=_llama(1024), gpus=1024, pp=1024)), "never-written.png")
 
