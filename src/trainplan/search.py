@@ -35,6 +35,7 @@ from .estimate.time import (
     BACKWARD_PREFETCH_CODE,
     hardware,
     lora_arguments,
+    modules_per_layer,
     stage_times,
     step_from_stages,
 )
@@ -473,7 +474,8 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             gbs=sel(col("gbs")), seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
             sharp=plan.sharp, data_s=data_step_seconds(plan, model, sel(col("gbs")) * seq / sel(col("dp"))),
             prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-            stage_layers=model.layers / sel(pp), dp_shard=sel(dp_shard), offload_params=plan.offload_params)
+            stage_layers=model.layers / sel(pp), dp_shard=sel(dp_shard), offload_params=plan.offload_params,
+            recompute=rc, modules_per_layer=modules_per_layer(model))
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
         hfu[rows] = np.asarray(t["hfu"], dtype=float).reshape(len(rows))

@@ -17,6 +17,8 @@ All functions take numbers or numpy arrays.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV = range(5)
@@ -85,3 +87,124 @@ def group_busbw(size, stride, gpus_per_node, nvlink_busbw, nic_busbw, per_node=N
     per_node = ranks_per_node(size, stride, gpus_per_node) if per_node is None else per_node
     span = np.asarray(size, dtype=float) * stride
     return np.where(span <= gpus_per_node, nvlink_busbw, np.minimum(nvlink_busbw, per_node * nic_busbw))
+
+
+# ---- NCCL's choice of algorithm and protocol (src/graph/tuning.cc) -------------------------
+RING, TREE, NVLS, PAT = range(4)
+ALGORITHMS = ("ring", "tree", "nvls", "pat")
+LL, LL128, SIMPLE = range(3)
+PROTOCOLS = ("LL", "LL128", "Simple")
+
+
+@dataclass(frozen=True)
+class NcclTuning:
+    """NCCL's tuning constants (conventions.toml [efficiency.nccl], seconds; per protocol
+    LL, LL128, Simple): ncclTunerConstantsDefaults and ncclTopoTuneModel in src/graph/tuning.cc."""
+
+    ring_base: tuple
+    tree_base: tuple
+    ring_nvlink: tuple
+    tree_nvlink: tuple
+    ring_net: tuple
+    tree_net: tuple
+    net_overhead: float  # per network step a ring launches (x simple_overhead_factor for Simple)
+    simple_overhead_factor: float
+    ring_plateau: float  # multi-node ring all-reduce, Simple: latency x this (Ampere and later)
+    ll_share: float  # LL's bus bandwidth share (8-byte lines carrying 4 bytes of data)
+    ll_max_bw: tuple  # ... capped at this many bytes/s (llMaxBws): in one node, on two, on more
+    ll128_share: float  # LL128: 120 of 128 bytes per line carry data
+    ll128_across_nodes: bool  # whether calls crossing nodes may run LL128
+    tree_share: float  # tree all-reduce: its bus bandwidth share, before the protocol's
+    tree_ll_share: float
+    tree_ll128_share: float
+    tree_correction: tuple  # per protocol, by log2(bytes / 64) from 0: treeCorrectionFactor
+    pat_base: float
+    pat_per_rank: float
+    pat_net_divisor: float
+    pat_share: float
+    nvls: float  # NVLS (in-network reduction) step, and its tree's network step
+    nvls_tree_net: float
+
+
+def _log2i(x):
+    return np.floor(np.log2(np.maximum(x, 1.0)))
+
+
+def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp=False):
+    """Seconds of one call moving `nbytes` per rank by each algorithm and protocol NCCL could
+    run (candidates on a new last axis, inf where NCCL would not), and their codes (algorithm,
+    protocol). Each is NCCL's own estimate, latency + bytes / bandwidth (ncclTopoGetAlgoTime),
+    over this model's achieved bus bandwidth of the group's slowest link:
+
+    * ring, every protocol: (n - 1) steps, 2(n - 1) for an all-reduce, nodes - 1 of them (twice)
+      between nodes at the network latency (the tree's when one rank sits on each node), the
+      others at the NVLink one, at least the network's post overhead; a multi-node all-reduce's
+      Simple latency x1.4 (its "plateau"). LL moves half the bytes per line, capped at NCCL's LL
+      ceiling; LL128 120 of 128 (across nodes only where `ll128_across_nodes`).
+    * tree (all-reduce only): 2 x (a chain through the node's ranks + log2(nodes) network hops),
+      half the bus bandwidth each way (x0.92, NCCL's tree share), with its medium-size correction.
+    * PAT (all-gather / reduce-scatter with one rank per node): log2(nodes) network steps at a
+      3.5th of their latency, 2.8 us per rank, 0.75 of the bandwidth.
+    * NVLS (all-reduce done in the network, `sharp`): one NVLink SHARP step and its tree across
+      nodes, the all-reduce's bus factor halved.
+    """
+    n, nodes, per_node = (np.asarray(x, dtype=float) for x in (n, nodes, per_node))
+    nbytes = np.asarray(nbytes, dtype=float)
+    multi = nodes > 1
+    ar = kind == ALL_REDUCE
+    rounds = 2.0 if ar else 1.0
+    steps, inter = rounds * (n - 1), rounds * np.where(multi, nodes - 1, 0.0)
+    frac = bus_factor(kind, n)
+    ll_max = np.where(nodes <= 1, t.ll_max_bw[0], np.where(nodes <= 2, t.ll_max_bw[1], t.ll_max_bw[2]))
+    times, algos, protos = [], [], []
+
+    def add(seconds, algo, proto):
+        times.append(np.asarray(seconds, dtype=float))
+        algos.append(algo)
+        protos.append(proto)
+
+    if kind in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE):
+        for p in (LL, LL128, SIMPLE):
+            overhead = t.net_overhead * (t.simple_overhead_factor if p == SIMPLE else 1.0)
+            intra = np.where(multi, np.maximum(t.ring_nvlink[p], overhead), t.ring_nvlink[p])
+            net = np.where(per_node <= 1, t.tree_net[p], t.ring_net[p])
+            lat = t.ring_base[p] + (steps - inter) * intra + inter * net
+            if ar and p == SIMPLE:
+                lat = lat * np.where(multi, t.ring_plateau, 1.0)
+            bw = {LL: np.minimum(ll_max, t.ll_share * busbw), LL128: t.ll128_share * busbw, SIMPLE: busbw}[p]
+            off = multi & (p == LL128) & (not t.ll128_across_nodes)
+            add(np.where(off, np.inf, lat + frac * nbytes / bw), RING, p)
+    if ar:
+        log_size = _log2i(np.maximum(nbytes, 64.0) / 64)
+        at = np.minimum(log_size, len(t.tree_correction[0]) - 1).astype(int)
+        for p in (LL, LL128, SIMPLE):
+            lat = t.tree_base[p] + 2 * ((per_node - 1) * t.tree_nvlink[p] + _log2i(nodes) * t.tree_net[p])
+            tree_bw = t.tree_share * busbw
+            bw = {LL: np.minimum(tree_bw * t.tree_ll_share, ll_max),
+                  LL128: tree_bw * np.where(multi, t.tree_ll128_share, 7.0 / 9.0), SIMPLE: tree_bw}[p]
+            bw = bw * np.where(log_size < len(t.tree_correction[0]), np.asarray(t.tree_correction[p])[at], 1.0)
+            off = multi & (p == LL128) & (not t.ll128_across_nodes)
+            add(np.where(off, np.inf, lat + 2 * nbytes / bw), TREE, p)  # the tree's algorithm bandwidth: half its bus bandwidth
+        if sharp:
+            add(nvls_latency(nodes, t.nvls, t.nvls_tree_net) + bus_factor(kind, n, True) * nbytes / busbw,
+                NVLS, SIMPLE)
+    if kind in (ALL_GATHER, REDUCE_SCATTER):
+        lat = t.pat_base + _log2i(nodes) * t.tree_net[SIMPLE] / t.pat_net_divisor + n * t.pat_per_rank
+        add(np.where(multi & (per_node <= 1), lat + nbytes / (t.pat_share * busbw), np.inf), PAT, SIMPLE)
+    return np.stack(np.broadcast_arrays(*times), axis=-1), np.array(algos), np.array(protos)
+
+
+def nccl_call(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp=False):
+    """(seconds, algorithm, protocol) of one call of `kind` moving `nbytes` per rank over n ranks
+    as NCCL runs it: the fastest of `nccl_candidates` (NCCL picks by the same estimate), zero for
+    a group of one. Send/recv and all-to-all (NCCL's grouped point-to-point) keep the ring's
+    one-hop Simple latency."""
+    n = np.asarray(n, dtype=float)
+    if kind not in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE):
+        lat = ring_latency(kind, n, nodes, t.ring_base[SIMPLE], t.ring_nvlink[SIMPLE], t.ring_net[SIMPLE])
+        secs = (bus_factor(kind, n) * np.asarray(nbytes, dtype=float) / busbw + lat) * (n > 1)
+        return secs, np.zeros(np.shape(secs), dtype=int), np.full(np.shape(secs), SIMPLE)
+    times, algos, protos = nccl_candidates(kind, nbytes, n, nodes, per_node, busbw, t, sharp)
+    best = np.argmin(times, axis=-1)
+    secs = np.take_along_axis(times, best[..., None], axis=-1)[..., 0]
+    return secs * (n > 1), algos[best], protos[best]

@@ -77,6 +77,12 @@ class Recipe:
     # the engine that runs its pipeline stages (conventions.toml [pipeline_engines]; applied by
     # estimate/pipeline_engine.py where that engine has the plan's schedule)
     pipeline_engine: str = "megatron"
+    # ZeRO-3 gathers submodule by submodule (DeepSpeed's fetch_sub_module), not one call per
+    # wrapped unit (FSDP); parameters gathered for a recomputed forward are kept for the backward
+    # only when reused within this many elements (DeepSpeed stage3_max_reuse_distance; FSDP
+    # recomputes inside the unit's backward, after its gather: never gathered again)
+    zero3_module_fetches: bool = False
+    zero3_max_reuse_distance: float = float("inf")
 
     @property
     def casts_linear_inputs(self) -> bool:
@@ -172,6 +178,8 @@ def recipe(plan: Plan) -> Recipe:
         fused_kernels=bool(fw["fused_kernels"] if plan.fused_kernels is None else plan.fused_kernels),
         autocast_copy_bytes=autocast, reduce_bucket_elems=float(fw["reduce_bucket_elems"]),
         per_unit_collectives=bool(fw.get("per_unit_collectives", False)),
+        zero3_module_fetches=bool(fw.get("zero3_module_fetches", False)),
+        zero3_max_reuse_distance=float(fw.get("zero3_max_reuse_distance", float("inf"))),
         grad_bucket_copy=bool(fw["grad_bucket_copy"]),
         tp_embedding_grad_replicated=bool(fw.get("tp_embedding_grad_replicated", False)),
         early_stop_checkpoint=early_stop,

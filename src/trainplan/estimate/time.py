@@ -82,6 +82,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
                          for k in ("base", "nvlink_step", "net_step", "nvls", "nvls_tree_net_step")),
         "flash_head_dim_multiple": eff["flash_head_dim_multiple"],
         "overlap_slowdown": eff["overlap_compute_slowdown"],
+        "nccl": nccl_tuning(name),
     }
     if profile:
         out.update({k: v for k, v in profile.items() if k in out})
@@ -109,6 +110,27 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         out["flash_curve"] = eff["cudnn_attention_curve"][name]  # published; a profile measures SDPA's FA2
         out["flash_forward_curve"] = eff["cudnn_attention_forward_curve"].get(name)
     return out
+
+
+@lru_cache(maxsize=64)
+def nccl_tuning(gpu_name: str) -> comm.NcclTuning:
+    """NCCL's tuning constants for this accelerator (conventions.toml [efficiency.nccl] and
+    [efficiency.nccl_latency_us]), in seconds and bytes/s."""
+    eff = conventions()["efficiency"]
+    c, lat = eff["nccl"], eff["nccl_latency_us"]
+    us = lambda key: tuple(x * 1e-6 for x in c[key])  # noqa: E731
+    ll_max = [x * 1e9 for x in c["ll_max_busbw_gbs"]]
+    ll_max[0] = c["ll_max_busbw_node_gbs"].get(gpu_name, c["ll_max_busbw_gbs"][0]) * 1e9
+    return comm.NcclTuning(
+        ring_base=us("ring_base_us"), tree_base=us("tree_base_us"), ring_nvlink=us("ring_nvlink_us"),
+        tree_nvlink=us("tree_nvlink_us"), ring_net=us("ring_net_us"), tree_net=us("tree_net_us"),
+        net_overhead=c["net_overhead_us_by_gpu"].get(gpu_name, c["net_overhead_us"]) * 1e-6, simple_overhead_factor=c["simple_overhead_factor"],
+        ring_plateau=c["ring_allreduce_plateau"], ll_share=c["ll_share"], ll_max_bw=tuple(ll_max),
+        ll128_share=c["ll128_share"], ll128_across_nodes=bool(c["ll128_across_nodes"]), tree_share=c["tree_share"], tree_ll_share=c["tree_ll_share"],
+        tree_ll128_share=c["tree_ll128_share"], tree_correction=tuple(tuple(r) for r in c["tree_correction"]),
+        pat_base=c["pat_base_us"] * 1e-6, pat_per_rank=c["pat_per_rank_us"] * 1e-6,
+        pat_net_divisor=c["pat_net_divisor"], pat_share=c["pat_share"], nvls=lat["nvls"] * 1e-6,
+        nvls_tree_net=lat["nvls_tree_net_step"] * 1e-6)
 
 
 def triton_attention_curve(flash: float, flash_curve: dict | None, triton: dict, forward: bool = False) -> dict:
@@ -377,6 +399,7 @@ class Hardware:
     mfu_peak: str = "bf16"  # the dtype whose peak `peak_dense` is (the MFU's label)
     peak_bf16: float | None = None  # the accelerator's bf16 peak (None without bf16)
     peak_fp8: float | None = None  # ... and its fp8 peak (None without fp8)
+    nccl: comm.NcclTuning | None = None  # NCCL's algorithm and protocol choice (comm.nccl_call)
 
     @property
     def gemm16(self) -> tuple:
@@ -412,7 +435,7 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         gemm_curve=curve_at(gpu_peak / (gpu.peak("bf16") or peak)), flash_curve=flash_curve_points(e["flash_curve"]),
         flash_fwd_curve=flash_curve_points(e["flash_forward_curve"]),
         attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"],
-        overlap_slowdown=e["overlap_slowdown"],
+        overlap_slowdown=e["overlap_slowdown"], nccl=e["nccl"],
         eff_16=e["gemm_16"] if fp8 else None, curve_16=curve_at(1.0) if fp8 else None,
         h2d=(plan.h2d_gbs or conventions()["data"]["h2d_gbs"]) * 1e9,
         host_memory=(plan.host_gbs or conventions()["offload"]["host_memory_gbs"]) * 1e9)
@@ -438,8 +461,16 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
                            backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params,
-                           stage_layers=(np.asarray(total_dense, dtype=float) + total_moe) / pp)
+                           stage_layers=(np.asarray(total_dense, dtype=float) + total_moe) / pp,
+                           recompute=recompute, modules_per_layer=modules_per_layer(model))
     return {**out, "detail": stages["detail"]}
+
+
+def modules_per_layer(model) -> float:
+    """A layer's submodules with parameters, as DeepSpeed's ZeRO-3 fetches them one by one: its
+    linears (the first dense layer's, else the first layer's) and its two norms."""
+    g = layer_gemms(model, model.first_layer(False) is None)
+    return float(g.fan_in.size + 2)
 
 
 def lora_arguments(plan) -> dict:
@@ -558,8 +589,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                        "recompute": recompute_extra[kind], "total": compute[kind] + recompute_extra[kind]}
 
     # -- communication per layer and micro-batch
-    tp_ar = comm.collective_time(comm.ALL_REDUCE, tokens * h * elem, tp, *link(hw, comm.ALL_REDUCE, tp, 1, gpn, sharp),
-                                 sharp)
+    # (each call at the algorithm and protocol NCCL picks for its size: comm.nccl_call)
+    tp_ar = collective(hw, comm.ALL_REDUCE, tokens * h * elem, tp, 1, gpn, sharp)
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
@@ -569,8 +600,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
                                *link(hw, comm.ALL_TO_ALL, ep, tp * cp, gpn)) \
         if model.is_moe else 0.0
-    cp_ring = comm.collective_time(comm.ALL_GATHER, tokens * 2 * model.kv_dim / tp * elem * cp, cp,
-                                   *link(hw, comm.ALL_GATHER, cp, tp, gpn))
+    cp_ring = collective(hw, comm.ALL_GATHER, tokens * 2 * model.kv_dim / tp * elem * cp, cp, tp, gpn)
     # The ring passes K/V blocks around while attention runs (forward, and K/V plus their
     # gradients in the backward); the all-gather variant (Llama 3, Dubey et al. 2024 §3.3.2)
     # gathers K/V before attention and reduce-scatters their gradients after it, "exposed in
@@ -685,6 +715,40 @@ def _link(nvlink, nic, latency, kind, n, stride, gpn, sharp):
     return comm.group_busbw(n, stride, gpn, nvlink, nic, per_node), lat
 
 
+def collective(hw: Hardware, kind: int, nbytes, n, stride, gpn, sharp=False, calls=1.0):
+    """Seconds of `calls` NCCL calls over n ranks placed `stride` GPUs apart that together move
+    `nbytes` per rank, each call at the algorithm and protocol NCCL picks for its size
+    (comm.nccl_call); one layout's (scalars) memoised."""
+    if all(np.ndim(x) == 0 for x in (nbytes, n, stride, calls)):
+        return _one_collective(hw.nvlink, hw.nic, hw.nccl, kind, float(nbytes), float(n), float(stride), gpn,
+                               bool(sharp), float(calls))[0]
+    return _collective(hw.nvlink, hw.nic, hw.nccl, kind, nbytes, n, stride, gpn, sharp, calls)[0]
+
+
+def collective_choice(hw: Hardware, kind: int, nbytes, n, stride, gpn, sharp=False, calls=1.0) -> str:
+    """The algorithm and protocol NCCL runs one of those calls with, e.g. "ring/LL128" (one
+    layout; `plan --explain`)."""
+    _, algo, proto = _one_collective(hw.nvlink, hw.nic, hw.nccl, kind, float(nbytes), float(n), float(stride),
+                                     gpn, bool(sharp), float(calls))
+    return f"{comm.ALGORITHMS[algo]}/{comm.PROTOCOLS[proto]}" if n > 1 else "none"
+
+
+@lru_cache(maxsize=4096)
+def _one_collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls):
+    secs, algo, proto = _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls)
+    return float(secs), int(algo), int(proto)
+
+
+def _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls):
+    per_node = comm.ranks_per_node(n, stride, gpn)
+    nodes = comm.group_nodes(n, stride, gpn, per_node)
+    busbw = comm.group_busbw(n, stride, gpn, nvlink, nic, per_node)
+    calls = np.maximum(np.asarray(calls, dtype=float), 1e-9)
+    secs, algo, proto = comm.nccl_call(kind, np.asarray(nbytes, dtype=float) / calls, n, nodes, per_node, busbw,
+                                       nccl, sharp)
+    return calls * secs, algo, proto
+
+
 def overlapped(comm_s, compute_s, slowdown):
     """Seconds a collective adds when run beside `compute_s` of compute: what outlasts the
     compute, plus the compute it overlaps slowed by `slowdown` (NCCL's kernels take SMs and
@@ -716,16 +780,54 @@ def offloaded_optimizer(hw: Hardware, r, *, shard_params, reductions, backward, 
     return {"to_host": copies, "host_step": host_step, "to_device": back}
 
 
+def recompute_regathered(r, recompute, zero, unit_params):
+    """The share of a unit's parameters ZeRO-3 gathers again in its recomputed forward (full
+    recomputation): DeepSpeed keeps a gathered parameter only if it is used again within
+    stage3_max_reuse_distance R elements of other parameters. A parameter's recomputed use and
+    its backward use are 2 x (the unit's parameters after it) apart, so those in the first
+    P - R/2 elements of a P-element unit are gathered a third time; FSDP recomputes inside the
+    unit's backward, after its gather (R infinite: none)."""
+    share = np.maximum(unit_params - r.zero3_max_reuse_distance / 2, 0.0) / np.maximum(unit_params, 1.0)
+    return np.where((np.asarray(recompute) == 2) & (np.asarray(zero) >= 3), share, 0.0)
+
+
+def zero3_exposed(gather, scatter, units, compute, recompute, regathered, backward_gathers, backward_prefetch,
+                  overlap, slowdown):
+    """Seconds ZeRO-3 / FSDP adds to one micro-batch gathering and reduce-scattering unit by unit
+    (`gather`, `scatter`: one unit's, all its calls; `compute`: the micro-batch's compute over
+    `units` units). Each unit's gather is prefetched one unit ahead (DeepSpeed's prefetch bucket,
+    FSDP's forward and backward prefetch of the next unit; with the previous unit's parameters
+    and this one's held, no deeper), so it hides behind ONE unit's compute, and a gather longer
+    than a unit's compute is exposed by the difference: forward, the previous unit's forward;
+    a recomputed forward (`regathered` share gathered again), the same; backward, the unit's
+    gather and the previous unit's reduce-scatter share the data-parallel communicator (one NCCL
+    stream: serialized) behind one unit's backward. The first unit's gather has nothing before
+    it to hide behind. A unit's forward : backward : recomputed forward compute is 1 : 2 : 1
+    (full recomputation) or 1 : 2. Backward prefetch "post" exposes the backward gathers,
+    "none" the reduce-scatters too (BACKWARD_PREFETCH_CODE); not overlapped, all of it."""
+    rec = np.where(np.asarray(recompute) == 2, 1.0, 0.0)
+    per_unit = compute / units / (3 + rec)  # one unit's forward
+    back_gather = np.where(backward_gathers, gather, 0.0)
+    hidden_bwd = np.where(backward_prefetch >= 1, 0.0, back_gather) + np.where(backward_prefetch >= 2, 0.0, scatter)
+    exposed_bwd = back_gather + scatter - hidden_bwd
+    hide = lambda c, comp: overlapped(c, comp, slowdown)  # noqa: E731
+    overlapped_s = units * (hide(gather, per_unit) + hide(regathered * gather, rec * per_unit)
+                            + hide(hidden_bwd, 2 * per_unit) + exposed_bwd) + gather - hide(gather, per_unit)
+    return np.where(overlap, overlapped_s, units * ((1 + regathered) * gather + back_gather + scatter))
+
+
 def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
                      offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops, sharp=False,
                      data_s=0.0, prefetch=True, backward_prefetch=0, stage_layers=1, dp_shard=None,
-                     offload_params=False) -> dict:
+                     offload_params=False, recompute=0, modules_per_layer=1.0) -> dict:
     """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
     data-parallel communication and the optimizer update (on the host under
     `offload_optimizer`, see `offloaded_optimizer`); then the input pipeline's `data_s` per
     step, overlapped with all that when prefetching (estimate/data.py). `dp_shard`: the
     data-parallel ranks ZeRO shards over (all `dp` when None: no hybrid sharding);
-    `offload_params`: ZeRO-3 fetches each rank's shard from the host for every gather."""
+    `offload_params`: ZeRO-3 fetches each rank's shard from the host for every gather;
+    `recompute` (activations.RECOMPUTE_CODE) and `modules_per_layer` (a layer's submodules with
+    parameters) shape ZeRO-3's unit-by-unit collectives (`zero3_exposed`)."""
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
     stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
@@ -743,14 +845,12 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
     dp_group = dp * cp
-    dp_bw = link(hw, comm.ALL_GATHER, dp_group, tp, gpn)[0]
     # ZeRO's collectives run over the shard group: all dp x cp ranks, or under hybrid sharding
     # the dp_shard x cp neighbouring ones; the replicas of each shard (dp / dp_shard of them,
     # dp_shard x cp x tp GPUs apart) then all-reduce their reduce-scattered gradients (FSDP2's
     # HSDP: an all-reduce of the reduce-scatter's output, on the same stream, after it)
     shard_group = (dp if dp_shard is None else f(dp_shard)) * cp
     replicas = dp * cp / shard_group
-    shard_bw = link(hw, comm.ALL_GATHER, shard_group, tp, gpn)[0]
     wire_grad_bytes = trainable * r.reduce_bytes  # the gradients as the collectives carry them
     stage_compute = per_micro_batch["compute"]
     # ZeRO-3 / FSDP gathers the parameters for every micro-batch's forward and backward and
@@ -764,17 +864,23 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # 40M-parameter buckets one call each would put its published H100 rows (DP 48 across
     # nodes) 2.4 points further off, 7.7% -> 10.1% mean, and its 16B row from +1% to -6%.
     per_unit = (zero >= 3) | r.per_unit_collectives
-    calls = np.where(per_unit, f(stage_layers) + 1, 1.0)
+    units = f(stage_layers) + 1
+    calls = np.where(per_unit, units, 1.0)
+    # DeepSpeed's ZeRO-3 gathers submodule by submodule and reduce-scatters bucket by bucket
+    # (conventions.toml [frameworks.deepspeed] zero3_module_fetches); FSDP a unit in one call
+    module_fetches = (zero >= 3) & r.zero3_module_fetches
+    gather_calls = calls * np.where(module_fetches, f(modules_per_layer), 1.0)
+    bucketed = module_fetches & (r.reduce_bucket_elems > 0)
+    scatter_calls = np.where(bucketed, np.maximum(trainable / max(r.reduce_bucket_elems, 1.0), 1.0), calls)
     call_lat = {kind: link(hw, kind, shard_group if kind != comm.ALL_REDUCE else dp_group, tp, gpn, sharp)[1]
                 for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_REDUCE)}
-    lat = {kind: calls * v for kind, v in call_lat.items()}
-    gather = comm.collective_time(comm.ALL_GATHER, trainable * r.compute_weight_bytes, shard_group, shard_bw,
-                                  lat[comm.ALL_GATHER])
-    replica_bw, replica_lat = link(hw, comm.ALL_REDUCE, replicas, tp * shard_group, gpn, sharp)
-    replica_ar = comm.collective_time(comm.ALL_REDUCE, wire_grad_bytes / shard_group, replicas, replica_bw,
-                                      calls * replica_lat, sharp)
-    scatter = comm.collective_time(comm.REDUCE_SCATTER, wire_grad_bytes, shard_group, shard_bw,
-                                   lat[comm.REDUCE_SCATTER]) + replica_ar
+    # each call at the algorithm and protocol NCCL picks for its size (comm.nccl_call)
+    gather = collective(hw, comm.ALL_GATHER, trainable * r.compute_weight_bytes, shard_group, tp, gpn,
+                        calls=gather_calls)
+    replica_ar = collective(hw, comm.ALL_REDUCE, wire_grad_bytes / shard_group, replicas, tp * shard_group, gpn,
+                            sharp, calls=calls)
+    scatter = collective(hw, comm.REDUCE_SCATTER, wire_grad_bytes, shard_group, tp, gpn,
+                         calls=scatter_calls) + replica_ar
     # Pipelined FSDP gathers each unit once a step, for the first forward, and reduce-scatters
     # it once, after the last backward (Recipe.keeps_stage_gathered): ZeRO-1's timing, unit by
     # unit. Otherwise FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for
@@ -782,10 +888,9 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     pipelined_fsdp = r.keeps_stage_gathered(pp, zero)
     unit_by_unit = ((zero >= 3) | ((zero == 2) & per_unit)) & ~pipelined_fsdp
     backward_gathers = zero >= 3
-    per_mb = np.where(backward_gathers, 2, 1) * gather + scatter
-    bp = f(backward_prefetch)
-    exposed = np.where((bp >= 1) & backward_gathers, gather, 0.0) + np.where(bp >= 2, scatter, 0.0)
-    z3 = m * np.where(overlap_dp, exposed + overlapped(per_mb - exposed, stage_compute, hw.overlap_slowdown), per_mb)
+    regathered = recompute_regathered(r, f(recompute), zero, trainable / units)
+    z3 = m * zero3_exposed(gather / units, scatter / units, units, stage_compute, f(recompute), regathered,
+                           backward_gathers, f(backward_prefetch), overlap_dp, hw.overlap_slowdown)
     # How often the gradients are reduced, decided once for the collectives and the framework's
     # passes: FSDP (unit by unit, or NO_SHARD's all-reduce) and ZeRO-2, which keeps only its
     # partition of the gradients (DeepSpeed's stage_1_and_2.py reduces when "partition_gradients
@@ -799,7 +904,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     backward = stage_compute * 2 / 3
     z1 = np.where(overlap_dp, reductions * overlapped(scatter, backward, hw.overlap_slowdown)
                   + overlapped(gather, stage_compute / 3, hw.overlap_slowdown), reductions * scatter + gather)
-    ar = comm.collective_time(comm.ALL_REDUCE, wire_grad_bytes, dp_group, dp_bw, lat[comm.ALL_REDUCE], sharp)
+    ar = collective(hw, comm.ALL_REDUCE, wire_grad_bytes, dp_group, tp, gpn, sharp, calls=calls)
     z0 = reductions * np.where(overlap_dp, overlapped(ar, backward, hw.overlap_slowdown), ar)
     # The framework's own passes over the local gradients and the gathered parameters outside
     # the collectives (conventions.toml [frameworks] grad_reduce_passes, gather_copy_passes),
