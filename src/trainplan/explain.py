@@ -206,8 +206,9 @@ def explain_time_lines(result: PlanResult) -> list[str]:
                     else f"per step {times(reductions, 'gradient all-reduce')}{each} of {_t(coll['all_reduce'])}")
         overlap = (f"overlapped, compute beside them {hw.overlap_slowdown:.1%} slower" if p.overlap_dp
                    else "not overlapped")
-        n_calls = float(np.asarray(d["dp_calls"]).ravel()[0])
-        calls = f"{n_calls:g} calls (a layer each, and the root)" if n_calls > 1 else "one call"
+        n_calls = float(np.asarray(d["dp_gather_calls" if L.zero >= 3 else "dp_calls"]).ravel()[0])
+        unit = "a submodule each" if L.zero >= 3 and r.zero3_module_fetches else "a layer each, and the root"
+        calls = f"{n_calls:g} calls ({unit})" if n_calls > 1 else "one call"
         lat = float(np.asarray(d["dp_call_latency_s"]["all_gather" if L.zero >= 1 else "all_reduce"]).ravel()[0])
         book = float(np.asarray(d["dp_bookkeeping_s"]).ravel()[0])
         passes = (f"; {p.framework}'s own passes over the gradients ({r.grad_reduce_passes:g} per reduction)"
@@ -221,6 +222,9 @@ def explain_time_lines(result: PlanResult) -> list[str]:
                    f"{_t(fetch)}, included" if p.offload_params else "")
         out.append(f"  + data parallel over {group} ranks{hybrid}: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
                    f"each collective {calls} of {_t(lat)} NCCL latency, {_bus(L, hw)}{passes}{fetched}")
+    if d.get("nccl_algorithms"):
+        out.append("  NCCL runs (algorithm/protocol its tuner picks for the call size): "
+                   + "; ".join(f"{k} {v}" for k, v in d["nccl_algorithms"].items()))
     if p.offload_optimizer:
         off = {k: float(np.asarray(v).ravel()[0]) for k, v in d["offloaded_optimizer_s"].items()}
         hosts = min(p.gpus_per_node, L.gpus)

@@ -559,7 +559,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         if zero == 0:
             warn("dp_shard_unused", "--dp-shard groups ZeRO's shards; with --zero 0 every rank holds everything",
                  dp_shard=dp_shard)
-        if plan.framework == "deepspeed" and zero in (1, 2):
+        if plan.framework.startswith("deepspeed") and zero in (1, 2):
             raise PlanError("dp_shard", "DeepSpeed shards over part of the data-parallel ranks only at ZeRO-3 "
                             "(MiCS, mics_shard_size); use --zero 3, or shard over all ranks")
         if ep > 1 and (dp_shard * cp) % ep:
@@ -619,7 +619,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if plan.precision != "fp32" and gpu.peak(plan.precision) is None:
         raise PlanError("precision", f"{gpu.name} has no {plan.precision} support in the catalog; "
                         f"choose one of: {', '.join(sorted(gpu.peak_tflops))}")
-    if not plan.master_weights and plan.precision != "fp32" and plan.framework in ("deepspeed", "megatron"):
+    if not plan.master_weights and plan.precision != "fp32" and plan.framework in ("deepspeed", "deepspeed-0.4", "megatron"):
         warn("pure16_unsupported", f"{plan.framework} keeps fp32 master weights in 16-bit training; priced as pure "
              "16-bit training as asked", framework=plan.framework)
     if not plan.master_weights and plan.precision == "fp32":

@@ -256,7 +256,7 @@ def _expand_block(plan: Plan, space: Space, cols: dict[str, np.ndarray], gbs: in
         # groups); DeepSpeed has them only at ZeRO-3 (MiCS)
         hybrid = cols["dp"] > plan.dp_shard
         ok = (cols["dp"] % plan.dp_shard == 0) & ((plan.dp_shard * cols["cp"]) % cols["ep"] == 0)
-        if plan.framework == "deepspeed":
+        if plan.framework.startswith("deepspeed"):
             ok &= ~(hybrid & ((cols["zero"] == 1) | (cols["zero"] == 2)))
         cols = _keep(cols, ok)
 
@@ -475,7 +475,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             sharp=plan.sharp, data_s=data_step_seconds(plan, model, sel(col("gbs")) * seq / sel(col("dp"))),
             prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
             stage_layers=model.layers / sel(pp), dp_shard=sel(dp_shard), offload_params=plan.offload_params,
-            recompute=rc, modules_per_layer=modules_per_layer(model))
+            recompute=rc, modules_per_layer=modules_per_layer(model, r))
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
         hfu[rows] = np.asarray(t["hfu"], dtype=float).reshape(len(rows))

@@ -132,8 +132,8 @@ def _log2i(x):
 
 def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp=False):
     """Seconds of one call moving `nbytes` per rank by each algorithm and protocol NCCL could
-    run (candidates on a new last axis, inf where NCCL would not), and their codes (algorithm,
-    protocol). Each is NCCL's own estimate, latency + bytes / bandwidth (ncclTopoGetAlgoTime),
+    run (candidates on a new last axis, inf where NCCL would not), their latencies, and their
+    codes (algorithm, protocol). Each is NCCL's own estimate, latency + bytes / bandwidth (ncclTopoGetAlgoTime),
     over this model's achieved bus bandwidth of the group's slowest link:
 
     * ring, every protocol: (n - 1) steps, 2(n - 1) for an all-reduce, nodes - 1 of them (twice)
@@ -156,10 +156,11 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
     steps, inter = rounds * (n - 1), rounds * np.where(multi, nodes - 1, 0.0)
     frac = bus_factor(kind, n)
     ll_max = np.where(nodes <= 1, t.ll_max_bw[0], np.where(nodes <= 2, t.ll_max_bw[1], t.ll_max_bw[2]))
-    times, algos, protos = [], [], []
+    times, lats, algos, protos = [], [], [], []
 
-    def add(seconds, algo, proto):
+    def add(seconds, algo, proto, lat):
         times.append(np.asarray(seconds, dtype=float))
+        lats.append(np.asarray(lat, dtype=float))
         algos.append(algo)
         protos.append(proto)
 
@@ -173,7 +174,7 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
                 lat = lat * np.where(multi, t.ring_plateau, 1.0)
             bw = {LL: np.minimum(ll_max, t.ll_share * busbw), LL128: t.ll128_share * busbw, SIMPLE: busbw}[p]
             off = multi & (p == LL128) & (not t.ll128_across_nodes)
-            add(np.where(off, np.inf, lat + frac * nbytes / bw), RING, p)
+            add(np.where(off, np.inf, lat + frac * nbytes / bw), RING, p, lat)
     if ar:
         log_size = _log2i(np.maximum(nbytes, 64.0) / 64)
         at = np.minimum(log_size, len(t.tree_correction[0]) - 1).astype(int)
@@ -184,27 +185,28 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
                   LL128: tree_bw * np.where(multi, t.tree_ll128_share, 7.0 / 9.0), SIMPLE: tree_bw}[p]
             bw = bw * np.where(log_size < len(t.tree_correction[0]), np.asarray(t.tree_correction[p])[at], 1.0)
             off = multi & (p == LL128) & (not t.ll128_across_nodes)
-            add(np.where(off, np.inf, lat + 2 * nbytes / bw), TREE, p)  # the tree's algorithm bandwidth: half its bus bandwidth
+            add(np.where(off, np.inf, lat + 2 * nbytes / bw), TREE, p, lat)  # the tree's algorithm bandwidth: half its bus bandwidth
         if sharp:
-            add(nvls_latency(nodes, t.nvls, t.nvls_tree_net) + bus_factor(kind, n, True) * nbytes / busbw,
-                NVLS, SIMPLE)
+            lat = nvls_latency(nodes, t.nvls, t.nvls_tree_net)
+            add(lat + bus_factor(kind, n, True) * nbytes / busbw, NVLS, SIMPLE, lat)
     if kind in (ALL_GATHER, REDUCE_SCATTER):
         lat = t.pat_base + _log2i(nodes) * t.tree_net[SIMPLE] / t.pat_net_divisor + n * t.pat_per_rank
-        add(np.where(multi & (per_node <= 1), lat + nbytes / (t.pat_share * busbw), np.inf), PAT, SIMPLE)
-    return np.stack(np.broadcast_arrays(*times), axis=-1), np.array(algos), np.array(protos)
+        add(np.where(multi & (per_node <= 1), lat + nbytes / (t.pat_share * busbw), np.inf), PAT, SIMPLE, lat)
+    stack = lambda xs: np.stack(np.broadcast_arrays(*xs), axis=-1)  # noqa: E731
+    return stack(times), stack(lats), np.array(algos), np.array(protos)
 
 
 def nccl_call(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp=False):
-    """(seconds, algorithm, protocol) of one call of `kind` moving `nbytes` per rank over n ranks
-    as NCCL runs it: the fastest of `nccl_candidates` (NCCL picks by the same estimate), zero for
-    a group of one. Send/recv and all-to-all (NCCL's grouped point-to-point) keep the ring's
-    one-hop Simple latency."""
+    """(seconds, algorithm, protocol, latency) of one call of `kind` moving `nbytes` per rank over
+    n ranks as NCCL runs it: the fastest of `nccl_candidates` (NCCL picks by the same estimate),
+    zero for a group of one. Send/recv and all-to-all (NCCL's grouped point-to-point) keep the
+    ring's one-hop Simple latency."""
     n = np.asarray(n, dtype=float)
     if kind not in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE):
         lat = ring_latency(kind, n, nodes, t.ring_base[SIMPLE], t.ring_nvlink[SIMPLE], t.ring_net[SIMPLE])
         secs = (bus_factor(kind, n) * np.asarray(nbytes, dtype=float) / busbw + lat) * (n > 1)
-        return secs, np.zeros(np.shape(secs), dtype=int), np.full(np.shape(secs), SIMPLE)
-    times, algos, protos = nccl_candidates(kind, nbytes, n, nodes, per_node, busbw, t, sharp)
+        return secs, np.zeros(np.shape(secs), dtype=int), np.full(np.shape(secs), SIMPLE), lat * (n > 1)
+    times, lats, algos, protos = nccl_candidates(kind, nbytes, n, nodes, per_node, busbw, t, sharp)
     best = np.argmin(times, axis=-1)
-    secs = np.take_along_axis(times, best[..., None], axis=-1)[..., 0]
-    return secs * (n > 1), algos[best], protos[best]
+    pick = lambda a: np.take_along_axis(a, best[..., None], axis=-1)[..., 0]  # noqa: E731
+    return pick(times) * (n > 1), algos[best], protos[best], pick(lats) * (n > 1)

@@ -82,6 +82,10 @@ class Recipe:
     # only when reused within this many elements (DeepSpeed stage3_max_reuse_distance; FSDP
     # recomputes inside the unit's backward, after its gather: never gathered again)
     zero3_module_fetches: bool = False
+    # ... and, within a submodule, parameter by parameter (DeepSpeed v0.3.13-v0.5.5), its gathers
+    # waiting for the device to drain first: beside no compute (`zero3_gathers_overlap` false)
+    zero3_parameter_calls: bool = False
+    zero3_gathers_overlap: bool = True
     zero3_max_reuse_distance: float = float("inf")
 
     @property
@@ -179,6 +183,8 @@ def recipe(plan: Plan) -> Recipe:
         autocast_copy_bytes=autocast, reduce_bucket_elems=float(fw["reduce_bucket_elems"]),
         per_unit_collectives=bool(fw.get("per_unit_collectives", False)),
         zero3_module_fetches=bool(fw.get("zero3_module_fetches", False)),
+        zero3_parameter_calls=bool(fw.get("zero3_parameter_calls", False)),
+        zero3_gathers_overlap=bool(fw.get("zero3_gathers_overlap", True)),
         zero3_max_reuse_distance=float(fw.get("zero3_max_reuse_distance", float("inf"))),
         grad_bucket_copy=bool(fw["grad_bucket_copy"]),
         tp_embedding_grad_replicated=bool(fw.get("tp_embedding_grad_replicated", False)),

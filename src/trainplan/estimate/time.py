@@ -462,15 +462,22 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
                            backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params,
                            stage_layers=(np.asarray(total_dense, dtype=float) + total_moe) / pp,
-                           recompute=recompute, modules_per_layer=modules_per_layer(model))
+                           recompute=recompute, modules_per_layer=modules_per_layer(model, r))
     return {**out, "detail": stages["detail"]}
 
 
-def modules_per_layer(model) -> float:
-    """A layer's submodules with parameters, as DeepSpeed's ZeRO-3 fetches them one by one: its
-    linears (the first dense layer's, else the first layer's) and its two norms."""
+def modules_per_layer(model, r=None) -> float:
+    """The calls DeepSpeed's ZeRO-3 gathers a layer in: one per submodule with parameters, its
+    linears (the first dense layer's, else the first layer's; q, k and v one module where the
+    model fuses them) and its two norms; one per parameter (`r.zero3_parameter_calls`: a weight,
+    its bias, a LayerNorm's weight and bias each)."""
     g = layer_gemms(model, model.first_layer(False) is None)
-    return float(g.fan_in.size + 2)
+    lins = [lin for lin in model.layer_linears(model.first_layer(False) or 0)]
+    fused = 2 * bool(model.fused_qkv)
+    if r is not None and r.zero3_parameter_calls:
+        biases = sum(lin.bias for lin in lins) - (fused if any(lin.bias for lin in lins[:3]) else 0)
+        return float(g.fan_in.size - fused + biases + 2 * (2 if model.norm == "layernorm" else 1))
+    return float(g.fan_in.size - fused + 2)
 
 
 def lora_arguments(plan) -> dict:
@@ -718,25 +725,30 @@ def _link(nvlink, nic, latency, kind, n, stride, gpn, sharp):
 def collective(hw: Hardware, kind: int, nbytes, n, stride, gpn, sharp=False, calls=1.0):
     """Seconds of `calls` NCCL calls over n ranks placed `stride` GPUs apart that together move
     `nbytes` per rank, each call at the algorithm and protocol NCCL picks for its size
-    (comm.nccl_call); one layout's (scalars) memoised."""
+    (comm.nccl_call)."""
+    return collective_terms(hw, kind, nbytes, n, stride, gpn, sharp, calls)[0]
+
+
+def collective_terms(hw: Hardware, kind: int, nbytes, n, stride, gpn, sharp=False, calls=1.0) -> tuple:
+    """`collective`'s (seconds, algorithm code, protocol code, latency of one call); one
+    layout's (scalars) memoised."""
     if all(np.ndim(x) == 0 for x in (nbytes, n, stride, calls)):
         return _one_collective(hw.nvlink, hw.nic, hw.nccl, kind, float(nbytes), float(n), float(stride), gpn,
-                               bool(sharp), float(calls))[0]
-    return _collective(hw.nvlink, hw.nic, hw.nccl, kind, nbytes, n, stride, gpn, sharp, calls)[0]
+                               bool(sharp), float(calls))
+    return _collective(hw.nvlink, hw.nic, hw.nccl, kind, nbytes, n, stride, gpn, sharp, calls)
 
 
 def collective_choice(hw: Hardware, kind: int, nbytes, n, stride, gpn, sharp=False, calls=1.0) -> str:
     """The algorithm and protocol NCCL runs one of those calls with, e.g. "ring/LL128" (one
     layout; `plan --explain`)."""
-    _, algo, proto = _one_collective(hw.nvlink, hw.nic, hw.nccl, kind, float(nbytes), float(n), float(stride),
-                                     gpn, bool(sharp), float(calls))
+    _, algo, proto, _ = collective_terms(hw, kind, float(nbytes), float(n), float(stride), gpn, sharp, float(calls))
     return f"{comm.ALGORITHMS[algo]}/{comm.PROTOCOLS[proto]}" if n > 1 else "none"
 
 
 @lru_cache(maxsize=4096)
 def _one_collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls):
-    secs, algo, proto = _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls)
-    return float(secs), int(algo), int(proto)
+    secs, algo, proto, lat = _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls)
+    return float(secs), int(algo), int(proto), float(lat)
 
 
 def _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls):
@@ -744,9 +756,9 @@ def _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls):
     nodes = comm.group_nodes(n, stride, gpn, per_node)
     busbw = comm.group_busbw(n, stride, gpn, nvlink, nic, per_node)
     calls = np.maximum(np.asarray(calls, dtype=float), 1e-9)
-    secs, algo, proto = comm.nccl_call(kind, np.asarray(nbytes, dtype=float) / calls, n, nodes, per_node, busbw,
-                                       nccl, sharp)
-    return calls * secs, algo, proto
+    secs, algo, proto, lat = comm.nccl_call(kind, np.asarray(nbytes, dtype=float) / calls, n, nodes, per_node,
+                                            busbw, nccl, sharp)
+    return calls * secs, algo, proto, lat
 
 
 def overlapped(comm_s, compute_s, slowdown):
@@ -792,7 +804,7 @@ def recompute_regathered(r, recompute, zero, unit_params):
 
 
 def zero3_exposed(gather, scatter, units, compute, recompute, regathered, backward_gathers, backward_prefetch,
-                  overlap, slowdown):
+                  overlap, slowdown, gathers_overlap=True):
     """Seconds ZeRO-3 / FSDP adds to one micro-batch gathering and reduce-scattering unit by unit
     (`gather`, `scatter`: one unit's, all its calls; `compute`: the micro-batch's compute over
     `units` units). Each unit's gather is prefetched one unit ahead (DeepSpeed's prefetch bucket,
@@ -804,7 +816,15 @@ def zero3_exposed(gather, scatter, units, compute, recompute, regathered, backwa
     stream: serialized) behind one unit's backward. The first unit's gather has nothing before
     it to hide behind. A unit's forward : backward : recomputed forward compute is 1 : 2 : 1
     (full recomputation) or 1 : 2. Backward prefetch "post" exposes the backward gathers,
-    "none" the reduce-scatters too (BACKWARD_PREFETCH_CODE); not overlapped, all of it."""
+    "none" the reduce-scatters too (BACKWARD_PREFETCH_CODE); not overlapped, all of it. Where the
+    engine synchronizes the device before each gather (`gathers_overlap` false: DeepSpeed
+    v0.3.13-v0.5.5) the gathers are exposed and only the reduce-scatters overlap the backward."""
+    if not gathers_overlap:
+        back = np.where(backward_gathers, gather, 0.0)
+        bwd_scatter = np.where(backward_prefetch >= 2, scatter, overlapped(scatter, 2 * compute / units /
+                                                                           (3 + np.where(np.asarray(recompute) == 2,
+                                                                                         1.0, 0.0)), slowdown))
+        return units * ((1 + regathered) * gather + back + np.where(overlap, bwd_scatter, scatter))
     rec = np.where(np.asarray(recompute) == 2, 1.0, 0.0)
     per_unit = compute / units / (3 + rec)  # one unit's forward
     back_gather = np.where(backward_gathers, gather, 0.0)
@@ -870,17 +890,17 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # (conventions.toml [frameworks.deepspeed] zero3_module_fetches); FSDP a unit in one call
     module_fetches = (zero >= 3) & r.zero3_module_fetches
     gather_calls = calls * np.where(module_fetches, f(modules_per_layer), 1.0)
-    bucketed = module_fetches & (r.reduce_bucket_elems > 0)
-    scatter_calls = np.where(bucketed, np.maximum(trainable / max(r.reduce_bucket_elems, 1.0), 1.0), calls)
-    call_lat = {kind: link(hw, kind, shard_group if kind != comm.ALL_REDUCE else dp_group, tp, gpn, sharp)[1]
-                for kind in (comm.ALL_GATHER, comm.REDUCE_SCATTER, comm.ALL_REDUCE)}
+    bucketed = module_fetches & (r.reduce_bucket_elems > 0) & (not r.zero3_parameter_calls)
+    scatter_calls = np.where(bucketed, np.maximum(trainable / max(r.reduce_bucket_elems, 1.0), 1.0),
+                             np.where(module_fetches & r.zero3_parameter_calls, gather_calls, calls))
     # each call at the algorithm and protocol NCCL picks for its size (comm.nccl_call)
-    gather = collective(hw, comm.ALL_GATHER, trainable * r.compute_weight_bytes, shard_group, tp, gpn,
-                        calls=gather_calls)
+    gather, _, _, gather_lat = collective_terms(hw, comm.ALL_GATHER, trainable * r.compute_weight_bytes,
+                                                shard_group, tp, gpn, calls=gather_calls)
     replica_ar = collective(hw, comm.ALL_REDUCE, wire_grad_bytes / shard_group, replicas, tp * shard_group, gpn,
                             sharp, calls=calls)
-    scatter = collective(hw, comm.REDUCE_SCATTER, wire_grad_bytes, shard_group, tp, gpn,
-                         calls=scatter_calls) + replica_ar
+    scatter, _, _, scatter_lat = collective_terms(hw, comm.REDUCE_SCATTER, wire_grad_bytes, shard_group, tp, gpn,
+                                                  calls=scatter_calls)
+    scatter = scatter + replica_ar
     # Pipelined FSDP gathers each unit once a step, for the first forward, and reduce-scatters
     # it once, after the last backward (Recipe.keeps_stage_gathered): ZeRO-1's timing, unit by
     # unit. Otherwise FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for
@@ -890,7 +910,8 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     backward_gathers = zero >= 3
     regathered = recompute_regathered(r, f(recompute), zero, trainable / units)
     z3 = m * zero3_exposed(gather / units, scatter / units, units, stage_compute, f(recompute), regathered,
-                           backward_gathers, f(backward_prefetch), overlap_dp, hw.overlap_slowdown)
+                           backward_gathers, f(backward_prefetch), overlap_dp, hw.overlap_slowdown,
+                           gathers_overlap=r.zero3_gathers_overlap)
     # How often the gradients are reduced, decided once for the collectives and the framework's
     # passes: FSDP (unit by unit, or NO_SHARD's all-reduce) and ZeRO-2, which keeps only its
     # partition of the gradients (DeepSpeed's stage_1_and_2.py reduces when "partition_gradients
@@ -904,7 +925,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     backward = stage_compute * 2 / 3
     z1 = np.where(overlap_dp, reductions * overlapped(scatter, backward, hw.overlap_slowdown)
                   + overlapped(gather, stage_compute / 3, hw.overlap_slowdown), reductions * scatter + gather)
-    ar = collective(hw, comm.ALL_REDUCE, wire_grad_bytes, dp_group, tp, gpn, sharp, calls=calls)
+    ar, _, _, ar_lat = collective_terms(hw, comm.ALL_REDUCE, wire_grad_bytes, dp_group, tp, gpn, sharp, calls=calls)
     z0 = reductions * np.where(overlap_dp, overlapped(ar, backward, hw.overlap_slowdown), ar)
     # The framework's own passes over the local gradients and the gathered parameters outside
     # the collectives (conventions.toml [frameworks] grad_reduce_passes, gather_copy_passes),
@@ -971,8 +992,9 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "dp_calls": calls,
         # gradient reductions and (ZeRO-1 and up) parameter all-gathers per step
         "dp_reductions": reductions, "dp_gathers": np.where(zero >= 1, gathers, 0.0),
-        "dp_call_latency_s": {"all_gather": call_lat[comm.ALL_GATHER], "reduce_scatter": call_lat[comm.REDUCE_SCATTER],
-                              "all_reduce": call_lat[comm.ALL_REDUCE]},
+        "dp_call_latency_s": {"all_gather": gather_lat, "reduce_scatter": scatter_lat, "all_reduce": ar_lat},
+        # calls per pass of each (DeepSpeed's ZeRO-3: a submodule's gather each, a bucket's reduce-scatter each)
+        "dp_gather_calls": gather_calls, "dp_scatter_calls": scatter_calls,
     }
 
 
@@ -1005,8 +1027,41 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
 def step_derivation(layout: Layout, profile: dict | None = None, memory: dict | None = None) -> dict:
     """The terms behind `step_time`: per layer kind and micro-batch on every stage ("detail"),
     the pipeline's seconds, the data-parallel collectives and the rates used (`plan --explain`)."""
-    out, _, _ = _step(layout, profile, memory)
-    return {**out, "hardware": hardware(layout, profile)}
+    from .memory import estimate_memory
+
+    mem = memory if memory is not None else estimate_memory(layout)
+    out, _, _ = _step(layout, profile, mem)
+    hw = hardware(layout, profile)
+    return {**out, "hardware": hw,
+            "nccl_algorithms": collective_choices(layout, hw, float(np.max(mem["trainable_params"])), out)}
+
+
+def collective_choices(layout: Layout, hw: Hardware, trainable: float, out: dict) -> dict:
+    """The algorithm and protocol NCCL runs each collective group's calls with (`plan
+    --explain`): TP's all-reduce, CP's K/V all-gather, and the data-parallel group's calls."""
+    plan, model, r = layout.plan, layout.model, recipe(layout.plan)
+    gpn, tokens = plan.gpus_per_node, layout.mbs * layout.seq_len / layout.cp
+    one = lambda key: float(np.asarray(out[key]).ravel()[0])  # noqa: E731
+    choices = {}
+    if layout.tp > 1:
+        choices["TP all-reduce"] = collective_choice(hw, comm.ALL_REDUCE, tokens * model.hidden * r.act_bytes,
+                                                     layout.tp, 1, gpn, plan.sharp)
+    if layout.cp > 1:
+        choices["CP all-gather"] = collective_choice(
+            hw, comm.ALL_GATHER, tokens * 2 * model.kv_dim / layout.tp * r.act_bytes * layout.cp, layout.cp,
+            layout.tp, gpn)
+    shard = one("dp_shard_group")
+    if layout.dp * layout.cp > 1:
+        if layout.zero >= 1 or r.per_unit_collectives and layout.zero >= 2:
+            choices["DP all-gather"] = collective_choice(hw, comm.ALL_GATHER, trainable * r.compute_weight_bytes,
+                                                         shard, layout.tp, gpn, calls=one("dp_gather_calls"))
+            choices["DP reduce-scatter"] = collective_choice(hw, comm.REDUCE_SCATTER, trainable * r.reduce_bytes,
+                                                             shard, layout.tp, gpn, calls=one("dp_scatter_calls"))
+        else:
+            choices["DP all-reduce"] = collective_choice(hw, comm.ALL_REDUCE, trainable * r.reduce_bytes,
+                                                         layout.dp * layout.cp, layout.tp, gpn, plan.sharp,
+                                                         calls=one("dp_calls"))
+    return choices
 
 
 def _step(layout: Layout, profile: dict | None, memory: dict | None):
