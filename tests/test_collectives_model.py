@@ -1,0 +1,99 @@
+"""Collectives as NCCL runs them (estimate/comm.py nccl_candidates, nccl_call): the algorithm
+and protocol its tuner (NVIDIA/nccl src/graph/tuning.cc) picks by message size and rank count,
+priced with its own latency constants (conventions.toml [efficiency.nccl])."""
+
+import numpy as np
+import pytest
+
+from trainplan.estimate import comm
+from trainplan.estimate.time import collective_choice, hardware, nccl_tuning, step_derivation
+from trainplan.plan import make_plan, resolve
+
+US = 1e-6
+
+
+def test_ring_latency_takes_a_step_per_rank():
+    """tuning.cc: a ring all-gather over n ranks takes n - 1 steps, nodes - 1 of them across the
+    network (14 us, Simple) and the others over NVLink (3.4 us, at least 3x the 1 us network
+    overhead of an Intel host), after the 8.4 us base: over 1,536 H100 on 192 nodes,
+    8.4 + 1,344 x 3.4 + 191 x 14 = 7,252 us. On the DGX A100's AMD hosts each NVLink step of a
+    multi-node ring costs 3 x 2 us: 8.4 + 1,344 x 6 + 191 x 14 = 10,746.4 us."""
+    for gpu, step, want in (("H100-SXM", 3.4, 7252.0), ("A100-80GB-SXM", 6.0, 10746.4)):
+        t = nccl_tuning(gpu)
+        times, lats, algos, protos = comm.nccl_candidates(comm.ALL_GATHER, 1e9, 1536, 192, 8, 180e9, t)
+        simple = int(np.flatnonzero((algos == comm.RING) & (protos == comm.SIMPLE))[0])
+        assert float(lats[simple]) == pytest.approx(want * US, rel=1e-12)
+        assert want == pytest.approx(8.4 + 1344 * step + 191 * 14)
+        # the time is that latency plus (n - 1)/n of the buffer at the bus bandwidth
+        assert float(times[simple]) == pytest.approx(want * US + 1535 / 1536 * 1e9 / 180e9, rel=1e-12)
+
+
+def test_protocol_follows_the_message_size_in_a_node():
+    """8 H100 on NVLink (bus bandwidth 0.8 x 450 GB/s): a 1 KB all-reduce runs LL (6.6 +
+    14 x 0.6 us), 4 MB LL128 (14 + 14 x 1.9 us, 0.92 of the bandwidth), 1 GB Simple (8.4 +
+    14 x 3.4 us, all of it): each the cheapest of NCCL's own estimates."""
+    t = nccl_tuning("H100-SXM")
+    bw = 0.8 * 450e9
+    got = {}
+    for size in (1e3, 4e6, 1e9):
+        secs, algo, proto, lat = comm.nccl_call(comm.ALL_REDUCE, size, 8, 1, 8, bw, t)
+        got[size] = (int(algo), int(proto), float(lat))
+        assert float(secs) <= float(np.min(comm.nccl_candidates(comm.ALL_REDUCE, size, 8, 1, 8, bw, t)[0]))
+    assert got[1e3][1] == comm.LL and got[1e3][2] == pytest.approx((6.6 + 14 * 0.6) * US)
+    assert got[4e6][:2] == (comm.RING, comm.LL128) and got[4e6][2] == pytest.approx((14 + 14 * 1.9) * US)
+    assert got[1e9][:2] == (comm.RING, comm.SIMPLE) and got[1e9][2] == pytest.approx((8.4 + 14 * 3.4) * US)
+    ll128 = comm.nccl_call(comm.ALL_REDUCE, 4e6, 8, 1, 8, bw, t)[0]
+    assert float(ll128) == pytest.approx((14 + 14 * 1.9) * US + 2 * 7 / 8 * 4e6 / (0.92 * bw), rel=1e-12)
+
+
+def test_all_reduce_over_many_nodes_takes_the_tree():
+    """One rank on each of 1,024 nodes: the ring's all-reduce takes 2 x 1,023 network steps, the
+    tree 2 log2(1,024) = 20 (tuning.cc: base + 2 x ((ppn - 1) x NVLink + log2(nodes) x network));
+    a 1 MB all-reduce runs on the tree, at 8.4 + 20 x 14 us latency for Simple (LL 6.8 + 20 x 5,
+    LL128 14 + 20 x 8.5)."""
+    t = nccl_tuning("H100-SXM")
+    secs, algo, proto, lat = comm.nccl_call(comm.ALL_REDUCE, 1e6, 1024, 1024, 1, 45e9, t)
+    assert int(algo) == comm.TREE
+    want = {comm.LL: 6.8 + 20 * 5.0, comm.LL128: 14 + 20 * 8.5, comm.SIMPLE: 8.4 + 20 * 14.0}[int(proto)]
+    assert float(lat) == pytest.approx(want * US)
+    ring = comm.nccl_candidates(comm.ALL_REDUCE, 1e6, 1024, 1024, 1, 45e9, t)
+    assert float(secs) < float(np.min(ring[0][ring[2] == comm.RING]))
+
+
+def test_ll128_stays_in_the_node_unless_the_catalog_allows_it_across():
+    """[efficiency.nccl] ll128_across_nodes = false: a call crossing nodes is priced with LL or
+    Simple only; inside a node LL128 is a candidate."""
+    t = nccl_tuning("H100-SXM")
+    times, _, algos, protos = comm.nccl_candidates(comm.ALL_GATHER, 1e8, 64, 8, 8, 360e9, t)
+    assert np.all(np.isinf(times[protos == comm.LL128]))
+    times, _, _, protos = comm.nccl_candidates(comm.ALL_GATHER, 1e8, 8, 1, 8, 360e9, t)
+    assert np.all(np.isfinite(times[protos == comm.LL128]))
+
+
+def test_array_and_scalar_agree():
+    """Search evaluates millions of layouts through the same code: arrays of group sizes give,
+    element by element, what each scalar gives."""
+    t = nccl_tuning("A100-80GB-SXM")
+    n = np.array([2.0, 8.0, 64.0, 1536.0])
+    nodes = np.ceil(n / 8)
+    per_node = np.minimum(n, 8)
+    size = np.array([1e3, 1e6, 1e8, 1e9])
+    secs, algo, proto, lat = comm.nccl_call(comm.ALL_GATHER, size, n, nodes, per_node, 180e9, t)
+    for i in range(len(n)):
+        one = comm.nccl_call(comm.ALL_GATHER, size[i], n[i], nodes[i], per_node[i], 180e9, t)
+        assert (float(secs[i]), int(algo[i]), int(proto[i]), float(lat[i])) == pytest.approx(
+            (float(one[0]), int(one[1]), int(one[2]), float(one[3])))
+
+
+def test_explain_names_each_groups_algorithm():
+    """`plan --explain` (step_derivation's nccl_algorithms) names the algorithm and protocol of
+    every collective group: the TP all-reduce in a node and the data-parallel all-reduce of
+    Megatron's PTD-P layout over 1,536 A100."""
+    lay = resolve(make_plan(model="megatron-175b", gpu="A100-80GB-SXM", gpus=1536, tp=8, pp=12,
+                            schedule="interleaved", vpp=2, framework="megatron", gbs=1536, seq_len=2048,
+                            recompute="full", precision="fp16"))
+    algos = step_derivation(lay)["nccl_algorithms"]
+    assert set(algos) == {"TP all-reduce", "DP all-reduce"}
+    # 2,048 tokens x 12,288 x 2 bytes = 50 MB among 8 GPUs on NVLink: the ring, Simple
+    assert algos["TP all-reduce"] == "ring/Simple"
+    assert algos["TP all-reduce"] == collective_choice(hardware(lay), comm.ALL_REDUCE, 2048 * 12288 * 2, 8, 1, 8)
