@@ -853,6 +853,9 @@ def test_fsdp_pays_the_latency_of_every_layers_collectives():
     lines = explain_time_lines(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=512, zero=3,
                                                   framework="fsdp", gbs=1024)))
     assert "each collective 33 calls (a layer each, and the root) of 2.41 ms NCCL latency" in lines[-2]
+    # and the algorithm NCCL's tuner runs them with
+    assert "NCCL runs (its tuner's algorithm/protocol for the call size) all-gather ring/Simple, " \
+        "reduce-scatter ring/Simple" in lines[-2]
 
 
 def test_recomputing_some_layers_pays_their_share_of_the_recomputation():

@@ -177,9 +177,12 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     tp_layer = det["tp_layer"]["dense" if L.stage_dense_layers[i] else "moe"]
     comm = [("TP collectives", tp_layer, L.tp > 1), ("CP exchange", det["cp_layer"], L.cp > 1),
             ("EP all-to-alls", det["ep_layer"], L.ep > 1)]
+    nccl = {"TP collectives": "TP all-reduce", "CP exchange": "CP all-gather"}
     for name, per_layer, on in comm:
         if on:
-            out.append(f"  {name} exposed = {_t(at(per_layer))} per layer x {layers} layers")
+            algo = d.get("nccl_algorithms", {}).get(nccl.get(name, ""))
+            out.append(f"  {name} exposed = {_t(at(per_layer))} per layer x {layers} layers"
+                       + (f" (NCCL {algo})" if algo else ""))
     parts = {k: float(np.asarray(v).ravel()[0]) for k, v in d["micro_batch_s"].items()}
     out.append("  micro-batch = " + " + ".join(f"{k.replace('_', ' ')} {_t(v)}" for k, v in parts.items() if v)
                + f" = {_t(sum(parts.values()))}")
@@ -220,11 +223,11 @@ def explain_time_lines(result: PlanResult) -> list[str]:
         fetch = float(np.asarray(d["param_fetch_s"]).ravel()[0])
         fetched = (f"; fetching each parameter shard from the host before its gather (at {hw.h2d / 1e9:g} GB/s) "
                    f"{_t(fetch)}, included" if p.offload_params else "")
+        algos = ", ".join(f"{k.removeprefix('DP ')} {v}" for k, v in d.get("nccl_algorithms", {}).items()
+                          if k.startswith("DP "))
         out.append(f"  + data parallel over {group} ranks{hybrid}: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
-                   f"each collective {calls} of {_t(lat)} NCCL latency, {_bus(L, hw)}{passes}{fetched}")
-    if d.get("nccl_algorithms"):
-        out.append("  NCCL runs (algorithm/protocol its tuner picks for the call size): "
-                   + "; ".join(f"{k} {v}" for k, v in d["nccl_algorithms"].items()))
+                   f"each collective {calls} of {_t(lat)} NCCL latency, {_bus(L, hw)}{passes}{fetched}"
+                   + (f"; NCCL runs (its tuner's algorithm/protocol for the call size) {algos}" if algos else ""))
     if p.offload_optimizer:
         off = {k: float(np.asarray(v).ravel()[0]) for k, v in d["offloaded_optimizer_s"].items()}
         hosts = min(p.gpus_per_node, L.gpus)
