@@ -15,7 +15,7 @@ from trainplan.search import Space, enumerate_layouts, evaluate_bulk, layout_pla
 from trainplan.specs import catalog
 from trainplan.units import GiB
 
-FRAMEWORKS = ("deepspeed", "megatron", "fsdp", "fsdp1", "torch")
+FRAMEWORKS = ("deepspeed", "deepspeed-0.4", "megatron", "fsdp", "fsdp1", "torch")
 
 
 def _layout_key(lay: dict, i: int) -> tuple:
