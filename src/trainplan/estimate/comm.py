@@ -153,45 +153,57 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
     multi = nodes > 1
     ar = kind == ALL_REDUCE
     rounds = 2.0 if ar else 1.0
-    steps, inter = rounds * (n - 1), rounds * np.where(multi, nodes - 1, 0.0)
-    frac = bus_factor(kind, n)
+    inter = rounds * (nodes - 1)  # zero in one node
+    intra_steps = rounds * (n - 1) - inter
+    one_per_node = per_node <= 1
     ll_max = np.where(nodes <= 1, t.ll_max_bw[0], np.where(nodes <= 2, t.ll_max_bw[1], t.ll_max_bw[2]))
+    # scalars where they can be: search prices millions of layouts through this
     times, lats, algos, protos = [], [], [], []
 
     def add(seconds, algo, proto, lat):
-        times.append(np.asarray(seconds, dtype=float))
-        lats.append(np.asarray(lat, dtype=float))
+        times.append(seconds)
+        lats.append(lat)
         algos.append(algo)
         protos.append(proto)
 
     if kind in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE):
+        wire = bus_factor(kind, n) * nbytes / busbw  # Simple's bytes time
         for p in (LL, LL128, SIMPLE):
             overhead = t.net_overhead * (t.simple_overhead_factor if p == SIMPLE else 1.0)
-            intra = np.where(multi, np.maximum(t.ring_nvlink[p], overhead), t.ring_nvlink[p])
-            net = np.where(per_node <= 1, t.tree_net[p], t.ring_net[p])
-            lat = t.ring_base[p] + (steps - inter) * intra + inter * net
+            nvl = t.ring_nvlink[p]
+            intra = nvl + multi * (max(nvl, overhead) - nvl)  # a multi-node ring's NVLink step
+            net = t.ring_net[p] + one_per_node * (t.tree_net[p] - t.ring_net[p])
+            lat = t.ring_base[p] + intra_steps * intra + inter * net
             if ar and p == SIMPLE:
-                lat = lat * np.where(multi, t.ring_plateau, 1.0)
-            bw = {LL: np.minimum(ll_max, t.ll_share * busbw), LL128: t.ll128_share * busbw, SIMPLE: busbw}[p]
-            off = multi & (p == LL128) & (not t.ll128_across_nodes)
-            add(np.where(off, np.inf, lat + frac * nbytes / bw), RING, p, lat)
+                lat = lat * (1.0 + multi * (t.ring_plateau - 1.0))
+            if p == SIMPLE:
+                secs = lat + wire
+            elif p == LL128:
+                secs = lat + wire / t.ll128_share
+                if not t.ll128_across_nodes:
+                    secs = np.where(multi, np.inf, secs)
+            else:
+                secs = lat + wire * busbw / np.minimum(ll_max, t.ll_share * busbw)
+            add(secs, RING, p, lat)
     if ar:
-        log_size = _log2i(np.maximum(nbytes, 64.0) / 64)
-        at = np.minimum(log_size, len(t.tree_correction[0]) - 1).astype(int)
+        size_class = np.minimum(_log2i(np.maximum(nbytes, 64.0) / 64), len(t.tree_correction[0])).astype(int)
+        log_nodes = _log2i(nodes)
+        tree_bw = t.tree_share * busbw
         for p in (LL, LL128, SIMPLE):
-            lat = t.tree_base[p] + 2 * ((per_node - 1) * t.tree_nvlink[p] + _log2i(nodes) * t.tree_net[p])
-            tree_bw = t.tree_share * busbw
+            corr = np.append(np.asarray(t.tree_correction[p], dtype=float), 1.0)[size_class]
+            lat = t.tree_base[p] + 2 * ((per_node - 1) * t.tree_nvlink[p] + log_nodes * t.tree_net[p])
             bw = {LL: np.minimum(tree_bw * t.tree_ll_share, ll_max),
-                  LL128: tree_bw * np.where(multi, t.tree_ll128_share, 7.0 / 9.0), SIMPLE: tree_bw}[p]
-            bw = bw * np.where(log_size < len(t.tree_correction[0]), np.asarray(t.tree_correction[p])[at], 1.0)
-            off = multi & (p == LL128) & (not t.ll128_across_nodes)
-            add(np.where(off, np.inf, lat + 2 * nbytes / bw), TREE, p, lat)  # the tree's algorithm bandwidth: half its bus bandwidth
+                  LL128: tree_bw * (7.0 / 9.0 + multi * (t.tree_ll128_share - 7.0 / 9.0)), SIMPLE: tree_bw}[p]
+            secs = lat + 2 * nbytes / (bw * corr)  # the tree's algorithm bandwidth: half its bus bandwidth
+            if p == LL128 and not t.ll128_across_nodes:
+                secs = np.where(multi, np.inf, secs)
+            add(secs, TREE, p, lat)
         if sharp:
             lat = nvls_latency(nodes, t.nvls, t.nvls_tree_net)
             add(lat + bus_factor(kind, n, True) * nbytes / busbw, NVLS, SIMPLE, lat)
-    if kind in (ALL_GATHER, REDUCE_SCATTER):
+    if kind in (ALL_GATHER, REDUCE_SCATTER) and np.any(multi & one_per_node):
         lat = t.pat_base + _log2i(nodes) * t.tree_net[SIMPLE] / t.pat_net_divisor + n * t.pat_per_rank
-        add(np.where(multi & (per_node <= 1), lat + nbytes / (t.pat_share * busbw), np.inf), PAT, SIMPLE, lat)
+        add(np.where(multi & one_per_node, lat + nbytes / (t.pat_share * busbw), np.inf), PAT, SIMPLE, lat)
     stack = lambda xs: np.stack(np.broadcast_arrays(*xs), axis=-1)  # noqa: E731
     return stack(times), stack(lats), np.array(algos), np.array(protos)
 

@@ -896,8 +896,9 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # each call at the algorithm and protocol NCCL picks for its size (comm.nccl_call)
     gather, _, _, gather_lat = collective_terms(hw, comm.ALL_GATHER, trainable * r.compute_weight_bytes,
                                                 shard_group, tp, gpn, calls=gather_calls)
+    # (a group of one costs nothing: skipped outright where no layout has replicas)
     replica_ar = collective(hw, comm.ALL_REDUCE, wire_grad_bytes / shard_group, replicas, tp * shard_group, gpn,
-                            sharp, calls=calls)
+                            sharp, calls=calls) if np.any(replicas > 1) else 0.0
     scatter, _, _, scatter_lat = collective_terms(hw, comm.REDUCE_SCATTER, wire_grad_bytes, shard_group, tp, gpn,
                                                   calls=scatter_calls)
     scatter = scatter + replica_ar
