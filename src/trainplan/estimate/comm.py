@@ -167,7 +167,8 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
         protos.append(proto)
 
     if kind in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE):
-        wire = bus_factor(kind, n) * nbytes / busbw  # Simple's bytes time
+        moved = bus_factor(kind, n) * nbytes
+        wire = moved / busbw  # Simple's bytes time
         for p in (LL, LL128, SIMPLE):
             overhead = t.net_overhead * (t.simple_overhead_factor if p == SIMPLE else 1.0)
             nvl = t.ring_nvlink[p]
@@ -183,7 +184,7 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
                 if not t.ll128_across_nodes:
                     secs = np.where(multi, np.inf, secs)
             else:
-                secs = lat + wire * busbw / np.minimum(ll_max, t.ll_share * busbw)
+                secs = lat + moved / np.minimum(ll_max, t.ll_share * busbw)
             add(secs, RING, p, lat)
     if ar:
         size_class = np.minimum(_log2i(np.maximum(nbytes, 64.0) / 64), len(t.tree_correction[0])).astype(int)
