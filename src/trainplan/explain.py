@@ -198,7 +198,9 @@ def explain_time_lines(result: PlanResult) -> list[str]:
                     f"micro-batches (pipelined FSDP), a parameter all-gather of {_t(coll['all_gather'])} and a "
                     f"gradient reduce-scatter of {_t(coll['reduce_scatter'])}")
         elif L.zero >= 3:
-            what = (f"per micro-batch 2 parameter all-gathers of {_t(coll['all_gather'])} and a gradient "
+            again = float(np.asarray(d["dp_regathered"]).ravel()[0])
+            more = f" (and {again:.0%} of one more for the recomputed forward)" if again > 0 else ""
+            what = (f"per micro-batch 2 parameter all-gathers{more} of {_t(coll['all_gather'])} and a gradient "
                     f"reduce-scatter of {_t(coll['reduce_scatter'])} (backward prefetch {p.backward_prefetch})")
         else:
             reductions, gathers = (float(np.asarray(d[k]).ravel()[0]) for k in ("dp_reductions", "dp_gathers"))

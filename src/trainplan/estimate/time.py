@@ -996,6 +996,8 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         "dp_call_latency_s": {"all_gather": gather_lat, "reduce_scatter": scatter_lat, "all_reduce": ar_lat},
         # calls per pass of each (DeepSpeed's ZeRO-3: a submodule's gather each, a bucket's reduce-scatter each)
         "dp_gather_calls": gather_calls, "dp_scatter_calls": scatter_calls,
+        # the share of the parameters ZeRO-3 gathers again for a recomputed forward (DeepSpeed)
+        "dp_regathered": regathered,
     }
 
 
