@@ -473,7 +473,8 @@ def test_deepspeed_pipeline_engine_on_the_bloom_row():
 
 def test_held_out_deepspeed_zero3_azure_rows(published):
     """DeepSpeed's ZeRO-3 runs on Azure A100s (96-count TFLOP/s per GPU): 175B at 204.49 predicted
-    0.8% under; 1T (165.36) and 2T (157), the optimizer on the CPU, 25.1% and 33.0% over; 19.6%
-    mean in docs/accuracy.md. Held out: held within half a point."""
+    1.5% under; 1T (165.36) and 2T (157), the optimizer on the CPU, 22.2% and 30.4% over; 18.0%
+    mean in docs/accuracy.md (19.6% before each gather hid behind one unit's compute, submodule by
+    submodule, at NCCL's ring latency over 1,024 ranks). Held out: held within half a point."""
     e = errors(published, "deepspeed_azure_zero3")
-    assert e == pytest.approx([-0.008, 0.251, 0.330], abs=0.005)
+    assert e == pytest.approx([-0.015, 0.222, 0.304], abs=0.005)
