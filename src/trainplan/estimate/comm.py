@@ -130,7 +130,7 @@ def _log2i(x):
     return np.floor(np.log2(np.maximum(x, 1.0)))
 
 
-def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp=False):
+def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp=False, stacked=True):
     """Seconds of one call moving `nbytes` per rank by each algorithm and protocol NCCL could
     run (candidates on a new last axis, inf where NCCL would not), their latencies, and their
     codes (algorithm, protocol). Each is NCCL's own estimate, latency + bytes / bandwidth (ncclTopoGetAlgoTime),
@@ -205,6 +205,8 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
     if kind in (ALL_GATHER, REDUCE_SCATTER) and np.any(multi & one_per_node):
         lat = t.pat_base + _log2i(nodes) * t.tree_net[SIMPLE] / t.pat_net_divisor + n * t.pat_per_rank
         add(np.where(multi & one_per_node, lat + nbytes / (t.pat_share * busbw), np.inf), PAT, SIMPLE, lat)
+    if not stacked:  # (nccl_call takes the minimum as it goes)
+        return times, lats, np.array(algos), np.array(protos)
     stack = lambda xs: np.stack(np.broadcast_arrays(*xs), axis=-1)  # noqa: E731
     return stack(times), stack(lats), np.array(algos), np.array(protos)
 
@@ -219,7 +221,11 @@ def nccl_call(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp
         lat = ring_latency(kind, n, nodes, t.ring_base[SIMPLE], t.ring_nvlink[SIMPLE], t.ring_net[SIMPLE])
         secs = (bus_factor(kind, n) * np.asarray(nbytes, dtype=float) / busbw + lat) * (n > 1)
         return secs, np.zeros(np.shape(secs), dtype=int), np.full(np.shape(secs), SIMPLE), lat * (n > 1)
-    times, lats, algos, protos = nccl_candidates(kind, nbytes, n, nodes, per_node, busbw, t, sharp)
-    best = np.argmin(times, axis=-1)
-    pick = lambda a: np.take_along_axis(a, best[..., None], axis=-1)[..., 0]  # noqa: E731
-    return pick(times) * (n > 1), algos[best], protos[best], pick(lats) * (n > 1)
+    times, lats, algos, protos = nccl_candidates(kind, nbytes, n, nodes, per_node, busbw, t, sharp, stacked=False)
+    secs, lat = times[0], lats[0]
+    code = np.zeros(np.shape(secs), dtype=int)
+    for i in range(1, len(times)):  # the running minimum: the first of equal candidates wins, as argmin
+        better = times[i] < secs
+        secs, lat = np.where(better, times[i], secs), np.where(better, lats[i], lat)
+        code = np.where(better, i, code)
+    return secs * (n > 1), algos[code], protos[code], lat * (n > 1)
