@@ -2,6 +2,8 @@
 and protocol its tuner (NVIDIA/nccl src/graph/tuning.cc) picks by message size and rank count,
 priced with its own latency constants (conventions.toml [efficiency.nccl])."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -60,13 +62,19 @@ def test_all_reduce_over_many_nodes_takes_the_tree():
     assert float(secs) < float(np.min(ring[0][ring[2] == comm.RING]))
 
 
-def test_ll128_stays_in_the_node_unless_the_catalog_allows_it_across():
-    """[efficiency.nccl] ll128_across_nodes = false: a call crossing nodes is priced with LL or
-    Simple only; inside a node LL128 is a candidate."""
+def test_ll128_crosses_nodes_where_the_gpu_and_its_nic_share_a_pcie_switch():
+    """[efficiency.nccl] ll128_across_nodes = true (DGX/HGX-class servers put each GPU and its NIC
+    under one PCIe switch, where ncclTopoTuneModel enables LL128 across nodes): a call crossing
+    nodes may run LL128; a system whose NICs hang off the CPU (false) prices such calls with LL
+    or Simple only. Inside a node LL128 is always a candidate."""
     t = nccl_tuning("H100-SXM")
+    assert t.ll128_across_nodes
     times, _, algos, protos = comm.nccl_candidates(comm.ALL_GATHER, 1e8, 64, 8, 8, 360e9, t)
+    assert np.all(np.isfinite(times[protos == comm.LL128]))
+    off = dataclasses.replace(t, ll128_across_nodes=False)
+    times, _, algos, protos = comm.nccl_candidates(comm.ALL_GATHER, 1e8, 64, 8, 8, 360e9, off)
     assert np.all(np.isinf(times[protos == comm.LL128]))
-    times, _, _, protos = comm.nccl_candidates(comm.ALL_GATHER, 1e8, 8, 1, 8, 360e9, t)
+    times, _, _, protos = comm.nccl_candidates(comm.ALL_GATHER, 1e8, 8, 1, 8, 360e9, off)
     assert np.all(np.isfinite(times[protos == comm.LL128]))
 
 

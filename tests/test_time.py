@@ -830,10 +830,11 @@ def test_lora_backward_computes_no_weight_gradients_of_the_frozen_base():
 def test_fsdp_pays_the_latency_of_every_layers_collectives():
     """FSDP gathers and reduce-scatters one wrapped unit (a layer, and the root) at a time, so a
     step of MPT-1B (24 layers) under SHARD_GRAD_OP issues 25 all-gathers and 25 reduce-scatters,
-    each paying the ring latency of the whole data-parallel group: 2.41 ms over 512 GPUs
-    against 0.60 ms over 128. The predicted throughput per GPU falls with the GPU count, as
-    llm-foundry's large-scale H100 table does (44,123 -> 39,837 tokens/s per GPU, -9.7%, from
-    128 to 512 GPUs); the model sees about a third of that drop (-3.1%)."""
+    each paying the ring latency of the whole data-parallel group (LL128 at these sizes, as
+    NCCL's tuner picks on servers whose GPUs share a PCIe switch with their NICs): 1.12 ms over
+    512 GPUs against 0.29 ms over 128. The predicted throughput per GPU falls with the GPU count,
+    as llm-foundry's large-scale H100 table does (44,123 -> 39,837 tokens/s per GPU, -9.7%, from
+    128 to 512 GPUs); the model sees about a sixth of that drop (-1.6%)."""
     tokens = {}
     for g in (128, 512):
         spec = ModelSpec(name="MPT-1b", source="test", layers=24, hidden=2048, heads=16, ffn=8192, mlp="gelu",
@@ -846,16 +847,16 @@ def test_fsdp_pays_the_latency_of_every_layers_collectives():
         lay = resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=g, zero=2, framework="fsdp"))
         assert recipe(lay.plan).per_unit_collectives
     drop = tokens[512] / tokens[128] - 1
-    assert -0.097 < drop < -0.02 and drop == pytest.approx(-0.031, abs=0.005)
+    assert -0.097 < drop < -0.01 and drop == pytest.approx(-0.016, abs=0.005)
     # `plan --explain` shows the calls and their latency
     from trainplan.explain import explain_time_lines
 
     lines = explain_time_lines(evaluate(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=512, zero=3,
                                                   framework="fsdp", gbs=1024)))
-    assert "each collective 33 calls (a layer each, and the root) of 2.41 ms NCCL latency" in lines[-2]
+    assert "each collective 33 calls (a layer each, and the root) of 1.12 ms NCCL latency" in lines[-2]
     # and the algorithm NCCL's tuner runs them with
-    assert "NCCL runs (its tuner's algorithm/protocol for the call size) all-gather ring/Simple, " \
-        "reduce-scatter ring/Simple" in lines[-2]
+    assert "NCCL runs (its tuner's algorithm/protocol for the call size) all-gather ring/LL128, " \
+        "reduce-scatter ring/LL128" in lines[-2]
 
 
 def test_recomputing_some_layers_pays_their_share_of_the_recomputation():
