@@ -70,11 +70,13 @@ def main() -> None:
         "\n## Sharded layouts (local gloo processes, one row per rank)\n\n", HEAD, *sharded, "\n",
         *[f"* {n}\n" for n in sorted(notes)],
         *([f"\n## Hugging Face transformers {transformers.__version__} models (`--impl transformers`)\n\n",
-           "The same comparison for `AutoModelForCausalLM.from_config` models with random weights.\n",
-           "The planner describes these within a few percent for dense Llama-style models; the gaps\n",
-           "are implementation details of transformers not yet in the memory model: its eager attention\n",
-           "builds float masks, GPT-2's attention keeps extra copies, and its MoE blocks run the experts\n",
-           "through grouped kernels that `FlopCounterMode` does not count (FLOPs column).\n\n", HEAD, *hf_rows]
+           "The same comparison for `AutoModelForCausalLM.from_config` models with random weights, built\n",
+           "with each model's own activation function (GPT-2 `gelu_new`, GPT-NeoX `gelu_fast` with its\n",
+           "parallel residual) and the library's default experts implementation (`grouped_mm`), called\n",
+           "for training without the inference KV cache. The remaining gaps are implementation details\n",
+           "of transformers not in the memory model: its eager attention builds float masks, and\n",
+           "GPT-NeoX rotates only a quarter of each head (`rotary_pct`), priced as a full rotation.\n\n",
+           HEAD, *hf_rows]
           if hf_rows else []),
         "\n## What the memory model assumes (and these runs confirm)\n\n",
         "See [memory-model.md](memory-model.md). Implementation details that matter, each found by\n",
@@ -83,8 +85,9 @@ def main() -> None:
         "`torch.autocast` every linear keeps its own 16-bit cast of a shared input and the weight\n",
         "casts are saved, except inside fully recomputed layers; on the CPU dropout masks have the\n",
         "input's dtype and, with dropout, attention runs materialised (no CPU kernel takes dropout);\n",
-        "an eager `index_add` MoE combine keeps its source; DTensor's vocabulary-parallel embedding\n",
-        "returns a replicated gradient.\n",
+        "an eager `index_add` MoE combine keeps its source, transformers' grouped experts neither that\n",
+        "nor autocast's casts; an activation function written as separate ops (`gelu_new`, `gelu_fast`)\n",
+        "keeps a tensor per op; DTensor's vocabulary-parallel embedding returns a replicated gradient.\n",
     ]
     path = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
     path.write_text("".join(out))
