@@ -1,8 +1,8 @@
 """Predicted activation bytes against what PyTorch really saves for backward.
 
 Small GPT-2-style (one GELU kernel, or transformers' gelu_new), GPT-NeoX-style (gelu_fast, parallel
-residual) and Llama-style (GQA + SwiGLU or squared-ReLU GLU + RMSNorm + RoPE) models are built on the
-CPU in fp32 and run forward once; `saved_tensors_hooks` records every tensor autograd keeps,
+residual) and Llama-style (GQA + SwiGLU or squared-ReLU GLU + RMSNorm + RoPE; with Qwen3's per-head
+q/k norms) models are built on the CPU in fp32 and run forward once; `saved_tensors_hooks` records every tensor autograd keeps,
 deduplicated by storage, parameters excluded. The prediction is the planner's activation
 total for the same plan (pp = 1: one micro-batch in flight, logits and loss included).
 Target: within 5% (measured agreement is far tighter, see the assertion messages)."""
@@ -27,7 +27,8 @@ NEOX = dict(layers=2, hidden=128, heads=4, ffn=512, mlp="gelu", activation="gelu
             norm="layernorm", position="rotary", max_position=256, qkv_bias=True, bias=True, fused_qkv=True,
             parallel_residual=True)
 RELU2 = {**LLAMA, "activation": "relu2"}
-ARCHS = {"gpt": GPT, "llama": LLAMA, "gpt_new": GPT_NEW, "neox": NEOX, "relu2": RELU2}
+QWEN3 = {**LLAMA, "qk_norm": True}  # RMSNorm over each head of q and k
+ARCHS = {"gpt": GPT, "llama": LLAMA, "gpt_new": GPT_NEW, "neox": NEOX, "relu2": RELU2, "qwen3": QWEN3}
 
 
 def write_spec(path, name, fields):

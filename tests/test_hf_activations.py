@@ -98,7 +98,7 @@ def test_activation_saves_match_transformers(name, gated):
 
 
 # ---- validate --impl transformers on the configs as written ------------------------------
-CONFIGS = ["gpt2-xl", "gpt-neox-20b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"]
+CONFIGS = ["gpt2-xl", "gpt-neox-20b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "qwen3-30b-a3b"]
 
 
 def _validate(data_dir, name, **changes):
@@ -115,7 +115,7 @@ def test_transformers_config_as_written_matches(data_dir, name):
     installed transformers' default experts implementation (grouped_mm in transformers 5).
     Measured on transformers 5.24 / torch 2.13: GPT-2 gelu_new -0.01%, GPT-NeoX gelu_fast
     -2.1% (its partial rotary, rotary_pct 0.25, is priced as full), Mixtral -0.04%,
-    Qwen1.5-MoE -0.01%."""
+    Qwen1.5-MoE -0.01%, Qwen3-MoE -0.09% (with its per-head q/k norms)."""
     case = _validate(data_dir, name)
     err = case["rel_error"]
     assert err["params_bytes"] == 0 and err["grads_bytes"] == 0, err
@@ -123,7 +123,7 @@ def test_transformers_config_as_written_matches(data_dir, name):
     assert abs(err["activations_bytes"]) <= ACT_TOL, (name, err["activations_bytes"])
     assert abs(err["flops"]) < 1e-9, (name, err["flops"])
     assert any("as written" in n for n in case["notes"])
-    if name in ("mixtral-8x7b", "qwen1.5-moe-a2.7b"):
+    if name in ("mixtral-8x7b", "qwen1.5-moe-a2.7b", "qwen3-30b-a3b"):
         assert "experts grouped" in case["name"]
 
 

@@ -119,6 +119,8 @@ class LayerShape:
     activation_saves: tuple = (1, 0)  # ACTIVATION_SAVES of the MLP's activation function
     parallel_residual: bool = False  # the MLP's norm reads the attention norm's input (GPT-NeoX)
     grouped_experts: bool = False  # transformers' grouped experts (else an eager index_add loop)
+    qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
+    head_dim: int = 0  # width of one head (for the per-head norms' statistics)
 
 
 def _adapted(shape: LayerShape, saves) -> dict:
@@ -209,6 +211,12 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary) & ~(eager & (k_w > shape.k))
                   & (shape.latent == 0))
     t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
+    # Qwen3's per-head RMSNorm on q and k (before RoPE): what a norm over each head keeps, for
+    # the q and k widths this rank holds, with one fp32 statistic per head
+    q_heads, k_heads = shape.q / tp, shape.k / kv_div
+    head_stats = (q_heads + k_heads) / max(shape.head_dim, 1) * FP32
+    t["qk_norm"] = shape.qk_norm * tokens * ((q_heads + k_heads) * np.where(eager_norm, 2 * FP32, act_bytes)
+                                             + head_stats)
     # a fused kernel's output, kept by the kernel for its backward (unless the core is recomputed)
     # and as the output projection's input for its weight's (or adapter's) gradient: one storage
     t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn * np.maximum(no_recompute, save["o"])

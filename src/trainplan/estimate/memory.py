@@ -110,6 +110,7 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         rotary=model.position == "rotary",
         activation_saves=act.ACTIVATION_SAVES[model.activation], parallel_residual=model.parallel_residual,
         grouped_experts=(model.experts_impl or act.DEFAULT_EXPERTS_IMPL) == "grouped",
+        qk_norm=model.qk_norm, head_dim=0 if model.is_mla else model.dim_head,
     )
     return ModelNumbers(
         dense=group(dense_i), moe=group(moe_i), shape=shape, kv_heads=kvh, hidden=model.hidden,

@@ -106,7 +106,8 @@ def _rotate(x, cos, sin):
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: str, dropout: float, selective: bool = False):
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float, selective: bool = False,
+                 fused: bool = False):
         super().__init__()
         self.spec, self.attention, self.p, self.selective = spec, attention, dropout, selective
         # heads held by this rank (tensor parallelism divides them)
@@ -120,6 +121,8 @@ class Attention(nn.Module):
             self.k = nn.Linear(h, kv, bias=spec.qkv_bias)
             self.v = nn.Linear(h, kv, bias=spec.qkv_bias)
         self.o = nn.Linear(q, h, bias=spec.bias)
+        if spec.qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
+            self.q_norm, self.k_norm = RMSNorm(spec.dim_head, fused=fused), RMSNorm(spec.dim_head, fused=fused)
 
     def forward(self, x, cos, sin, causal):
         b, s, _ = x.shape
@@ -128,8 +131,10 @@ class Attention(nn.Module):
             q, k, v = self.qkv(x).split([a * d, kvh * d, kvh * d], dim=-1)
         else:
             q, k, v = self.q(x), self.k(x), self.v(x)
-        q = q.view(b, s, a, d).transpose(1, 2)
-        k = k.view(b, s, kvh, d).transpose(1, 2)
+        q, k = q.view(b, s, a, d), k.view(b, s, kvh, d)
+        if self.spec.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, kvh, d).transpose(1, 2)
         if cos is not None:
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -273,7 +278,7 @@ class Block(nn.Module):
                  selective: bool = False, fused: bool = False):
         super().__init__()
         self.norm1, self.norm2 = _norm(spec, spec.hidden, fused), _norm(spec, spec.hidden, fused)
-        self.attn = Attention(spec, attention, dropout, selective)
+        self.attn = Attention(spec, attention, dropout, selective, fused)
         self.mlp = MoE(spec, dropout, fused) if moe else MLP(spec, dropout, fused=fused)
         self.parallel = spec.parallel_residual
 
