@@ -29,6 +29,20 @@ def row(label, case):
     return f"| {label} | " + " | ".join(fmt(case["rel_error"].get(t)) for t in TERMS) + " |\n"
 
 
+ASSUMPTIONS = [
+    "\n## What the memory model assumes (and these runs confirm)\n\n",
+    "See [memory-model.md](memory-model.md). Implementation details that matter, each found by\n",
+    "these measurements: PyTorch's SDPA output is reused by the output projection (no copy);\n",
+    "eager RMSNorm (transformers, `F.rms_norm` on CPU) upcasts and keeps fp32 copies; under\n",
+    "`torch.autocast` every linear keeps its own 16-bit cast of a shared input and the weight\n",
+    "casts are saved, except inside fully recomputed layers; on the CPU dropout masks have the\n",
+    "input's dtype and, with dropout, attention runs materialised (no CPU kernel takes dropout);\n",
+    "an eager `index_add` MoE combine keeps its source, transformers' grouped experts neither that\n",
+    "nor autocast's casts; an activation function written as separate ops (`gelu_new`, `gelu_fast`)\n",
+    "keeps a tensor per op; DTensor's vocabulary-parallel embedding returns a replicated gradient.\n",
+]
+
+
 def transformers_section() -> list[str]:
     """The `--impl transformers` section (empty without transformers): each catalog model built as
     a transformers model of its family, and the config.json files of tests/data/hf as written."""
@@ -59,12 +73,12 @@ def transformers_section() -> list[str]:
 
 
 def only_transformers(path: Path) -> None:
-    """Rewrite the transformers section of an existing report, leaving the rest as it is."""
+    """Rewrite the transformers section (and the closing notes) of an existing report, leaving the
+    matrices as they are."""
     t0 = time.time()
     text = path.read_text()
     start = text.index("\n## Hugging Face transformers")
-    end = text.index("\n## What the memory model assumes")
-    path.write_text(text[:start] + "".join(transformers_section()) + text[end:])
+    path.write_text(text[:start] + "".join(transformers_section()) + "".join(ASSUMPTIONS))
     print(f"rewrote the transformers section of {path} ({time.time() - t0:.0f} s)")
 
 
@@ -105,16 +119,7 @@ def main() -> None:
         "\n## Sharded layouts (local gloo processes, one row per rank)\n\n", HEAD, *sharded, "\n",
         *[f"* {n}\n" for n in sorted(notes)],
         *hf,
-        "\n## What the memory model assumes (and these runs confirm)\n\n",
-        "See [memory-model.md](memory-model.md). Implementation details that matter, each found by\n",
-        "these measurements: PyTorch's SDPA output is reused by the output projection (no copy);\n",
-        "eager RMSNorm (transformers, `F.rms_norm` on CPU) upcasts and keeps fp32 copies; under\n",
-        "`torch.autocast` every linear keeps its own 16-bit cast of a shared input and the weight\n",
-        "casts are saved, except inside fully recomputed layers; on the CPU dropout masks have the\n",
-        "input's dtype and, with dropout, attention runs materialised (no CPU kernel takes dropout);\n",
-        "an eager `index_add` MoE combine keeps its source, transformers' grouped experts neither that\n",
-        "nor autocast's casts; an activation function written as separate ops (`gelu_new`, `gelu_fast`)\n",
-        "keeps a tensor per op; DTensor's vocabulary-parallel embedding returns a replicated gradient.\n",
+        *ASSUMPTIONS,
     ]
     path.write_text("".join(out))
     print(f"wrote {path} ({len(single)} + {len(sharded)} rows, {elapsed:.0f} s)")
