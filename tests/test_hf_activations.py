@@ -150,3 +150,14 @@ def test_mixtral_eager_experts_when_the_config_says_so(data_dir):
     assert abs(eager["rel_error"]["flops"]) < 1e-9
     diff = eager["predicted"]["activations_bytes"] - grouped["predicted"]["activations_bytes"]
     assert diff == 2 * 256 * 2 * (256 * 4 - 8)
+
+
+def test_transformers_validation_refuses_dropout(data_dir):
+    """transformers' attention takes no dropout on the CPU kernels the prediction assumes: refused
+    by name, before a model is built."""
+    pytest.importorskip("transformers")
+    plan = make_plan(model=str(data_dir / "hf" / "gpt2-xl.json"), gpus=1, precision="fp32", framework="torch",
+                     dropout=0.1)
+    with pytest.raises(PlanError) as e:
+        validate(plan, device="cpu", impl="transformers")
+    assert e.value.field == "dropout" and "--impl reference" in e.value.rule
