@@ -23,13 +23,19 @@ MLP width f (elements; `act` bytes each unless stated):
       for GQA; the output projection's input (a contiguous copy of probs @ V); and once per
       micro-batch the s² boolean causal mask (`masked_fill` keeps it).
 * RoPE: the cos and sin tables (seq x rotary dim each), once per micro-batch.
-* GELU MLP: the GELU input f and output f. SwiGLU: eager keeps gate, silu(gate), up and
-  their product (4f); a fused SwiGLU kernel keeps gate and up and recomputes silu (3f).
+* MLP: the activation function keeps what its ops keep (ACTIVATION_SAVES, below: F.gelu keeps
+  its input, so a GELU MLP keeps 2f with the down projection's input; transformers' gelu_new
+  5f, gelu_fast 8f); gated (SwiGLU): the activation's tensors, its output, up and their product
+  (4f with SiLU); a fused SwiGLU kernel keeps gate and up and recomputes silu (3f). Fused
+  kernels (Megatron's bias-GELU and SwiGLU) run any activation as one kernel keeping its input.
 * dropout: a 1-byte mask per element (CUDA's bool mask).
 * MoE: fp32 router probabilities (E), int64 top-k indices and per routed token its indices
   and gate weight; the dispatched copies of each token (k·h expert inputs), the expert
   outputs before weighting (k·h) and, with an eager `index_add` combine, after (k·h);
-  expert MLP intermediates for k tokens; shared experts like a dense MLP.
+  expert MLP intermediates for k tokens; shared experts like a dense MLP. transformers 5's
+  grouped experts (`grouped_mm`, its default) sort the copies by expert and combine them by a
+  reshape and sum: no weighted copy, one more int64 index per copy, fp32 gate weights, and,
+  as `torch._grouped_mm` is not autocast, the experts run in the weights' dtype.
 
 Checks: with flash attention and no dropout a GPT layer keeps 16·sbh elements; with
 16-bit activations and 1-byte dropout masks that is Korthikanti et al. 2023's 34·sbh
@@ -61,6 +67,31 @@ TOKEN_ID_BYTES = 8  # int64 token ids, kept by the embedding's backward
 INDEX_BYTES = 8  # int64 indices (top-k choices, gather/scatter indices)
 MASK_BYTES = 1  # torch.bool dropout mask (CUDA); CPU kernels keep a mask in the input dtype
 
+# What an MLP activation function keeps for backward, in tensors as wide as its input:
+# (tensors kept besides its output, 1 if it keeps its output). From the ops of transformers
+# 5.x `activations.py` (ACT2FN) and what PyTorch's derivatives save (derivatives.yaml: mul of
+# two tensors keeps both, pow keeps its input, tanh and sigmoid and relu their output, a
+# product with a Python number nothing); measured with saved_tensors_hooks on torch 2.13
+# (tests/test_hf_activations.py). None: one kernel keeping its input (F.gelu, F.silu, and
+# Megatron's fused GELU: the convention of fused kernels, whatever the activation).
+ACTIVATION_SAVES = {
+    None: (1, 0),
+    "gelu": (1, 0),  # GELUActivation: F.gelu (erf) keeps x
+    "gelu_pytorch_tanh": (1, 0),  # GELUTanh: F.gelu(x, approximate="tanh") keeps x
+    "silu": (1, 0), "swish": (1, 0),  # F.silu / nn.SiLU keep x
+    # NewGELUActivation: 0.5*x * (1 + tanh(c*(x + 0.044715*pow(x, 3)))): pow keeps x, tanh its
+    # output t, the last product 0.5*x and 1 + t
+    "gelu_new": (4, 0),
+    # FastGELUActivation: 0.5*x * (1 + tanh(x*0.7978845608 * (1 + 0.044715*x*x))): x and
+    # 0.044715*x (their product), x*0.79788 and 1 + 0.044715*x*x (theirs), t, 0.5*x, 1 + t
+    "gelu_fast": (7, 0),
+    "quick_gelu": (2, 0),  # QuickGELUActivation: x * sigmoid(1.702*x) keeps x and the sigmoid
+    "relu": (0, 1),  # nn.ReLU: its backward reads the output
+    "relu2": (1, 0),  # ReLUSquaredActivation: square(relu(x)) keeps relu(x) (relu's output, square's input)
+}
+# The planner's experts implementation when a model states none: transformers 5's default.
+DEFAULT_EXPERTS_IMPL = "grouped"
+
 
 @dataclass(frozen=True)
 class LayerShape:
@@ -85,6 +116,11 @@ class LayerShape:
     shared_ffn: int = 0  # total width of the shared experts
     shared_gate: bool = False  # a sigmoid gate scales the shared experts' output (Qwen-MoE)
     capacity_factor: float = 1.0
+    activation_saves: tuple = (1, 0)  # ACTIVATION_SAVES of the MLP's activation function
+    parallel_residual: bool = False  # the MLP's norm reads the attention norm's input (GPT-NeoX)
+    grouped_experts: bool = False  # transformers' grouped experts (else an eager index_add loop)
+    qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
+    head_dim: int = 0  # width of one head (for the per-head norms' statistics)
 
 
 def _adapted(shape: LayerShape, saves) -> dict:
@@ -175,6 +211,12 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary) & ~(eager & (k_w > shape.k))
                   & (shape.latent == 0))
     t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
+    # Qwen3's per-head RMSNorm on q and k (before RoPE): what a norm over each head keeps, for
+    # the q and k widths this rank holds, with one fp32 statistic per head
+    q_heads, k_heads = shape.q / tp, shape.k / kv_div
+    head_stats = (q_heads + k_heads) / max(shape.head_dim, 1) * FP32
+    t["qk_norm"] = shape.qk_norm * tokens * ((q_heads + k_heads) * np.where(eager_norm, 2 * FP32, act_bytes)
+                                             + head_stats)
     # a fused kernel's output, kept by the kernel for its backward (unless the core is recomputed)
     # and as the output projection's input for its weight's (or adapter's) gradient: one storage
     t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn * np.maximum(no_recompute, save["o"])
@@ -185,23 +227,35 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     t["attn_scores"] = scores * (act_bytes + dropout * (mask_bytes + act_bytes)) * keep_scores
     t["attn_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
     # -- MLP block
-    t["mlp_norm"] = tokens * norm / rep
+    # with a parallel residual the MLP's norm reads the attention norm's input: one storage (an
+    # eager RMSNorm's fp32 upcast is that input itself when the residual stream is fp32)
+    shared_input = shape.parallel_residual * h * np.where(eager_norm, FP32 * (np.asarray(residual_bytes) == FP32),
+                                                          residual_bytes)
+    t["mlp_norm"] = tokens * (norm - shared_input) / rep
     t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * mlp_copies / rep
     t["mlp_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
     if moe:
         e, k, cf = shape.experts, shape.top_k, shape.capacity_factor
         # fp32 router probabilities, int64 top-k indices, and per routed token its int64
         # token and slot indices and its gate weight
-        t["router"] = tokens * (e * FP32 + k * INDEX_BYTES * 3 + k * residual_bytes) / rep
+        # grouped experts (transformers 5's grouped_mm; fused kernels run their own permutation):
+        # the sort's permutation and its inverse are kept too, the gate weights stay fp32, and
+        # grouped_mm, not autocast, runs the experts in the weights' dtype (the residual's)
+        grouped = shape.grouped_experts * (1 - np.asarray(fused))
+        t["router"] = tokens * (e * FP32 + k * INDEX_BYTES * (3 + grouped)
+                                + k * np.where(grouped, FP32, residual_bytes)) / rep
+        expert_bytes = np.where(grouped, residual_bytes, act_bytes)
         # Routed copies of each token: the gathered expert inputs (under autocast, instead, each
         # expert input projection's own 16-bit cast of them), the expert outputs kept by the
         # gate-weight multiply and, with an eager `index_add` combine, the weighted outputs
-        # (its derivative formula reads `source`; a fused unpermute kernel does not).
+        # (its derivative formula reads `source`; a fused unpermute kernel and the grouped
+        # reshape-and-sum do not).
         # (under LoRA the gathered inputs only for the gate and up adapters' gradients)
         # (the gathered copy is what the experts' input projections keep: in FP8 under fp8, where
         # the 16-bit gather is freed once cast, or dispatched in FP8 as DeepSeek-V3 §3.3.3 does)
-        inputs = (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes
-        per_copy = inputs * save_mlp_in + act_bytes + residual_bytes * (1 - np.asarray(fused))
+        inputs = np.where(grouped, residual_bytes,
+                          (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes)
+        per_copy = inputs * save_mlp_in + expert_bytes + residual_bytes * (1 - np.asarray(fused)) * (1 - grouped)
         t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep
         # The block's normalised input is kept by the linears that read it directly, for their
         # weight gradients: the router and the shared experts' gate (frozen under LoRA) and the
@@ -211,15 +265,16 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         readers = (1 - frozen) * (1 + shape.shared_gate) + shared_in * (shape.mlp_matrices - 1)
         copies = np.where(autocast > 0, readers, np.minimum(readers, 1))
         t["mlp_input"] = tokens * h * linear_in_bytes * copies / rep
-        t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused,
-                                                      save["down"], act_bytes, linear_in_bytes) / tp
-        t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused,
-                                                    save["down"], act_bytes, linear_in_bytes) / tp
+        t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused, save["down"],
+                                                      expert_bytes, np.where(grouped, residual_bytes, linear_in_bytes),
+                                                      shape.activation_saves) / tp
+        t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused, save["down"],
+                                                    act_bytes, linear_in_bytes, shape.activation_saves) / tp
         # the gate's multiply keeps both factors: the sigmoid (one per token) and the shared output
         t["shared_expert_gate"] = tokens * (h + 1) * act_bytes * shape.shared_gate / rep
     else:
         t["mlp"] = tokens * _mlp_elems(shape.ffn, shape.mlp_matrices, fused, save["down"],
-                                       act_bytes, linear_in_bytes) / tp
+                                       act_bytes, linear_in_bytes, shape.activation_saves) / tp
     # LoRA: each adapter keeps its r-wide x·A for B's weight gradient: once per token in attention
     # and dense MLPs, once per routed copy in the experts (and per token in shared experts)
     on = _adapted(shape, saves)
@@ -286,13 +341,18 @@ def _norm_bytes(h, eager_rms, residual_bytes, stats, frozen=0):
     return np.where(eager_rms, (2 - frozen) * h * FP32, h * residual_bytes) + stats * FP32
 
 
-def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes):
-    """Bytes per token inside the MLP (between its input and output projections)."""
-    if matrices == 2:  # GELU: activation input; its output is the down projection's input
-        inner = f * act_bytes
-    else:  # SwiGLU: gate and up (fused) or gate, silu(gate), up (eager)
-        inner = f * act_bytes * (3 - np.asarray(fused))
-    return inner + f * linear_in_bytes * save_down
+def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes, activation_saves=(1, 0)):
+    """Bytes per token inside the MLP (between its input and output projections).
+    activation_saves: ACTIVATION_SAVES of its activation function (one kernel keeping its
+    input when the kernels are fused)."""
+    fused = np.asarray(fused)
+    kept = np.where(fused, 1, activation_saves[0])
+    keeps_out = np.where(fused, 0, activation_saves[1])
+    if matrices == 2:  # the activation's tensors; its output, kept as the down projection's input
+        return f * act_bytes * kept + f * np.maximum(linear_in_bytes * save_down, act_bytes * keeps_out)
+    # gated: the activation's tensors, its output and up (kept by their product; a fused SwiGLU
+    # recomputes the output), and their product, the down projection's input
+    return f * act_bytes * (kept + 2 - fused) + f * linear_in_bytes * save_down
 
 
 def checkpoint_bytes(hidden, *, tokens, tp, sp, act_bytes):

@@ -108,6 +108,9 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         capacity_factor=model.capacity_factor or 1.0,
         qkv_projections=1 if model.fused_qkv or model.is_mla else 3,
         rotary=model.position == "rotary",
+        activation_saves=act.ACTIVATION_SAVES[model.activation], parallel_residual=model.parallel_residual,
+        grouped_experts=(model.experts_impl or act.DEFAULT_EXPERTS_IMPL) == "grouped",
+        qk_norm=model.qk_norm, head_dim=0 if model.is_mla else model.dim_head,
     )
     return ModelNumbers(
         dense=group(dense_i), moe=group(moe_i), shape=shape, kv_heads=kvh, hidden=model.hidden,
@@ -179,9 +182,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # in the 16-bit compute dtype.
     dense_matrices, moe_matrices = (layer_matrix_params(lp, tp, ep, mn.kv_heads) for lp in (mn.dense, mn.moe))
     layer_matrices = dense_layers * dense_matrices + moe_layers * moe_matrices
-    layer_max_matrices = np.maximum(np.where(dense_layers > 0, dense_matrices, 0.0),
-                                    np.where(moe_layers > 0, moe_matrices, 0.0))
     quantizable = layer_matrices
+    uncast_experts = mn.moe.expert / (ep * tp) * float(mn.shape.grouped_experts and not r.fused_kernels)
     frozen_bytes = quantizable * r.frozen_weight_bytes + (p_stage - quantizable) * r.compute_weight_bytes
     weights_sharded = r.weights_sharded(zero)
     weights = np.where(lora, frozen_bytes + adapters * r.weight_bytes,
@@ -298,11 +300,14 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # (LoRA's frozen base is already in the 16-bit dtype: only its fp32 adapters are cast, and
         # the A of the first layer's attention-input adapters only where that layer's input
         # needs a gradient: a checkpointed first layer)
+        # (transformers' grouped experts run outside autocast: their weights are not cast)
         "autocast_weight_copies": np.where(
             lora, (1 - frac_ckpt) * adapters + np.where(n_ckpt > 0, layer_max_adapters, 0.0)
             - first * (n_ckpt == 0) * max(mn.dense.lora_input_a, mn.moe.lora_input_a) / tp,
-            (1 - frac_ckpt) * layer_matrices + last * vocab_padded * h / tp
-            + np.where(n_ckpt > 0, layer_max_matrices, 0.0)) * r.autocast_copy_bytes,
+            (1 - frac_ckpt) * (layer_matrices - moe_layers * uncast_experts) + last * vocab_padded * h / tp
+            + np.where(n_ckpt > 0, np.maximum(np.where(dense_layers > 0, dense_matrices, 0.0),
+                                              np.where(moe_layers > 0, moe_matrices - uncast_experts, 0.0)), 0.0)
+        ) * r.autocast_copy_bytes,
     }
     activations = sum(parts.values())
 

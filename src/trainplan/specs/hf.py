@@ -13,7 +13,33 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..errors import PlanError, from_pydantic
-from .model import ModelSpec
+from .model import ActivationKind, ModelSpec
+
+# Activation functions whose saved tensors are modelled (transformers' ACT2FN names).
+ACTIVATIONS = ActivationKind.__args__
+# config.json's `experts_implementation` (transformers 5) -> ModelSpec.experts_impl
+EXPERTS_IMPLEMENTATIONS = {"grouped_mm": "grouped", "eager": "eager"}
+
+
+def _activation(c: dict, key: str, default: str) -> str:
+    """The config's activation function, by transformers' name; any other is refused (what
+    it saves for backward would be unknown)."""
+    name = c.get(key, default)
+    if name not in ACTIVATIONS:
+        raise PlanError(f"hf_config.{key}", f"unsupported activation function {name!r}; "
+                        f"supported: {', '.join(ACTIVATIONS)}")
+    return name
+
+
+def _experts_impl(c: dict) -> str | None:
+    """The config's `experts_implementation`, when it states one."""
+    name = c.get("experts_implementation")
+    if name is None:
+        return None
+    if name not in EXPERTS_IMPLEMENTATIONS:
+        raise PlanError("hf_config.experts_implementation", f"unsupported experts implementation {name!r}; "
+                        f"supported: {', '.join(EXPERTS_IMPLEMENTATIONS)}")
+    return EXPERTS_IMPLEMENTATIONS[name]
 
 
 def _common(c: dict) -> dict:
@@ -28,6 +54,7 @@ def _common(c: dict) -> dict:
         tied_embeddings=bool(c.get("tie_word_embeddings", False)),
         max_position=c.get("max_position_embeddings", 4096),
         mlp="swiglu",
+        activation=_activation(c, "hidden_act", "silu"),  # LlamaConfig's default and the others'
         norm="rmsnorm",
         position="rotary",
     )
@@ -51,7 +78,7 @@ def _qwen3(c: dict) -> dict:
 def _mixtral(c: dict) -> dict:
     d = _common(c)
     d.update(experts=c.get("num_local_experts", 8), top_k=c.get("num_experts_per_tok", 2),
-             expert_ffn=c["intermediate_size"])
+             expert_ffn=c["intermediate_size"], experts_impl=_experts_impl(c))
     return d
 
 
@@ -62,7 +89,7 @@ def _qwen2_moe(c: dict) -> dict:
         raise PlanError("hf_config.mlp_only_layers", "dense-only layer lists are not supported; "
                         "use first_dense_layers in a TOML spec instead")
     d.update(experts=c["num_experts"], top_k=c["num_experts_per_tok"],
-             expert_ffn=c["moe_intermediate_size"], moe_layer_freq=step)
+             expert_ffn=c["moe_intermediate_size"], moe_layer_freq=step, experts_impl=_experts_impl(c))
     shared = c.get("shared_expert_intermediate_size", 0)
     if shared:
         d.update(shared_experts=1, shared_expert_ffn=shared, shared_expert_gate=True)
@@ -72,7 +99,8 @@ def _qwen2_moe(c: dict) -> dict:
 def _qwen3_moe(c: dict) -> dict:
     d = _qwen3(c)
     d.update(experts=c["num_experts"], top_k=c["num_experts_per_tok"],
-             expert_ffn=c["moe_intermediate_size"], moe_layer_freq=c.get("decoder_sparse_step", 1))
+             expert_ffn=c["moe_intermediate_size"], moe_layer_freq=c.get("decoder_sparse_step", 1),
+             experts_impl=_experts_impl(c))
     return d
 
 
@@ -86,7 +114,7 @@ def _deepseek_v3(c: dict) -> dict:
         router_bias=c.get("topk_method", "noaux_tc") == "noaux_tc",
         q_lora_rank=c.get("q_lora_rank"), kv_lora_rank=c["kv_lora_rank"],
         qk_rope_head_dim=c["qk_rope_head_dim"], qk_nope_head_dim=c["qk_nope_head_dim"],
-        v_head_dim=c["v_head_dim"],
+        v_head_dim=c["v_head_dim"], experts_impl=_experts_impl(c),
     )
     return d
 
@@ -98,6 +126,7 @@ def _gpt2(c: dict) -> dict:
         ffn=c.get("n_inner") or 4 * h, vocab=c.get("vocab_size", 50257),
         tied_embeddings=bool(c.get("tie_word_embeddings", True)),
         max_position=c.get("n_positions", 1024), mlp="gelu", norm="layernorm",
+        activation=_activation(c, "activation_function", "gelu_new"),  # GPT2Config's default
         position="learned", qkv_bias=True, bias=True, fused_qkv=True,
     )
 
@@ -108,6 +137,8 @@ def _gpt_neox(c: dict) -> dict:
         ffn=c.get("intermediate_size") or 4 * c["hidden_size"], vocab=c["vocab_size"],
         tied_embeddings=bool(c.get("tie_word_embeddings", False)),
         max_position=c.get("max_position_embeddings", 2048), mlp="gelu", norm="layernorm",
+        activation=_activation(c, "hidden_act", "gelu"),  # GPTNeoXConfig's defaults
+        parallel_residual=bool(c.get("use_parallel_residual", True)),
         position="rotary", qkv_bias=bool(c.get("attention_bias", True)),
         bias=bool(c.get("attention_bias", True)), fused_qkv=True,
     )

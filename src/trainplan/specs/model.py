@@ -19,7 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..limits import MAX_LAYERS
 
-MLPKind = Literal["gelu", "swiglu"]
+MLPKind = Literal["gelu", "swiglu"]  # ungated (two matrices) or gated (gate, up, down)
+# The activation function as transformers names it (`activation_function` / `hidden_act`):
+# what it keeps for backward depends on the ops its implementation runs
+# (estimate/activations.py). None: one kernel keeping its input (F.gelu for a "gelu" MLP,
+# F.silu for a gated one), as Megatron's fused GELU and SwiGLU run.
+ActivationKind = Literal["gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "silu", "swish",
+                         "relu", "relu2"]
+# How a transformers MoE block runs its routed experts: "grouped" (transformers 5's default
+# `grouped_mm`: tokens sorted by expert, one grouped GEMM, combined by a reshape and sum) or
+# "eager" (a loop over the experts combined with `index_add_`). None: not stated.
+ExpertsImpl = Literal["grouped", "eager"]
 NormKind = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rotary", "none"]
 
@@ -66,6 +76,7 @@ class ModelSpec(BaseModel):
     head_dim: int | None = Field(default=None, ge=1, le=100_000)
     ffn: int = Field(ge=1, le=10_000_000)
     mlp: MLPKind = "swiglu"
+    activation: ActivationKind | None = None  # None: a fused single-kernel GELU / SiLU
     vocab: int = Field(ge=1, le=100_000_000)
     tied_embeddings: bool = False
     norm: NormKind = "rmsnorm"
@@ -75,6 +86,7 @@ class ModelSpec(BaseModel):
     bias: bool = False  # biases on the attention output and MLP linears
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
     fused_qkv: bool = False  # one QKV projection (GPT-2 c_attn, GPT-NeoX, Megatron) vs q/k/v
+    parallel_residual: bool = False  # attention and MLP read the same input (GPT-NeoX, GPT-J)
 
     # Mixture of experts.
     experts: int = Field(default=0, ge=0, le=100_000)
@@ -87,6 +99,7 @@ class ModelSpec(BaseModel):
     moe_layer_freq: int = Field(default=1, ge=1)
     capacity_factor: float | None = Field(default=None, gt=0, le=1000)
     router_bias: bool = False  # per-expert score-correction bias (DeepSeek-V3)
+    experts_impl: ExpertsImpl | None = None  # None: the planner's default (activations.DEFAULT_EXPERTS_IMPL)
 
     # Multi-head latent attention (DeepSeek-V2/V3).
     q_lora_rank: int | None = Field(default=None, ge=1)

@@ -1,64 +1,134 @@
-"""Hugging Face `transformers` models with random weights, built from a ModelSpec (no
-network, no checkpoint): what most users actually train. Optional extra `hf`."""
+"""Hugging Face `transformers` models with random weights (no network, no checkpoint): what
+most users actually train. Optional extra `hf`.
+
+A model given as a config.json is built from that config as written: only its sizes are
+replaced by the (scaled-down) spec's, and its dropout probabilities by the plan's; its
+activation function, residual layout, biases and everything else that decides what is saved
+for backward are kept. A catalog model is built from a config of its family that states the
+spec's activation function and residual layout."""
 
 from __future__ import annotations
 
 from ..errors import PlanError
 from ..specs.model import ModelSpec
 
+# The config keys that carry a spec's sizes, per model_type (the inverse of specs/hf.py).
+_DECODER = dict(layers="num_hidden_layers", hidden="hidden_size", heads="num_attention_heads",
+                kv_heads="num_key_value_heads", head_dim="head_dim", ffn="intermediate_size",
+                vocab="vocab_size", max_position="max_position_embeddings")
+SIZE_KEYS = {
+    "gpt2": dict(layers="n_layer", hidden="n_embd", heads="n_head", ffn="n_inner", vocab="vocab_size",
+                 max_position="n_positions"),
+    "gpt_neox": dict(layers="num_hidden_layers", hidden="hidden_size", heads="num_attention_heads",
+                     ffn="intermediate_size", vocab="vocab_size", max_position="max_position_embeddings"),
+    "llama": _DECODER, "mistral": _DECODER, "qwen2": _DECODER, "qwen3": _DECODER,
+    "mixtral": {**_DECODER, "experts": "num_local_experts", "top_k": "num_experts_per_tok",
+                "expert_ffn": "intermediate_size"},
+    "qwen2_moe": {**_DECODER, "experts": "num_experts", "top_k": "num_experts_per_tok",
+                  "expert_ffn": "moe_intermediate_size"},
+    "qwen3_moe": {**_DECODER, "experts": "num_experts", "top_k": "num_experts_per_tok",
+                  "expert_ffn": "moe_intermediate_size"},
+}
+# Dropout probabilities of each family's config (the plan's --dropout decides dropout).
+DROPOUT_KEYS = ("attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_first_dropout", "attention_dropout",
+                "hidden_dropout", "classifier_dropout")
+# Experts implementations (ModelSpec.experts_impl) by transformers' name, and back.
+EXPERTS_IMPL = {"grouped": "grouped_mm", "eager": "eager"}
+FROM_EXPERTS_IMPL = {v: k for k, v in EXPERTS_IMPL.items()}
 
-def hf_config(spec: ModelSpec, attention: str):
-    """A transformers config of the family the spec belongs to."""
+
+def _transformers():
     try:
-        from transformers import AutoConfig
+        import transformers
     except ImportError:
         raise PlanError("impl", "--impl transformers needs the transformers package: "
                         "pip install 'trainplan[hf]'") from None
-    attn = "eager" if attention == "eager" else "sdpa"
-    common = dict(vocab_size=spec.vocab, tie_word_embeddings=spec.tied_embeddings, bos_token_id=None,
-                  eos_token_id=None, pad_token_id=None)
+    return transformers
+
+
+def config_dict(spec: ModelSpec, user: dict | None = None) -> dict:
+    """The config.json a model is built from: the user's (`user`) with its sizes set to the
+    spec's, or, for a catalog model, one of the spec's family stating its activation function."""
     if spec.is_mla:
         raise PlanError("model", "multi-head latent attention is not built from transformers here")
-    if spec.mlp == "gelu":
-        if spec.position == "learned":
-            kw = dict(n_embd=spec.hidden, n_layer=spec.layers, n_head=spec.heads, n_inner=spec.ffn,
-                      n_positions=spec.max_position, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                      activation_function="gelu_pytorch_tanh", **common)
-            cfg = AutoConfig.for_model("gpt2", **kw)
-        else:
-            kw = dict(hidden_size=spec.hidden, num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                      intermediate_size=spec.ffn, max_position_embeddings=spec.max_position,
-                      hidden_act="gelu_pytorch_tanh", **common)
-            cfg = AutoConfig.for_model("gpt_neox", **kw)
-    else:
-        kw = dict(hidden_size=spec.hidden, num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                  num_key_value_heads=spec.n_kv_heads, head_dim=spec.dim_head,
-                  intermediate_size=spec.ffn, max_position_embeddings=spec.max_position, **common)
-        if spec.is_moe and spec.shared_experts:
-            kind = "qwen2_moe"
-            kw.update(num_experts=spec.experts, num_experts_per_tok=spec.top_k,
-                      moe_intermediate_size=spec.expert_ffn,
-                      shared_expert_intermediate_size=(spec.shared_expert_ffn or spec.expert_ffn) * spec.shared_experts)
-        elif spec.is_moe:
-            kind = "mixtral"
-            kw.update(num_local_experts=spec.experts, num_experts_per_tok=spec.top_k, intermediate_size=spec.expert_ffn)
-        else:
-            kind = "qwen2" if spec.qkv_bias else "llama"
-        cfg = AutoConfig.for_model(kind, **kw)
-    cfg._attn_implementation = attn
+    cfg = dict(user) if user is not None else _family_config(spec)
+    kind = cfg.get("model_type")
+    if kind not in SIZE_KEYS:
+        raise PlanError("hf_config.model_type", f"validate builds {', '.join(SIZE_KEYS)} models with "
+                        f"transformers; not {kind!r}")
+    for field, key in SIZE_KEYS[kind].items():
+        if field == "head_dim" and "head_dim" not in cfg:
+            continue  # the family derives it from hidden / heads
+        value = getattr(spec, "n_kv_heads" if field == "kv_heads" else "dim_head" if field == "head_dim" else field)
+        cfg[key] = value
+    if spec.shared_experts and kind == "qwen2_moe":
+        cfg["shared_expert_intermediate_size"] = spec.shared_ffn_total
+    # token ids of the full vocabulary would fall outside a scaled-down one; unused in training
+    cfg.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
     return cfg
 
 
-def build_hf_model(spec: ModelSpec, attention: str, recompute: str, device: str, early_stop: bool = False):
-    import torch
-    from transformers import AutoModelForCausalLM
+def _family_config(spec: ModelSpec) -> dict:
+    """A config of the family a catalog spec belongs to."""
+    common = dict(tie_word_embeddings=spec.tied_embeddings)
+    if spec.mlp == "gelu":
+        # a spec without an activation runs one GELU kernel that keeps its input: F.gelu
+        act = spec.activation or "gelu_pytorch_tanh"
+        if spec.position == "learned":
+            return dict(model_type="gpt2", activation_function=act, **common)
+        return dict(model_type="gpt_neox", hidden_act=act, use_parallel_residual=spec.parallel_residual,
+                    attention_bias=spec.qkv_bias, **common)
+    common["hidden_act"] = spec.activation or "silu"
+    if spec.experts_impl is not None:
+        common["experts_implementation"] = EXPERTS_IMPL[spec.experts_impl]
+    if spec.is_moe and spec.shared_experts:
+        return dict(model_type="qwen2_moe", **common)
+    if spec.is_moe:
+        return dict(model_type="mixtral", **common)
+    return dict(model_type="qwen2" if spec.qkv_bias else "llama", **common)
 
+
+def hf_config(spec: ModelSpec, attention: str, user: dict | None = None):
+    """The transformers config the model is built from (see `config_dict`)."""
+    transformers = _transformers()
+    cfg = config_dict(spec, user)
+    kind = cfg.pop("model_type")
+    cfg = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "_name_or_path",
+                                                     "torch_dtype", "dtype")}
+    config = transformers.AutoConfig.for_model(kind, **cfg)
+    config._attn_implementation = "eager" if attention == "eager" else "sdpa"
+    return config
+
+
+def dropout_settings(config: dict) -> dict:
+    """The config's nonzero dropout probabilities, by key."""
+    return {k: config[k] for k in DROPOUT_KEYS if isinstance(config.get(k), (int, float)) and config[k] > 0}
+
+
+def build_hf_model(spec: ModelSpec, attention: str, recompute: str, device: str, early_stop: bool = False,
+                   user: dict | None = None, dropout: float = 0.0):
+    """The model, in fp32 (the plan's precision recipe is applied by the caller), in training
+    mode; its dropout probabilities are the plan's."""
+    import torch
+
+    transformers = _transformers()
     if recompute == "selective":
         raise PlanError("recompute", "transformers models recompute whole layers only: use none or full")
+    config = hf_config(spec, attention, user)
+    for key in DROPOUT_KEYS:
+        if isinstance(getattr(config, key, None), (int, float)):
+            setattr(config, key, dropout)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_config(spec, attention)).to(device)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
     model.train()
     if recompute == "full":
         # reentrant (transformers' default), or non-reentrant, which stops early (PyTorch >= 2.1)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": not early_stop})
     return model
+
+
+def experts_impl(model) -> str | None:
+    """The experts implementation a built model runs (its library's default unless the config
+    states one); None for a dense model or one whose implementation is not modelled."""
+    impl = getattr(model.config, "_experts_implementation", None)
+    return FROM_EXPERTS_IMPL.get(impl)

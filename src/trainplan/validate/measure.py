@@ -125,12 +125,29 @@ def _cpu_flash_mapping() -> dict:
         def bwd_flops(grad_out, q, k, v, *args, out_shape=None, **kwargs):
             return fc.sdpa_backward_flop_count(grad_out, q, k, v)
         mapping[bwd] = bwd_flops
+    grouped = getattr(aten, "_grouped_mm", None)
+    if grouped is not None:
+        mapping[grouped] = grouped_mm_flops
     return mapping  # FlopCounterMode passes shapes to custom formulas itself
+
+
+def grouped_mm_flops(a, b, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of `torch._grouped_mm(a, b, offs)` (transformers' grouped experts), which
+    `torch.utils.flop_counter` does not count: every row of the 2-D operand is multiplied in
+    exactly one group, so it is a plain matrix product over the whole operand. Shapes: (M, K) x
+    (E, K, N) forward, (M, N) x (E, N, K) and (K, M) x (M, N) -> (E, K, N) backward."""
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    if len(a) == 2:
+        return 2 * a[0] * a[1] * b[2]
+    if len(b) == 2:
+        return 2 * a[1] * a[2] * b[1]
+    return 2 * a[0] * a[1] * a[2] * b[2]
 
 
 def counted_flops(fn) -> tuple[int, object]:
     """FLOPs of `fn()` (forward and backward inside it) by `FlopCounterMode`, with the CPU
-    flash-attention kernels counted like their CUDA versions."""
+    flash-attention kernels counted like their CUDA versions and grouped GEMMs counted."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False, custom_mapping=_cpu_flash_mapping()) as counter:

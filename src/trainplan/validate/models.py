@@ -9,12 +9,14 @@ keep. torch is imported lazily by callers of this module."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..estimate.activations import DEFAULT_EXPERTS_IMPL
 from ..specs.model import ModelSpec
 
 
@@ -104,7 +106,8 @@ def _rotate(x, cos, sin):
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: str, dropout: float, selective: bool = False):
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float, selective: bool = False,
+                 fused: bool = False):
         super().__init__()
         self.spec, self.attention, self.p, self.selective = spec, attention, dropout, selective
         # heads held by this rank (tensor parallelism divides them)
@@ -118,6 +121,8 @@ class Attention(nn.Module):
             self.k = nn.Linear(h, kv, bias=spec.qkv_bias)
             self.v = nn.Linear(h, kv, bias=spec.qkv_bias)
         self.o = nn.Linear(q, h, bias=spec.bias)
+        if spec.qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
+            self.q_norm, self.k_norm = RMSNorm(spec.dim_head, fused=fused), RMSNorm(spec.dim_head, fused=fused)
 
     def forward(self, x, cos, sin, causal):
         b, s, _ = x.shape
@@ -126,8 +131,10 @@ class Attention(nn.Module):
             q, k, v = self.qkv(x).split([a * d, kvh * d, kvh * d], dim=-1)
         else:
             q, k, v = self.q(x), self.k(x), self.v(x)
-        q = q.view(b, s, a, d).transpose(1, 2)
-        k = k.view(b, s, kvh, d).transpose(1, 2)
+        q, k = q.view(b, s, a, d), k.view(b, s, kvh, d)
+        if self.spec.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, kvh, d).transpose(1, 2)
         if cos is not None:
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -156,11 +163,31 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=kvh != a)
 
 
+def _gelu_new(x):  # transformers' NewGELUActivation, op for op
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _gelu_fast(x):  # transformers' FastGELUActivation, op for op
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+# The activation functions of ModelSpec.activation written with the ops of transformers 5.x
+# `activations.py` (what each op keeps for backward is what the planner prices); None: one
+# GELU (ungated) or SiLU (gated) kernel.
+ACTIVATION_FNS = {
+    "gelu": F.gelu, "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"), "silu": F.silu, "swish": F.silu,
+    "gelu_new": _gelu_new, "gelu_fast": _gelu_fast, "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "relu": F.relu, "relu2": lambda x: torch.square(F.relu(x)),
+}
+
+
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, dropout: float, ffn: int | None = None, fused: bool = False):
         super().__init__()
         h, f = spec.hidden, ffn or spec.ffn
         self.swiglu, self.p, self.fused = spec.mlp == "swiglu", dropout, fused
+        default = F.silu if self.swiglu else partial(F.gelu, approximate="tanh")
+        self.act = ACTIVATION_FNS[spec.activation] if spec.activation else default
         self.up = nn.Linear(h, f, bias=spec.bias)
         self.down = nn.Linear(f, h, bias=spec.bias)
         if self.swiglu:
@@ -170,9 +197,11 @@ class MLP(nn.Module):
         if self.swiglu and self.fused:
             y = FusedSwiGLUFn.apply(self.gate(x), self.up(x))
         elif self.swiglu:
-            y = F.silu(self.gate(x)) * self.up(x)
-        else:
+            y = self.act(self.gate(x)) * self.up(x)
+        elif self.fused:  # a fused kernel keeping its input, whatever the activation
             y = F.gelu(self.up(x), approximate="tanh")
+        else:
+            y = self.act(self.up(x))
         return F.dropout(self.down(y), self.p, self.training)
 
 
@@ -185,6 +214,9 @@ class MoE(nn.Module):
     def __init__(self, spec: ModelSpec, dropout: float, fused: bool = False):
         super().__init__()
         self.spec, self.fused = spec, fused
+        # transformers 5's grouped experts unless the spec says eager; fused kernels run the loop
+        # with a fused unpermute (IndexAddFn)
+        self.grouped = (spec.experts_impl or DEFAULT_EXPERTS_IMPL) == "grouped" and not fused
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
         self.experts = nn.ModuleList(MLP(spec, 0.0, spec.expert_ffn or spec.ffn, fused)
                                      for _ in range(spec.experts))
@@ -199,14 +231,17 @@ class MoE(nn.Module):
         flat = x.reshape(-1, h)
         probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float)
         weights, chosen = torch.topk(probs, self.spec.top_k, dim=-1)
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            token, slot = torch.where(chosen == e)
-            if token.numel() == 0:
-                continue
-            y = expert(flat[token]) * weights[token, slot, None]
-            out = IndexAddFn.apply(out, token, y) if self.fused else out.index_add(0, token, y)
+        if self.grouped:
+            out = self._grouped(flat, weights, chosen)
+        else:
+            weights = weights.to(x.dtype)
+            out = torch.zeros_like(flat)
+            for e, expert in enumerate(self.experts):
+                token, slot = torch.where(chosen == e)
+                if token.numel() == 0:
+                    continue
+                y = expert(flat[token]) * weights[token, slot, None]
+                out = IndexAddFn.apply(out, token, y) if self.fused else out.index_add(0, token, y)
         if self.shared is not None:
             shared = self.shared(flat)
             if self.shared_gate is not None:
@@ -214,16 +249,42 @@ class MoE(nn.Module):
             out = out + shared
         return F.dropout(out.view(b, s, h), self.p, self.training)
 
+    def _grouped(self, flat, weights, chosen):
+        """transformers 5's `grouped_mm_experts_forward` (integrations/moe.py), with each expert's
+        rows run by its own MLP: the routed copies sorted by expert and gathered, the experts run
+        in their weights' dtype (grouped_mm is not autocast), weighted by the fp32 gate weights,
+        put back in order and summed over each token's k copies."""
+        k, h = self.spec.top_k, flat.shape[-1]
+        expert_ids, perm = torch.sort(chosen.reshape(-1))
+        inputs = flat[perm // k]
+        gate = weights.reshape(-1)[perm]
+        counts = torch.bincount(expert_ids, minlength=len(self.experts)).tolist()
+        up = self.experts[0].up
+        dtype = getattr(up, "base", up).weight.dtype  # a LoRA-wrapped linear keeps its weight in `base`
+        with torch.autocast(device_type=flat.device.type, enabled=False):
+            rows, start = [], 0
+            for expert, n in zip(self.experts, counts, strict=True):
+                if n:
+                    rows.append(expert(inputs[start:start + n].to(dtype)))
+                start += n
+            weighted = torch.cat(rows) * gate.unsqueeze(-1)
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        return weighted[inverse].view(-1, k, h).sum(dim=1).to(flat.dtype)
+
 
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, attention: str, dropout: float, moe: bool = False,
                  selective: bool = False, fused: bool = False):
         super().__init__()
         self.norm1, self.norm2 = _norm(spec, spec.hidden, fused), _norm(spec, spec.hidden, fused)
-        self.attn = Attention(spec, attention, dropout, selective)
+        self.attn = Attention(spec, attention, dropout, selective, fused)
         self.mlp = MoE(spec, dropout, fused) if moe else MLP(spec, dropout, fused=fused)
+        self.parallel = spec.parallel_residual
 
     def forward(self, x, cos, sin, causal):
+        if self.parallel:  # GPT-NeoX: attention and MLP both read the layer's input
+            return x + self.attn(self.norm1(x), cos, sin, causal) + self.mlp(self.norm2(x))
         x = x + self.attn(self.norm1(x), cos, sin, causal)
         return x + self.mlp(self.norm2(x))
 

@@ -240,9 +240,10 @@ def low_dtype(plan: Plan):
     return torch.float16 if plan.precision == "fp16" else torch.bfloat16
 
 
-def measure(layout: Layout, device: str = "cpu", impl: str = "reference") -> dict:
+def measure(layout: Layout, device: str = "cpu", impl: str = "reference", user_config: dict | None = None) -> dict:
     """Run one training step of the plan's model on one device and measure it.
-    impl: "reference" (trainplan's PyTorch models) or "transformers" (Hugging Face)."""
+    impl: "reference" (trainplan's PyTorch models) or "transformers" (Hugging Face: built from
+    `user_config`, the user's config.json, when the model came from one)."""
     import torch
 
     from .measure import SavedTensors, counted_flops, tensor_bytes
@@ -262,9 +263,13 @@ def measure(layout: Layout, device: str = "cpu", impl: str = "reference") -> dic
         if plan.fused_kernels:
             raise PlanError("fused_kernels", "transformers models run their own unfused norms and MLPs; "
                             "validate fused kernels with the reference models (--impl reference)")
-        from .hf_models import build_hf_model
+        if plan.dropout > 0:
+            raise PlanError("dropout", "transformers models are validated without dropout (their attention "
+                            "kernels take no dropout on the CPU); validate dropout with --impl reference")
+        from .hf_models import build_hf_model, experts_impl
 
-        model = build_hf_model(spec, plan.attention, plan.recompute, device, recipe(plan).early_stop_checkpoint)
+        model = build_hf_model(spec, plan.attention, plan.recompute, device, recipe(plan).early_stop_checkpoint,
+                               user=user_config, dropout=plan.dropout)
     else:
         model = build_model(spec, plan, device)
     pure16 = mixed and not plan.master_weights  # the model cast to 16 bits, trained as it is
@@ -293,7 +298,9 @@ def measure(layout: Layout, device: str = "cpu", impl: str = "reference") -> dic
 
     def call():
         if impl == "transformers":
-            return model(input_ids=ids, labels=ids).loss
+            # a training step without the inference KV cache (a cache built in the step keeps
+            # contiguous copies of a fused projection's K and V views, which nothing prices)
+            return model(input_ids=ids, labels=ids, use_cache=False).loss
         return model(ids, ids)
 
     def forward():
@@ -334,6 +341,8 @@ def measure(layout: Layout, device: str = "cpu", impl: str = "reference") -> dic
         "activations_bytes": saved,
         "regions": recorder.by_region(),
     }
+    if impl == "transformers" and spec.is_moe:
+        out["experts_impl"] = experts_impl(model)
     if plan.recompute == "full" and impl == "reference":
         out["recompute_working_set"] = recompute_working_set(model, layout, device, autocast)
         out["activations_bytes"] += out["recompute_working_set"]
@@ -481,7 +490,11 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
 
         cases = run_distributed(layout, small, device, name)
     else:
-        measured = measure(layout, device, impl)
+        user = user_config(plan) if impl == "transformers" else None
+        measured = measure(layout, device, impl, user)
+        if measured.get("experts_impl") and measured["experts_impl"] != layout.model.experts_impl:
+            # priced as the experts implementation the library ran (its default unless stated)
+            layout = resolve(small_plan, small.model_copy(update={"experts_impl": measured["experts_impl"]}))
         predicted = predict(layout, device)
         unmeasured = 0.0
         if impl == "transformers" and plan.recompute == "full":
@@ -496,13 +509,40 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
             if k in measured:
                 case.extra[k] = measured[k]
         if impl == "transformers":
-            case.name += " (transformers)"
+            case.name += " (transformers" + (", experts " + measured["experts_impl"] if measured.get("experts_impl")
+                                             else "") + ")"
+            if user is not None:
+                case.notes.append(_config_note(user, plan.dropout))
             if plan.recompute == "full":
                 case.notes.append(f"transformers' checkpointing: the re-materialised layer ({unmeasured / 2**20:.2f} MiB "
                                   "predicted) is not measured; both sides leave it out")
         cases = [case.finish()]
     worst = max((abs(e) for c in cases for e in c.rel_error.values()), default=0.0)
     return {"device": device, "cases": [c.to_json() for c in cases], "max_abs_rel_error": worst}
+
+
+def user_config(plan: Plan) -> dict | None:
+    """The config.json the plan's model came from (the web's `hf_config` or a .json file),
+    built as written by `--impl transformers`; None for a catalog or TOML model."""
+    if plan.hf_config is not None:
+        return plan.hf_config
+    if not plan.model.endswith(".json"):
+        return None
+    import json
+    from pathlib import Path
+
+    return json.loads(Path(plan.model).read_text(encoding="utf-8"))  # parsed once already by resolve
+
+
+def _config_note(config: dict, dropout: float) -> str:
+    from .hf_models import dropout_settings
+
+    note = "built from the given config.json as written (sizes scaled)"
+    replaced = dropout_settings(config)
+    if replaced:
+        note += (f"; its dropout ({', '.join(f'{k} {v}' for k, v in replaced.items())}) set to the plan's "
+                 f"{dropout} (--dropout)")
+    return note
 
 
 def _describe(spec: ModelSpec) -> str:
