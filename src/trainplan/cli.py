@@ -94,6 +94,7 @@ def _plan_options(
     recompute_modules: Annotated[str | None, typer.Option(help="With --recompute selective: what it recomputes, comma-separated (Megatron-Core --recompute-modules): core_attn (default), layernorm, mla_up_proj, moe_act")] = None,
     fp8_cache: Annotated[str | None, typer.Option(help="With --precision fp8: saved tensors kept in low precision besides the linears' inputs, comma-separated (DeepSeek-V3 §3.3.3): attn_out (E5M6), moe_act_input (FP8)")] = None,
     fused_kernels: Annotated[bool | None, typer.Option("--fused-kernels/--no-fused-kernels", help="Fused norm and SwiGLU kernels that save only their inputs (Megatron's, Liger Kernel's, Apex's); default: the framework's (on for megatron)")] = None,
+    tp_backward_overlap: Annotated[bool | None, typer.Option("--tp-backward-overlap/--no-tp-backward-overlap", help="The backward's TP collectives beside the weight-gradient GEMMs (Megatron's async all-reduce of column-parallel input gradients); default: the framework's (on for megatron)")] = None,
     recompute_early_stop: Annotated[bool | None, typer.Option("--recompute-early-stop/--no-recompute-early-stop", help="Non-reentrant checkpointing stops recomputing before each block's last linear (PyTorch >= 2.1); default: the framework's (on for fsdp)")] = None,
     schedule: Annotated[ScheduleOpt, typer.Option(help="Pipeline schedule")] = ScheduleOpt("1f1b"),
     vpp: Annotated[int | None, typer.Option(help="Virtual stages per GPU (interleaved schedule)")] = None,

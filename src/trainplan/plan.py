@@ -87,6 +87,10 @@ class Plan(BaseModel):
     fused_kernels: bool | None = Field(
         default=None, description="fused norm and SwiGLU kernels that save only their inputs (Megatron's, "
         "Liger Kernel's, Apex's); default: the framework's convention (on for megatron)")
+    tp_backward_overlap: bool | None = Field(
+        default=None, description="the backward's tensor-parallel collectives run beside the GEMMs they do not feed "
+        "(Megatron's asynchronous all-reduce of a column-parallel linear's input gradient with its weight "
+        "gradient); default: the framework's convention (on for megatron)")
     recompute_early_stop: bool | None = Field(
         default=None, description="non-reentrant checkpointing stops the recomputation before each block's last "
         "linear (PyTorch >= 2.1's default); default: the framework's convention (on for fsdp)")

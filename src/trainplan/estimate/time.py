@@ -553,10 +553,14 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     hidden_shard = np.where(f(sp) > 0, tp, 1.0)
     mlp_width = {"dense": model.ffn,
                  "moe": model.top_k * (model.expert_ffn or model.ffn) + model.shared_ffn_total if model.is_moe else 0}
-    elementwise = {kind: tokens * ((10 * h + 6 * h * (f(dropout) > 0)) / hidden_shard
-                                   + model.mlp_matrices * width / tp
-                                   + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0))
-                   * elem / hw.hbm for kind, width in mlp_width.items()}
+    drop_fwd, drop_bwd = dropout_passes(r.fused_kernels, elem)
+    dropped = f(dropout) > 0
+    elementwise, elementwise_bwd = {}, {}
+    for kind, width in mlp_width.items():
+        sharded = model.mlp_matrices * width / tp \
+            + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0)
+        elementwise[kind] = tokens * ((10 + drop_fwd * dropped) * h / hidden_shard + sharded) * elem / hw.hbm
+        elementwise_bwd[kind] = tokens * ((20 + drop_bwd * dropped) * h / hidden_shard + 2 * sharded) * elem / hw.hbm
     # QLoRA (bitsandbytes' MatMul4Bit): every use of a quantized weight dequantizes it to the
     # compute dtype first, in the forward (and a recomputed forward) and for the backward's input
     # gradient: a pass reading the packed weight and writing the 16-bit one
@@ -586,7 +590,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # per layer: its time without recomputation, and what recomputation adds to it
     compute, recompute_extra, layer = {}, {}, {}
     for kind in gemm:
-        elem_fwd, elem_bwd = elementwise[kind] + adapter_drop[kind], 2 * elementwise[kind] + adapter_drop[kind]
+        elem_fwd, elem_bwd = elementwise[kind] + adapter_drop[kind], elementwise_bwd[kind] + adapter_drop[kind]
         fwd = gemm[kind] + attn + elem_fwd + dequant[kind]
         recompute_extra[kind] = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
         compute[kind] = fwd + gemm_bwd[kind] + attn_backward + elem_bwd + dequant[kind]
@@ -601,7 +605,9 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
-    tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]), 2 * tp_ar)
+    tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]),
+                      tp_backward(model, hw, r, tp_ar, tokens=tokens, tp=tp, ep=ep, kv_heads=kvh, sp=f(sp) > 0,
+                                  frozen=frozen))
     tp_extra = {kind: np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip), 0.0)
                 for kind in ("dense", "moe")}  # early stop: the attention's collective only
     a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
@@ -650,8 +656,54 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # (the collectives per layer: with a recomputation's share of them where only some layers are recomputed)
     detail = {"layer": layer, "tp_layer": {kind: tp_fwd + tp_bwd + share * tp_extra[kind] for kind in tp_extra},
               "cp_layer": cp_layer + share * cp_extra, "ep_layer": 4 * a2a,
-              "head": head, "embedding": embed_passes * embed_fwd, "p2p": p2p}
+              "head": head, "embedding": embed_passes * embed_fwd, "p2p": p2p,
+              # one layer's tensor-parallel seconds by pass (the recomputation's: full recomputation)
+              "tp_passes": {kind: {"forward": tp_fwd, "backward": tp_bwd, "recompute": tp_extra[kind]}
+                            for kind in tp_extra}}
     return {**slowest_stage(parts), "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
+
+
+def dropout_passes(fused: bool, elem: float) -> tuple[float, float]:
+    """One layer's two hidden-width dropouts (after the attention projection and after the MLP)
+    in one-way passes over an `elem`-byte activation, forward and backward. Megatron's fused
+    bias-dropout-add (megatron/model/fused_bias_dropout.py, bias_dropout_add_fused_train) reads
+    the branch and the residual and writes their sum, the residual add's own passes, plus the
+    1-byte mask; its backward reads the gradient and the mask and writes the branch's gradient.
+    Unfused, each dropout is its own pass over the activation: a read, a write and the mask
+    (counted as a full element), and twice that backward."""
+    mask = act.MASK_BYTES / elem
+    if fused:
+        return 2 * mask, 2 * (2 + mask)
+    return 6.0, 12.0
+
+
+def tp_backward(model, hw: Hardware, r, tp_ar, *, tokens, tp, ep, kv_heads, sp, frozen):
+    """Exposed seconds of one layer's backward tensor-parallel collectives: the two
+    column-parallel linears' input-gradient all-reduces (`tp_ar` each). Where the framework
+    issues them asynchronously (`r.tp_backward_overlap`: Megatron) they run beside the weight-
+    gradient GEMMs of those linears, adding what outlasts them and slowing the GEMMs they overlap
+    (`overlapped`); under sequence parallelism the reduce-scatter runs beside the weight gradient
+    and the re-gather of the saved input shard beside the input gradient (two all-reduces' worth
+    beside both GEMMs), while the row-parallel linears' output-gradient all-gathers, which their
+    GEMMs wait for, stay exposed (half an all-reduce each). A frozen base has no weight gradient
+    to hide behind."""
+    if not r.tp_backward_overlap:
+        return 2 * tp_ar
+    g = column_gemms(model)
+    args = (g, tokens, tp, ep, kv_heads, model.top_k, hw.gemm_peak, hw.gemm_eff, hw.sms, r.act_bytes, hw.gemm_curve)
+    both = layer_gemm_time(*args, backward=True, weight_grad=not frozen)
+    dgrad = layer_gemm_time(*args, backward=True, weight_grad=False)
+    beside = np.where(sp, both, both - dgrad)
+    return np.where(sp, tp_ar, 0.0) + overlapped(2 * tp_ar, beside, hw.overlap_slowdown)
+
+
+@lru_cache(maxsize=256)
+def column_gemms(model) -> LayerGemms:
+    """A dense layer's column-parallel linears (attention's input projections, the MLP's up and
+    gate projections): those whose input gradient is all-reduced over tensor parallelism."""
+    index = model.first_layer(False)
+    lins = _linears(model, index if index is not None else 0)
+    return _gemms_of([lin for lin in lins if lin.tp in ("col", "kv")])
 
 
 def recomputed_share(recompute, recompute_layers, layers):
@@ -1065,6 +1117,22 @@ def collective_choices(layout: Layout, hw: Hardware, trainable: float, out: dict
                                                          layout.dp * layout.cp, layout.tp, gpn, plan.sharp,
                                                          calls=one("dp_calls"))
     return choices
+
+
+def layer_pass_times(layout: Layout, profile: dict | None = None, kind: str = "dense") -> dict:
+    """One layer's seconds per micro-batch as Korthikanti et al. 2023 Table 4 times them: its
+    forward, its backward (the recomputation included) and that recomputation, each with the
+    exposed tensor-parallel collectives of the pass."""
+    d = step_derivation(layout, profile)["detail"]
+    lay, tp = d["layer"][kind], d["tp_passes"][kind]
+    num = lambda x: float(np.ravel(x)[0])  # noqa: E731
+    recompute = num(lay["recompute"]) + num(tp["recompute"])
+    forward = num(lay["gemm_forward"]) + num(lay["attention_forward"]) + num(lay["elementwise_forward"]) \
+        + num(lay["dequantize"]) + num(tp["forward"])
+    backward = num(lay["gemm_backward"]) + num(lay["attention_backward"]) + num(lay["elementwise_backward"]) \
+        + num(lay["dequantize"]) + num(tp["backward"]) + recompute
+    return {"forward_s": forward, "backward_s": backward, "recompute_s": recompute,
+            "elementwise_s": num(lay["elementwise_forward"]) + num(lay["elementwise_backward"])}
 
 
 def _step(layout: Layout, profile: dict | None, memory: dict | None):
