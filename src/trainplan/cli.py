@@ -83,6 +83,8 @@ def _plan_options(
     dp: Annotated[int | None, typer.Option(help="Data-parallel size (derived from --gpus when omitted)")] = None,
     cp: Annotated[int, typer.Option(help="Context-parallel size")] = 1,
     ep: Annotated[int, typer.Option(help="Expert-parallel size (MoE)")] = 1,
+    ep_node_limit: Annotated[int | None, typer.Option(help="Node-limited MoE routing: each token to experts on at most N nodes, sent once per node (DeepSeek-V3: 4; DeepEP); default: no limit (NCCL all-to-all)")] = None,
+    ep_overlap: Annotated[bool, typer.Option("--ep-overlap/--no-ep-overlap", help="Expert-parallel all-to-alls hidden behind another micro-batch's compute (DualPipe, Megatron-Core --overlap-moe-expert-parallel-comm); default: exposed")] = False,
     zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3 (3 = FSDP's FULL_SHARD, 2 = SHARD_GRAD_OP; FSDP has no 1); default: the framework's (3 for fsdp and fsdp1, 0 otherwise)")] = None,
     dp_shard: Annotated[int | None, typer.Option(help="Hybrid sharding (HSDP): ZeRO shards over groups of this many data-parallel ranks and all-reduces across the dp / dp_shard groups (FSDP HYBRID_SHARD, torchtitan data_parallel_shard_degree, Megatron --num-distributed-optimizer-instances, DeepSpeed MiCS); default: all dp ranks")] = None,
     sp: Annotated[bool | None, typer.Option("--sp/--no-sp", help="Sequence parallelism (with TP); plan: off unless --sp; search: on with TP unless --no-sp")] = None,

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..plan import DTYPE_BYTES, Layout, conventions
 from . import activations as act
-from . import comm
+from . import all_to_all, comm
 from .data import data_report, step_with_data
 from .distinct import per_distinct
 from .flops import (
@@ -83,6 +83,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         "flash_head_dim_multiple": eff["flash_head_dim_multiple"],
         "overlap_slowdown": eff["overlap_compute_slowdown"],
         "nccl": nccl_tuning(name),
+        "a2a_nvlink": eff["all_to_all"]["nvlink"],
     }
     if profile:
         out.update({k: v for k, v in profile.items() if k in out})
@@ -400,6 +401,7 @@ class Hardware:
     peak_bf16: float | None = None  # the accelerator's bf16 peak (None without bf16)
     peak_fp8: float | None = None  # ... and its fp8 peak (None without fp8)
     nccl: comm.NcclTuning | None = None  # NCCL's algorithm and protocol choice (comm.nccl_call)
+    a2a_nvlink: float | None = None  # NVLink bytes/s per GPU of an expert-parallel all-to-all (None: `nvlink`)
 
     @property
     def gemm16(self) -> tuple:
@@ -437,6 +439,7 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"],
         overlap_slowdown=e["overlap_slowdown"], nccl=e["nccl"],
         eff_16=e["gemm_16"] if fp8 else None, curve_16=curve_at(1.0) if fp8 else None,
+        a2a_nvlink=gpu.scale_up_gbs / 2 * 1e9 * e["a2a_nvlink"] if gpu.scale_up_gbs else np.inf,
         h2d=(plan.h2d_gbs or conventions()["data"]["h2d_gbs"]) * 1e9,
         host_memory=(plan.host_gbs or conventions()["offload"]["host_memory_gbs"]) * 1e9)
 
@@ -447,7 +450,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
                    data_s=0.0, prefetch=True, backward_prefetch=0, dp_shard=None, lora=None,
-                   recompute_layers=None, offload_params=False) -> dict:
+                   recompute_layers=None, offload_params=False, ep_node_limit=None, ep_overlap=False) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
@@ -455,7 +458,8 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
                          total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
-                         cp_allgather=cp_allgather, recompute_layers=recompute_layers, **(lora or {}))
+                         cp_allgather=cp_allgather, recompute_layers=recompute_layers, ep_node_limit=ep_node_limit,
+                         ep_overlap=ep_overlap, **(lora or {}))
     out = step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
@@ -493,7 +497,7 @@ def lora_arguments(plan) -> dict:
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
                 overlap_tp, gpn, stage_dense, stage_moe, first, last, total_dense, total_moe,
                 vocab_padded, sp=False, sharp=False, cp_allgather=False, lora_targets=None, lora_rank=0,
-                reentrant_checkpoint=False, recompute_layers=None) -> dict:
+                reentrant_checkpoint=False, recompute_layers=None, ep_node_limit=None, ep_overlap=False) -> dict:
     """One micro-batch's forward + backward seconds on each stage, by part ("parts", stage
     axis last), the same summed over all stages ("totals") and the point-to-point transfer
     between stages ("p2p"). Nothing here depends on the pipeline schedule. `lora_targets`
@@ -610,9 +614,12 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                                   frozen=frozen))
     tp_extra = {kind: np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip), 0.0)
                 for kind in ("dense", "moe")}  # early stop: the attention's collective only
-    a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
-                               *link(hw, comm.ALL_TO_ALL, ep, tp * cp, gpn)) \
-        if model.is_moe else 0.0
+    # EP: a dispatch and a combine each way per MoE layer (estimate/all_to_all.py; a recomputed
+    # forward's are not priced); beside another micro-batch's compute under `ep_overlap`
+    # (DualPipe), what outlasts that compute and the slowdown of the compute it overlaps exposed
+    a2a = all_to_all.dispatch_time(h * elem, tokens, model.top_k, ep, tp * cp, gpn,
+                                   hw.a2a_nvlink or hw.nvlink, hw.nic, link(hw, comm.ALL_TO_ALL, ep, tp * cp, gpn)[1],
+                                   ep_node_limit) if model.is_moe else 0.0
     cp_ring = collective(hw, comm.ALL_GATHER, tokens * 2 * model.kv_dim / tp * elem * cp, cp, tp, gpn)
     # The ring passes K/V blocks around while attention runs (forward, and K/V plus their
     # gradients in the backward); the all-gather variant (Llama 3, Dubey et al. 2024 §3.3.2)
@@ -634,6 +641,12 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     embed_fwd = tokens * h * elem * 2 / hw.hbm
     embed_passes = 1 if frozen else 3
 
+    def ep_exposed(one, recomputed):
+        """One MoE layer's exposed all-to-all seconds per micro-batch."""
+        total = 4 * one
+        return np.where(f(ep_overlap) > 0, overlapped(total, compute["moe"] + recomputed * recompute_extra["moe"],
+                                                      hw.overlap_slowdown), total)
+
     def per_stage(dense, moe, first_, last_, n_stages, recomputed):
         """recomputed: the share of the layers whose recomputation is paid"""
         return {
@@ -642,7 +655,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
             + first_ * (embed_passes * embed_fwd - first_input_grad),
             "tp_comm": dense * (tp_fwd + tp_bwd + recomputed * tp_extra["dense"])
             + moe * (tp_fwd + tp_bwd + recomputed * tp_extra["moe"]),
-            "ep_comm": moe * 4 * a2a,
+            "ep_comm": moe * ep_exposed(a2a, recomputed),
             "cp_comm": (dense + moe) * (cp_layer + recomputed * cp_extra),
             "pp_comm": n_stages * 2 * p2p,
         }
@@ -655,7 +668,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # the terms above, one layer of each kind and one micro-batch (for `plan --explain`)
     # (the collectives per layer: with a recomputation's share of them where only some layers are recomputed)
     detail = {"layer": layer, "tp_layer": {kind: tp_fwd + tp_bwd + share * tp_extra[kind] for kind in tp_extra},
-              "cp_layer": cp_layer + share * cp_extra, "ep_layer": 4 * a2a,
+              "cp_layer": cp_layer + share * cp_extra, "ep_layer": ep_exposed(a2a, share),
+              "a2a": a2a, "moe_layer_compute": compute["moe"] + share * recompute_extra["moe"],
               "head": head, "embedding": embed_passes * embed_fwd, "p2p": p2p,
               # one layer's tensor-parallel seconds by pass (the recomputation's: full recomputation)
               "tp_passes": {kind: {"forward": tp_fwd, "backward": tp_bwd, "recompute": tp_extra[kind]}
@@ -1166,5 +1180,6 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
         sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-        dp_shard=layout.dp_shard, lora=lora_arguments(plan), recompute_layers=layout.recompute_layers_per_stage)
+        dp_shard=layout.dp_shard, lora=lora_arguments(plan), recompute_layers=layout.recompute_layers_per_stage,
+        ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap)
     return out, fl, data
