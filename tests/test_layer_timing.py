@@ -80,3 +80,19 @@ def test_fused_dropout_adds_its_mask():
     per = 4 * 2048 * 6144 / hardware(lay).hbm * 1e3
     dry, wet = (layer_pass_times(resolve(make_plan(**kw, dropout=d))) for d in (0.0, 0.1))
     assert (wet["elementwise_s"] - dry["elementwise_s"]) * 1e3 == pytest.approx(per * (2 * 1 + 2 * 5), rel=1e-9)
+
+
+def test_docs_table_is_the_model():
+    """docs/time-model.md's Table 4 comparison is the model's output (to its 0.01 ms rounding)."""
+    doc = (Path(__file__).parents[1] / "docs" / "time-model.md").read_text()
+    seen = 0
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] in ROWS and len(cells) == 8:
+            _, sp, recompute, *_ = ROWS[cells[0]]
+            t = times(sp, recompute)
+            assert float(cells[2]) == pytest.approx(t["forward_s"], abs=0.006)
+            assert float(cells[5]) == pytest.approx(t["backward_s"], abs=0.006)
+            assert float(cells[7]) == pytest.approx(t["recompute_s"], abs=0.006)
+            seen += 1
+    assert seen == len(ROWS)
