@@ -103,11 +103,25 @@ def test_invalid_ep_options_are_refused_by_name(kw, field):
 
 def test_search_leaves_the_unpipelined_ep_256_layout():
     """DeepSeek-V3 on 2,048 H800s: priced on NVLink bandwidth the search's best was no pipeline,
-    EP 256 over 32 nodes, ZeRO-2, full recomputation; with the NICs priced it pipelines, and with
-    DeepSeek's routing and overlap (--ep-node-limit 4 --ep-overlap) it keeps expert parallelism
-    inside a few nodes."""
-    for kw in ({}, dict(ep_node_limit=4, ep_overlap=True)):
-        best = search(make_plan(model="deepseek-v3", gpu="H800-SXM", gpus=2048, **kw), set(), top=1)["best"][0]
-        par = best["parallel"]
-        assert par["pp"] > 1 and par["ep"] < 256, par
-        assert par["ep"] * par["tp"] * par["cp"] <= 8 * 8
+    EP 256 over 32 nodes, ZeRO-2, full recomputation; with the NICs priced and the all-to-alls
+    exposed (NCCL's, under 1F1B) it pipelines and keeps the expert-parallel group inside a node.
+    (Told DeepSeek's routing and overlap, --ep-node-limit 4 --ep-overlap, EP 256 without a
+    pipeline is best again: its all-to-alls, 0.8 of the compute, hide behind it.)"""
+    best = search(make_plan(model="deepseek-v3", gpu="H800-SXM", gpus=2048), set(), top=1)["best"][0]
+    par = best["parallel"]
+    assert par["pp"] > 1 and par["ep"] * par["tp"] * par["cp"] <= 8, par
+
+
+def test_dualpipe_overlaps_the_all_to_all():
+    """Under DualPipe (DeepSeek-V3 §3.2.1) the all-to-alls run beside the other micro-batch's
+    compute whether or not --ep-overlap is given; under 1F1B they are exposed unless it is."""
+    kw = dict(model="deepseek-v3", gpu="H800-SXM", gpus=2048, tp=1, pp=16, ep=64, zero=1, seq_len=SEQ, gbs=4096,
+              ep_node_limit=4, precision="fp8")
+    from trainplan.estimate.time import step_time
+
+    def ep(schedule, overlap):
+        return step_time(resolve(make_plan(**kw, schedule=schedule, ep_overlap=overlap)))["micro_batch_s"]["ep_comm"]
+
+    assert ep("dualpipe", False) == pytest.approx(ep("dualpipe", True), rel=1e-12)
+    slowdown = hardware(resolve(make_plan(**kw))).overlap_slowdown
+    assert ep("1f1b", True) == pytest.approx(slowdown * ep("1f1b", False), rel=1e-9)

@@ -469,7 +469,8 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             **lora_arguments(plan))
         spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
         stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
-                  "p2p": spread(stages["p2p"]),
+                  "p2p": spread(stages["p2p"]), "ep_saving": spread(stages["ep_saving"]),
+                  "ep_saving_total": spread(stages["ep_saving_total"]),
                   "slowest_parts": {k: spread(v) for k, v in stages["slowest_parts"].items()}}
         t = step_from_stages(
             stages, hw, r, pp=sel(pp), dp=sel(col("dp")), cp=sel(col("cp")), tp=sel(tp), zero=sel(col("zero")),

@@ -641,11 +641,11 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     embed_fwd = tokens * h * elem * 2 / hw.hbm
     embed_passes = 1 if frozen else 3
 
-    def ep_exposed(one, recomputed):
+    def ep_exposed(one, recomputed, overlap=ep_overlap):
         """One MoE layer's exposed all-to-all seconds per micro-batch."""
         total = 4 * one
-        return np.where(f(ep_overlap) > 0, overlapped(total, compute["moe"] + recomputed * recompute_extra["moe"],
-                                                      hw.overlap_slowdown), total)
+        return np.where(f(overlap) > 0, overlapped(total, compute["moe"] + recomputed * recompute_extra["moe"],
+                                                   hw.overlap_slowdown), total)
 
     def per_stage(dense, moe, first_, last_, n_stages, recomputed):
         """recomputed: the share of the layers whose recomputation is paid"""
@@ -674,7 +674,14 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
               # one layer's tensor-parallel seconds by pass (the recomputation's: full recomputation)
               "tp_passes": {kind: {"forward": tp_fwd, "backward": tp_bwd, "recompute": tp_extra[kind]}
                             for kind in tp_extra}}
-    return {**slowest_stage(parts), "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
+    # what DualPipe's overlap of one micro-batch's all-to-alls with another's compute saves where
+    # the plan does not already overlap them (step_from_stages applies it under that schedule)
+    saving = {"ep_saving": f(stage_moe) * (ep_exposed(a2a, share, False) - ep_exposed(a2a, share, True))
+              * (f(ep_overlap) == 0)}
+    slow = slowest_stage(parts, saving)
+    ep_saving_total = f(total_moe) * (ep_exposed(a2a, 1.0, False) - ep_exposed(a2a, 1.0, True)) * (f(ep_overlap) == 0)
+    return {**slow, "ep_saving": slow["slowest_extra"]["ep_saving"], "ep_saving_total": ep_saving_total,
+            "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
 
 
 def dropout_passes(fused: bool, elem: float) -> tuple[float, float]:
@@ -740,10 +747,11 @@ def model_recomputed_share(recompute, recompute_layers, stage_layers):
     return np.sum(share * stage_layers, axis=-1) / np.maximum(np.sum(stage_layers, axis=-1), 1.0)
 
 
-def slowest_stage(parts: dict) -> dict:
+def slowest_stage(parts: dict, extra: dict | None = None) -> dict:
     """The slowest stage of per-stage times by part (stage axis last): its seconds per
     micro-batch in all ("slowest_s") and by part ("slowest_parts"), and every stage's total
-    ("stage_s")."""
+    ("stage_s"); `extra` per-stage figures outside the total, taken on that stage too
+    ("slowest_extra")."""
     stage = sum(parts.values())
     slow = np.argmax(stage, axis=-1)
     n_stages = stage.shape[-1]
@@ -761,7 +769,8 @@ def slowest_stage(parts: dict) -> dict:
             return np.broadcast_to(a, stage.shape)
         return np.broadcast_to(a, stage.shape).reshape(-1)[slow_flat].reshape(slow.shape + (1,))
 
-    return {"slowest_s": pick(stage), "slowest_parts": {k: pick(v) for k, v in parts.items()}, "stage_s": stage}
+    return {"slowest_s": pick(stage), "slowest_parts": {k: pick(v) for k, v in parts.items()}, "stage_s": stage,
+            "slowest_extra": {k: pick(v) for k, v in (extra or {}).items()}}
 
 
 def link(hw: Hardware, kind: int, n, stride, gpn, sharp=False) -> tuple:
@@ -917,12 +926,19 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
     stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
+    # DualPipe runs one micro-batch's all-to-alls beside another's compute (DeepSeek-V3 §3.2.1):
+    # the saving stage_times worked out for that overlap, where the plan did not ask for it anyway
+    dual = np.asarray(schedule) == SCHEDULE_CODE["dualpipe"]
+    saving = np.where(dual, stages.get("ep_saving", 0.0), 0.0)
+    stage_max = stage_max - saving
+    totals = stages["totals"] - np.where(dual, stages.get("ep_saving_total", 0.0), 0.0)
+    per_micro_batch = {**per_micro_batch, "ep_comm": per_micro_batch["ep_comm"] - saving}
     # The engine running the pipeline (estimate/pipeline_engine.py): DeepSpeed's blocking sends
     # and receives put more transfers on every micro-batch's critical path than the two
     # stage_times prices, and its gradients are reduced after the schedule, not overlapped.
     extra_p2p, overlap_dp = engine_terms(r.pipeline_engine, pp, schedule, f(overlap_dp))
     per_micro_batch = {**per_micro_batch, "pp_comm": per_micro_batch["pp_comm"] + extra_p2p * p2p}
-    pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE) \
+    pipe = pipeline_time(schedule, pp, m, stage_max, totals, vpp, p2p, wgrad_share=WGRAD_SHARE) \
         + m * extra_p2p * p2p
     # a DualPipe rank holds two stages and runs each micro-batch through one of them
     busy_mbs = np.where(np.asarray(schedule) == SCHEDULE_CODE["dualpipe"], m / 2, m)
