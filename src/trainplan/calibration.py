@@ -7,7 +7,9 @@ not give are chosen by one rule for all rows, never fitted per row:
 * recompute as published; where a source is silent (Megatron-Core): none, or selective if
   the plan does not fit in memory, then full;
 * 2019-2021 Megatron runs: fp16, materialised attention (pre-FlashAttention), gradient
-  all-reduce after the backward; 2024 Megatron-Core: bf16, cuDNN attention (Transformer
+  all-reduce after the backward, the backward's tensor-parallel all-reduces synchronous (Megatron-LM
+  made them asynchronous beside the weight-gradient GEMMs on 2021-09-02, commit 16c90445e7, after
+  the April 2021 tables); 2024 Megatron-Core: bf16, cuDNN attention (Transformer
   Engine prefers it to FlashAttention-2 on Hopper: conventions.toml
   [efficiency.cudnn_attention_curve]), the published overlap flags, separate input and output
   embeddings (the published sizes count both); MosaicML: bf16 autocast
@@ -209,7 +211,7 @@ def narayanan_setup(cfg: dict, row: list) -> tuple[ModelSpec, dict]:
     pb, a, h, L, tp, pp, g, gbs, _ = row
     return _gpt(f"GPT {pb}B", h, a, L, 51200, 2048), dict(
         gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=2048, recompute="full", framework="megatron",
-        attention="eager", precision="fp16", overlap_dp=False)
+        attention="eager", precision="fp16", overlap_dp=False, tp_backward_overlap=False)
 
 
 def mosaicml_setup(cfg: dict, row: list, attention: str = "triton") -> tuple[ModelSpec, dict]:
@@ -324,7 +326,7 @@ def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attenti
         gpu = "V100" if system == "V100" else "A100-40GB-SXM"
         layout = resolve(_plan(profiles, gpu=gpu, gpus=g, tp=mp, gbs=gbs, mbs=gbs // (g // mp), seq_len=1024,
                                    recompute="full", framework="megatron", attention="eager", precision="fp16",
-                                   overlap_dp=False, gpus_per_node=16 if system == "V100" else 8), spec)
+                                   overlap_dp=False, tp_backward_overlap=False, gpus_per_node=16 if system == "V100" else 8), spec)
         t = evaluate_layout(layout)["time"]
         label = f"{system}: h {h}, {L} layers, MP {mp}, {g} GPUs"
         return dict(source=table, gpu=gpu, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)

@@ -62,6 +62,13 @@ class Plan(BaseModel):
     dp: int | None = Field(default=None, ge=1, le=MAX_GPUS)
     cp: int = Field(default=1, ge=1, le=MAX_GPUS)
     ep: int = Field(default=1, ge=1, le=MAX_GPUS)
+    ep_node_limit: int | None = Field(
+        default=None, ge=1, le=MAX_GPUS,
+        description="node-limited routing: each token to experts on at most this many nodes, dispatched once per "
+        "node (DeepSeek-V3's 4, DeepEP's normal kernels); default: no limit, NCCL's all-to-all, one copy per expert")
+    ep_overlap: bool = Field(
+        default=False, description="expert-parallel all-to-alls beside another micro-batch's compute (DeepSeek-V3's "
+        "DualPipe, Megatron-Core --overlap-moe-expert-parallel-comm); default: exposed, as under plain 1F1B")
     zero: int | None = Field(default=None, ge=0, le=3, description="ZeRO stage; default: the framework's "
                              "(3 for fsdp and fsdp1, FULL_SHARD; 0 otherwise)")
     dp_shard: int | None = Field(
@@ -87,6 +94,10 @@ class Plan(BaseModel):
     fused_kernels: bool | None = Field(
         default=None, description="fused norm and SwiGLU kernels that save only their inputs (Megatron's, "
         "Liger Kernel's, Apex's); default: the framework's convention (on for megatron)")
+    tp_backward_overlap: bool | None = Field(
+        default=None, description="the backward's tensor-parallel collectives run beside the GEMMs they do not feed "
+        "(Megatron's asynchronous all-reduce of a column-parallel linear's input gradient with its weight "
+        "gradient); default: the framework's convention (on for megatron)")
     recompute_early_stop: bool | None = Field(
         default=None, description="non-reentrant checkpointing stops the recomputation before each block's last "
         "linear (PyTorch >= 2.1's default); default: the framework's convention (on for fsdp)")
@@ -542,6 +553,12 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                             "(load-balanced causal context parallelism)")
         if plan.attention == "eager":
             raise PlanError("cp", "context parallelism needs --attention flash or sdpa")
+    for name in ("ep_node_limit", "ep_overlap"):
+        if getattr(plan, name) and not model.is_moe:
+            raise PlanError(name, f"applies to mixture-of-experts models; {model.name} is dense")
+    if plan.ep_node_limit is not None and plan.ep_node_limit > model.top_k:
+        raise PlanError("ep_node_limit", f"must be at most the experts a token is routed to (top_k {model.top_k}): "
+                        f"a token reaches no more nodes than experts; got {plan.ep_node_limit}")
     if ep > 1:
         if not model.is_moe:
             raise PlanError("ep", f"expert parallelism needs a mixture-of-experts model; {model.name} is dense")
@@ -576,6 +593,9 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         # 1F1B bubble (p-1)/(m+p-1) stays under 20%.
         gbs = dp * plan.mbs * (1 if pp == 1 else 4 * pp)
     micro_batches = gbs // (dp * plan.mbs)
+    if plan.ep_overlap and micro_batches < 2:
+        raise PlanError("ep_overlap", f"hides a micro-batch's all-to-alls behind another's compute: needs at least 2 "
+                        f"micro-batches per step; got {micro_batches}")
     if plan.schedule == "interleaved" and micro_batches % pp:
         raise PlanError("gbs", f"the interleaved schedule needs micro-batches per step "
                         f"({micro_batches}) divisible by pp ({pp})")

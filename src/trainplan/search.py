@@ -247,6 +247,8 @@ def _expand_block(plan: Plan, space: Space, cols: dict[str, np.ndarray], gbs: in
     cols = _keep(cols, (gbs % np.maximum(dp * mbs, 1)) == 0)
     cols["m"] = gbs // np.maximum(cols["dp"] * cols["mbs"], 1)
     cols["gbs"] = np.full_like(cols["dp"], gbs)
+    if plan.ep_overlap:  # a micro-batch's all-to-alls hide behind another's compute (plan.resolve's rule)
+        cols = _keep(cols, cols["m"] >= 2)
 
     cols = _expand(cols, {"recompute": [act.RECOMPUTE_CODE[r] for r in space.recompute]})
     cols = _expand(cols, {"zero": space.zero})
@@ -372,7 +374,8 @@ def _base(plan: Plan, gpus: int, model):
     lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": least_zero(plan), "dp": None,
                                            "dp_shard": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
-                                           "vpp": None, "recompute": "none", "stage_layers": None}), model)
+                                           "vpp": None, "recompute": "none", "stage_layers": None,
+                                           "ep_overlap": False}), model)
     profile = None
     if plan.gpu_profile:
         from .profile import load_profile
@@ -462,10 +465,12 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
             first=h(stage_idx == 0).astype(float), last=h(stage_idx == pp - 1).astype(float),
             total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
             vocab_padded=h(vocab_padded), sp=(h(tp) > 1) & sequence_parallel, sharp=plan.sharp,
-            cp_allgather=plan.cp_comm == "allgather", **lora_arguments(plan))
+            cp_allgather=plan.cp_comm == "allgather", ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap,
+            **lora_arguments(plan))
         spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
         stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
-                  "p2p": spread(stages["p2p"]),
+                  "p2p": spread(stages["p2p"]), "ep_saving": spread(stages["ep_saving"]),
+                  "ep_saving_total": spread(stages["ep_saving_total"]),
                   "slowest_parts": {k: spread(v) for k, v in stages["slowest_parts"].items()}}
         t = step_from_stages(
             stages, hw, r, pp=sel(pp), dp=sel(col("dp")), cp=sel(col("cp")), tp=sel(tp), zero=sel(col("zero")),

@@ -87,6 +87,11 @@ class Recipe:
     zero3_parameter_calls: bool = False
     zero3_gathers_overlap: bool = True
     zero3_max_reuse_distance: float = float("inf")
+    # tensor-parallel collectives of the backward issued asynchronously beside the GEMMs they do
+    # not feed (Megatron's column-parallel linears: the input gradient's all-reduce, or under SP
+    # its reduce-scatter, beside the weight-gradient GEMM; under SP the input's re-gather beside
+    # the input-gradient GEMM): conventions.toml [frameworks] tp_backward_overlap
+    tp_backward_overlap: bool = False
 
     @property
     def casts_linear_inputs(self) -> bool:
@@ -204,4 +209,6 @@ def recipe(plan: Plan) -> Recipe:
         shards_params_at_rest=bool(fw.get("shards_params_at_rest", False)),
         single_rank_no_shard=bool(fw.get("single_rank_no_shard", False)),
         pipeline_engine=str(fw.get("pipeline_engine", "megatron")),
+        tp_backward_overlap=bool(fw.get("tp_backward_overlap", False) if plan.tp_backward_overlap is None
+                                 else plan.tp_backward_overlap),
     )

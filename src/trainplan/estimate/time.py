@@ -40,7 +40,7 @@ import numpy as np
 
 from ..plan import DTYPE_BYTES, Layout, conventions
 from . import activations as act
-from . import comm
+from . import all_to_all, comm
 from .data import data_report, step_with_data
 from .distinct import per_distinct
 from .flops import (
@@ -83,6 +83,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
         "flash_head_dim_multiple": eff["flash_head_dim_multiple"],
         "overlap_slowdown": eff["overlap_compute_slowdown"],
         "nccl": nccl_tuning(name),
+        "a2a_nvlink": eff["all_to_all"]["nvlink"],
     }
     if profile:
         out.update({k: v for k, v in profile.items() if k in out})
@@ -400,6 +401,7 @@ class Hardware:
     peak_bf16: float | None = None  # the accelerator's bf16 peak (None without bf16)
     peak_fp8: float | None = None  # ... and its fp8 peak (None without fp8)
     nccl: comm.NcclTuning | None = None  # NCCL's algorithm and protocol choice (comm.nccl_call)
+    a2a_nvlink: float | None = None  # NVLink bytes/s per GPU of an expert-parallel all-to-all (None: `nvlink`)
 
     @property
     def gemm16(self) -> tuple:
@@ -437,6 +439,7 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
         attention_kernel=plan.attention, flash_head_dim_multiple=e["flash_head_dim_multiple"],
         overlap_slowdown=e["overlap_slowdown"], nccl=e["nccl"],
         eff_16=e["gemm_16"] if fp8 else None, curve_16=curve_at(1.0) if fp8 else None,
+        a2a_nvlink=gpu.scale_up_gbs / 2 * 1e9 * e["a2a_nvlink"] if gpu.scale_up_gbs else np.inf,
         h2d=(plan.h2d_gbs or conventions()["data"]["h2d_gbs"]) * 1e9,
         host_memory=(plan.host_gbs or conventions()["offload"]["host_memory_gbs"]) * 1e9)
 
@@ -447,7 +450,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
                    data_s=0.0, prefetch=True, backward_prefetch=0, dp_shard=None, lora=None,
-                   recompute_layers=None, offload_params=False) -> dict:
+                   recompute_layers=None, offload_params=False, ep_node_limit=None, ep_overlap=False) -> dict:
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
@@ -455,7 +458,8 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
                          total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
-                         cp_allgather=cp_allgather, recompute_layers=recompute_layers, **(lora or {}))
+                         cp_allgather=cp_allgather, recompute_layers=recompute_layers, ep_node_limit=ep_node_limit,
+                         ep_overlap=ep_overlap, **(lora or {}))
     out = step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
@@ -493,7 +497,7 @@ def lora_arguments(plan) -> dict:
 def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout,
                 overlap_tp, gpn, stage_dense, stage_moe, first, last, total_dense, total_moe,
                 vocab_padded, sp=False, sharp=False, cp_allgather=False, lora_targets=None, lora_rank=0,
-                reentrant_checkpoint=False, recompute_layers=None) -> dict:
+                reentrant_checkpoint=False, recompute_layers=None, ep_node_limit=None, ep_overlap=False) -> dict:
     """One micro-batch's forward + backward seconds on each stage, by part ("parts", stage
     axis last), the same summed over all stages ("totals") and the point-to-point transfer
     between stages ("p2p"). Nothing here depends on the pipeline schedule. `lora_targets`
@@ -553,10 +557,14 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     hidden_shard = np.where(f(sp) > 0, tp, 1.0)
     mlp_width = {"dense": model.ffn,
                  "moe": model.top_k * (model.expert_ffn or model.ffn) + model.shared_ffn_total if model.is_moe else 0}
-    elementwise = {kind: tokens * ((10 * h + 6 * h * (f(dropout) > 0)) / hidden_shard
-                                   + model.mlp_matrices * width / tp
-                                   + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0))
-                   * elem / hw.hbm for kind, width in mlp_width.items()}
+    drop_fwd, drop_bwd = dropout_passes(r.fused_kernels, elem)
+    dropped = f(dropout) > 0
+    elementwise, elementwise_bwd = {}, {}
+    for kind, width in mlp_width.items():
+        sharded = model.mlp_matrices * width / tp \
+            + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0)
+        elementwise[kind] = tokens * ((10 + drop_fwd * dropped) * h / hidden_shard + sharded) * elem / hw.hbm
+        elementwise_bwd[kind] = tokens * ((20 + drop_bwd * dropped) * h / hidden_shard + 2 * sharded) * elem / hw.hbm
     # QLoRA (bitsandbytes' MatMul4Bit): every use of a quantized weight dequantizes it to the
     # compute dtype first, in the forward (and a recomputed forward) and for the backward's input
     # gradient: a pass reading the packed weight and writing the 16-bit one
@@ -586,7 +594,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # per layer: its time without recomputation, and what recomputation adds to it
     compute, recompute_extra, layer = {}, {}, {}
     for kind in gemm:
-        elem_fwd, elem_bwd = elementwise[kind] + adapter_drop[kind], 2 * elementwise[kind] + adapter_drop[kind]
+        elem_fwd, elem_bwd = elementwise[kind] + adapter_drop[kind], elementwise_bwd[kind] + adapter_drop[kind]
         fwd = gemm[kind] + attn + elem_fwd + dequant[kind]
         recompute_extra[kind] = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
         compute[kind] = fwd + gemm_bwd[kind] + attn_backward + elem_bwd + dequant[kind]
@@ -601,12 +609,17 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
     tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
-    tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]), 2 * tp_ar)
+    tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]),
+                      tp_backward(model, hw, r, tp_ar, tokens=tokens, tp=tp, ep=ep, kv_heads=kvh, sp=f(sp) > 0,
+                                  frozen=frozen))
     tp_extra = {kind: np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip), 0.0)
                 for kind in ("dense", "moe")}  # early stop: the attention's collective only
-    a2a = comm.collective_time(comm.ALL_TO_ALL, tokens * model.top_k * h * elem, ep,
-                               *link(hw, comm.ALL_TO_ALL, ep, tp * cp, gpn)) \
-        if model.is_moe else 0.0
+    # EP: a dispatch and a combine each way per MoE layer (estimate/all_to_all.py; a recomputed
+    # forward's are not priced); beside another micro-batch's compute under `ep_overlap`
+    # (DualPipe), what outlasts that compute and the slowdown of the compute it overlaps exposed
+    a2a = all_to_all.dispatch_time(h * elem, tokens, model.top_k, ep, tp * cp, gpn,
+                                   hw.a2a_nvlink or hw.nvlink, hw.nic, link(hw, comm.ALL_TO_ALL, ep, tp * cp, gpn)[1],
+                                   ep_node_limit) if model.is_moe else 0.0
     cp_ring = collective(hw, comm.ALL_GATHER, tokens * 2 * model.kv_dim / tp * elem * cp, cp, tp, gpn)
     # The ring passes K/V blocks around while attention runs (forward, and K/V plus their
     # gradients in the backward); the all-gather variant (Llama 3, Dubey et al. 2024 §3.3.2)
@@ -628,6 +641,12 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     embed_fwd = tokens * h * elem * 2 / hw.hbm
     embed_passes = 1 if frozen else 3
 
+    def ep_exposed(one, recomputed, overlap=ep_overlap):
+        """One MoE layer's exposed all-to-all seconds per micro-batch."""
+        total = 4 * one
+        return np.where(f(overlap) > 0, overlapped(total, compute["moe"] + recomputed * recompute_extra["moe"],
+                                                   hw.overlap_slowdown), total)
+
     def per_stage(dense, moe, first_, last_, n_stages, recomputed):
         """recomputed: the share of the layers whose recomputation is paid"""
         return {
@@ -636,7 +655,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
             + first_ * (embed_passes * embed_fwd - first_input_grad),
             "tp_comm": dense * (tp_fwd + tp_bwd + recomputed * tp_extra["dense"])
             + moe * (tp_fwd + tp_bwd + recomputed * tp_extra["moe"]),
-            "ep_comm": moe * 4 * a2a,
+            "ep_comm": moe * ep_exposed(a2a, recomputed),
             "cp_comm": (dense + moe) * (cp_layer + recomputed * cp_extra),
             "pp_comm": n_stages * 2 * p2p,
         }
@@ -649,9 +668,63 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # the terms above, one layer of each kind and one micro-batch (for `plan --explain`)
     # (the collectives per layer: with a recomputation's share of them where only some layers are recomputed)
     detail = {"layer": layer, "tp_layer": {kind: tp_fwd + tp_bwd + share * tp_extra[kind] for kind in tp_extra},
-              "cp_layer": cp_layer + share * cp_extra, "ep_layer": 4 * a2a,
-              "head": head, "embedding": embed_passes * embed_fwd, "p2p": p2p}
-    return {**slowest_stage(parts), "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
+              "cp_layer": cp_layer + share * cp_extra, "ep_layer": ep_exposed(a2a, share),
+              "a2a": a2a, "moe_layer_compute": compute["moe"] + share * recompute_extra["moe"],
+              "head": head, "embedding": embed_passes * embed_fwd, "p2p": p2p,
+              # one layer's tensor-parallel seconds by pass (the recomputation's: full recomputation)
+              "tp_passes": {kind: {"forward": tp_fwd, "backward": tp_bwd, "recompute": tp_extra[kind]}
+                            for kind in tp_extra}}
+    # what DualPipe's overlap of one micro-batch's all-to-alls with another's compute saves where
+    # the plan does not already overlap them (step_from_stages applies it under that schedule)
+    saving = {"ep_saving": f(stage_moe) * (ep_exposed(a2a, share, False) - ep_exposed(a2a, share, True))
+              * (f(ep_overlap) == 0)}
+    slow = slowest_stage(parts, saving)
+    ep_saving_total = f(total_moe) * (ep_exposed(a2a, 1.0, False) - ep_exposed(a2a, 1.0, True)) * (f(ep_overlap) == 0)
+    return {**slow, "ep_saving": slow["slowest_extra"]["ep_saving"], "ep_saving_total": ep_saving_total,
+            "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
+
+
+def dropout_passes(fused: bool, elem: float) -> tuple[float, float]:
+    """One layer's two hidden-width dropouts (after the attention projection and after the MLP)
+    in one-way passes over an `elem`-byte activation, forward and backward. Megatron's fused
+    bias-dropout-add (megatron/model/fused_bias_dropout.py, bias_dropout_add_fused_train) reads
+    the branch and the residual and writes their sum, the residual add's own passes, plus the
+    1-byte mask; its backward reads the gradient and the mask and writes the branch's gradient.
+    Unfused, each dropout is its own pass over the activation: a read, a write and the mask
+    (counted as a full element), and twice that backward."""
+    mask = act.MASK_BYTES / elem
+    if fused:
+        return 2 * mask, 2 * (2 + mask)
+    return 6.0, 12.0
+
+
+def tp_backward(model, hw: Hardware, r, tp_ar, *, tokens, tp, ep, kv_heads, sp, frozen):
+    """Exposed seconds of one layer's backward tensor-parallel collectives: the two
+    column-parallel linears' input-gradient all-reduces (`tp_ar` each). Where the framework
+    issues them asynchronously (`r.tp_backward_overlap`: Megatron) they run beside the weight-
+    gradient GEMMs of those linears, adding what outlasts them and slowing the GEMMs they overlap
+    (`overlapped`); under sequence parallelism the reduce-scatter runs beside the weight gradient
+    and the re-gather of the saved input shard beside the input gradient (two all-reduces' worth
+    beside both GEMMs), while the row-parallel linears' output-gradient all-gathers, which their
+    GEMMs wait for, stay exposed (half an all-reduce each). A frozen base has no weight gradient
+    to hide behind."""
+    if not r.tp_backward_overlap:
+        return 2 * tp_ar
+    g = column_gemms(model)
+    args = (g, tokens, tp, ep, kv_heads, model.top_k, hw.gemm_peak, hw.gemm_eff, hw.sms, r.act_bytes, hw.gemm_curve)
+    both = layer_gemm_time(*args, backward=True, weight_grad=not frozen)
+    dgrad = layer_gemm_time(*args, backward=True, weight_grad=False)
+    beside = np.where(sp, both, both - dgrad)
+    return np.where(sp, tp_ar, 0.0) + overlapped(2 * tp_ar, beside, hw.overlap_slowdown)
+
+
+@lru_cache(maxsize=256)
+def column_gemms(model) -> LayerGemms:
+    """A dense layer's column-parallel linears (attention's input projections, the MLP's up and
+    gate projections): those whose input gradient is all-reduced over tensor parallelism."""
+    index = model.first_layer(False)
+    lins = _linears(model, index if index is not None else 0)
+    return _gemms_of([lin for lin in lins if lin.tp in ("col", "kv")])
 
 
 def recomputed_share(recompute, recompute_layers, layers):
@@ -674,10 +747,11 @@ def model_recomputed_share(recompute, recompute_layers, stage_layers):
     return np.sum(share * stage_layers, axis=-1) / np.maximum(np.sum(stage_layers, axis=-1), 1.0)
 
 
-def slowest_stage(parts: dict) -> dict:
+def slowest_stage(parts: dict, extra: dict | None = None) -> dict:
     """The slowest stage of per-stage times by part (stage axis last): its seconds per
     micro-batch in all ("slowest_s") and by part ("slowest_parts"), and every stage's total
-    ("stage_s")."""
+    ("stage_s"); `extra` per-stage figures outside the total, taken on that stage too
+    ("slowest_extra")."""
     stage = sum(parts.values())
     slow = np.argmax(stage, axis=-1)
     n_stages = stage.shape[-1]
@@ -695,7 +769,8 @@ def slowest_stage(parts: dict) -> dict:
             return np.broadcast_to(a, stage.shape)
         return np.broadcast_to(a, stage.shape).reshape(-1)[slow_flat].reshape(slow.shape + (1,))
 
-    return {"slowest_s": pick(stage), "slowest_parts": {k: pick(v) for k, v in parts.items()}, "stage_s": stage}
+    return {"slowest_s": pick(stage), "slowest_parts": {k: pick(v) for k, v in parts.items()}, "stage_s": stage,
+            "slowest_extra": {k: pick(v) for k, v in (extra or {}).items()}}
 
 
 def link(hw: Hardware, kind: int, n, stride, gpn, sharp=False) -> tuple:
@@ -851,12 +926,19 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
     stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
+    # DualPipe runs one micro-batch's all-to-alls beside another's compute (DeepSeek-V3 §3.2.1):
+    # the saving stage_times worked out for that overlap, where the plan did not ask for it anyway
+    dual = np.asarray(schedule) == SCHEDULE_CODE["dualpipe"]
+    saving = np.where(dual, stages.get("ep_saving", 0.0), 0.0)
+    stage_max = stage_max - saving
+    totals = stages["totals"] - np.where(dual, stages.get("ep_saving_total", 0.0), 0.0)
+    per_micro_batch = {**per_micro_batch, "ep_comm": per_micro_batch["ep_comm"] - saving}
     # The engine running the pipeline (estimate/pipeline_engine.py): DeepSpeed's blocking sends
     # and receives put more transfers on every micro-batch's critical path than the two
     # stage_times prices, and its gradients are reduced after the schedule, not overlapped.
     extra_p2p, overlap_dp = engine_terms(r.pipeline_engine, pp, schedule, f(overlap_dp))
     per_micro_batch = {**per_micro_batch, "pp_comm": per_micro_batch["pp_comm"] + extra_p2p * p2p}
-    pipe = pipeline_time(schedule, pp, m, stage_max, stages["totals"], vpp, p2p, wgrad_share=WGRAD_SHARE) \
+    pipe = pipeline_time(schedule, pp, m, stage_max, totals, vpp, p2p, wgrad_share=WGRAD_SHARE) \
         + m * extra_p2p * p2p
     # a DualPipe rank holds two stages and runs each micro-batch through one of them
     busy_mbs = np.where(np.asarray(schedule) == SCHEDULE_CODE["dualpipe"], m / 2, m)
@@ -1067,6 +1149,22 @@ def collective_choices(layout: Layout, hw: Hardware, trainable: float, out: dict
     return choices
 
 
+def layer_pass_times(layout: Layout, profile: dict | None = None, kind: str = "dense") -> dict:
+    """One layer's seconds per micro-batch as Korthikanti et al. 2023 Table 4 times them: its
+    forward, its backward (the recomputation included) and that recomputation, each with the
+    exposed tensor-parallel collectives of the pass."""
+    d = step_derivation(layout, profile)["detail"]
+    lay, tp = d["layer"][kind], d["tp_passes"][kind]
+    num = lambda x: float(np.ravel(x)[0])  # noqa: E731
+    recompute = num(lay["recompute"]) + num(tp["recompute"])
+    forward = num(lay["gemm_forward"]) + num(lay["attention_forward"]) + num(lay["elementwise_forward"]) \
+        + num(lay["dequantize"]) + num(tp["forward"])
+    backward = num(lay["gemm_backward"]) + num(lay["attention_backward"]) + num(lay["elementwise_backward"]) \
+        + num(lay["dequantize"]) + num(tp["backward"]) + recompute
+    return {"forward_s": forward, "backward_s": backward, "recompute_s": recompute,
+            "elementwise_s": num(lay["elementwise_forward"]) + num(lay["elementwise_backward"])}
+
+
 def _step(layout: Layout, profile: dict | None, memory: dict | None):
     from .memory import estimate_memory, recompute_code
 
@@ -1098,5 +1196,6 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
         sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-        dp_shard=layout.dp_shard, lora=lora_arguments(plan), recompute_layers=layout.recompute_layers_per_stage)
+        dp_shard=layout.dp_shard, lora=lora_arguments(plan), recompute_layers=layout.recompute_layers_per_stage,
+        ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap)
     return out, fl, data
