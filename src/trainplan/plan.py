@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import PlanError, from_pydantic
+from .files import looks_like_path
 
 # upper bounds that catch typos (e.g. an extra zero) without limiting real clusters, and bound a
 # plan's work: trainplan.limits says why each is where it is (re-exported here for the callers)
@@ -48,11 +49,14 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 class Plan(BaseModel):
     """What to train and how. Omitted layout values are derived by `resolve`."""
 
-    model_config = ConfigDict(extra="forbid")
+    # every float finite: NaN and infinity are refused by name, never carried into a figure
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: str = Field(default="llama-3-8b", description="catalog name, or a path to config.json / spec .toml")
+    model: str = Field(default="llama-3-8b", min_length=1, max_length=4096,
+                       description="catalog name, or a path to a config.json / spec .toml: a path when it contains "
+                       "a / or ends in .json or .toml, a catalog name otherwise")
     hf_config: dict | None = Field(default=None, description="a parsed Hugging Face config.json")
-    gpu: str = "H100-SXM"
+    gpu: str = Field(default="H100-SXM", min_length=1, max_length=256)
     gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS)
     gpus_per_node: int | None = Field(
         default=None, ge=1, le=MAX_GPUS, description="GPUs one scale-up link joins (a server's NVLink, an NVL72 "
@@ -74,7 +78,7 @@ class Plan(BaseModel):
     gbs: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     seq_len: int | None = Field(default=None, ge=1, le=MAX_SEQ_LEN)
     recompute: Recompute = "none"
-    recompute_layers: int | None = Field(default=None, ge=0)
+    recompute_layers: int | None = Field(default=None, ge=0, le=100_000)
     recompute_modules: list[RecomputeModule] | None = Field(
         default=None, description="with --recompute selective, what it recomputes (Megatron-Core --recompute-modules): "
         "core_attn (the attention core, the default), layernorm (the norms' outputs), mla_up_proj (MLA's "
@@ -116,7 +120,7 @@ class Plan(BaseModel):
         "FusedAdam, torch fused=True), foreach (PyTorch's default on GPUs: one multi-tensor kernel per "
         "operation) or for-loop (one kernel per operation and tensor); default: the framework's")
     grad_clip: float = Field(
-        default=1.0, ge=0.0, description="gradient-norm clipping threshold (0: off): every step reads the gradients "
+        default=1.0, ge=0.0, le=1e6, description="gradient-norm clipping threshold (0: off): every step reads the gradients "
         "for their norm and, as the framework runs it, scales them (Megatron --clip-grad, torchtitan max_norm, "
         "DeepSpeed gradient_clipping)")
     offload_optimizer: bool = False
@@ -148,7 +152,8 @@ class Plan(BaseModel):
     grid_kg_per_kwh: float | None = Field(default=None, ge=0, le=5)
     gpu_mtbf_hours: float | None = Field(default=None, gt=0, le=1e9)
     checkpoint_gbs: float | None = Field(default=None, ge=1e-3, le=1e6, description="checkpoint write GB/s per node")
-    gpu_profile: str | None = Field(default=None, description="calibrated hardware profile (TOML)")
+    gpu_profile: str | None = Field(default=None, min_length=1, max_length=4096,
+                                    description="calibrated hardware profile: the path of a TOML file")
     sharp: bool = Field(default=False, description="in-network all-reduce (NVLS in a node, SHARP across nodes)")
     scale_up_gbs: float | None = Field(
         default=None, ge=1e-3, le=1e6, description="the link between the GPUs of a node (NVLink-class), per GPU, "
@@ -285,7 +290,7 @@ def _model_from_file(path: str, mtime_ns: int, size: int) -> ModelSpec:
     if p.suffix == ".toml":
         data = catalog.read_toml(p, "model")
         try:
-            return ModelSpec(**data)
+            return catalog.check_size(ModelSpec(**data))
         except ValidationError as exc:
             raise from_pydantic(exc, "model.") from None
     return hf.from_file(p)
@@ -296,6 +301,8 @@ def _model_from_path(path: str) -> ModelSpec:
         st = Path(path).stat()
     except OSError as exc:
         raise PlanError("model", f"cannot read {path} ({exc.strerror or exc})") from None
+    except ValueError as exc:  # a NUL byte in the name
+        raise PlanError("model", f"cannot read {path!r} ({exc})") from None
     return _model_from_file(path, st.st_mtime_ns, st.st_size)
 
 
@@ -303,7 +310,7 @@ def load_model(plan: Plan) -> ModelSpec:
     if plan.hf_config is not None:
         return hf.from_dict(plan.hf_config, name=plan.hf_config.get("_name_or_path") or "custom")
     name = plan.model
-    if name.endswith((".json", ".toml")) or "/" in name or Path(name).is_file():
+    if looks_like_path(name):  # never a file that merely shares a catalog name
         return _model_from_path(name)
     return catalog.model(name)
 
