@@ -52,7 +52,13 @@ def _usage_line(exc) -> str:
     if isinstance(exc, _clk.BadParameter) and param is not None and exc.param_hint is None:
         name = (getattr(param, "opts", None) or [param.name])[0]
         return f"{name}: {exc.message.removeprefix('Value error, ')}"
-    return exc.format_message()
+    if isinstance(exc, _clk.NoSuchOption):
+        close = f"; did you mean {', '.join(exc.possibilities)}?" if exc.possibilities else ""
+        return f"{exc.option_name}: no such option{close}"
+    if getattr(exc, "option_name", None):  # an option given without its value
+        return f"{exc.option_name}: {exc.message}"
+    message = exc.format_message()
+    return f"{'command' if message.startswith('No such command') else 'arguments'}: {message}"
 
 
 class OneLineErrors(TyperGroup):
@@ -73,7 +79,7 @@ class OneLineErrors(TyperGroup):
         except _clk.ClickException as exc:
             exc.show()
             sys.exit(exc.exit_code)
-        except _clk.Abort:
+        except typer.Abort:
             typer.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -248,6 +254,8 @@ def plan(
     from .report import evaluate, to_json
 
     try:
+        if timeline is not None:
+            check_output_path(timeline, "timeline")  # before any work
         result = evaluate(make_plan(**options))
         data = to_json(result)
     except PlanError as err:
@@ -513,6 +521,9 @@ def bench(
         return
     try:
         # refuse a bad output path or a profile without a datasheet before measuring
+        for field, path in (("plot", plot), ("report", report), ("profile", profile)):
+            if path is not None:
+                check_output_path(path, field)
         if plot:
             from .plots import pyplot_for
 
@@ -577,6 +588,8 @@ def serve(
     allow_host: Annotated[list[str] | None, typer.Option(help="Another name the server may be addressed by (repeatable): requests naming any other host are refused, against DNS rebinding; default: loopback's names and --host")] = None,
 ) -> None:
     """Serve the parallel-strategy explorer and its JSON API (English and 简体中文)."""
+    if not 0 <= port <= 65535:
+        _fail(PlanError("port", f"must be a TCP port from 0 to 65535 (got {port})"))
     try:
         import uvicorn
 

@@ -312,7 +312,12 @@ def load_model(plan: Plan) -> ModelSpec:
     name = plan.model
     if looks_like_path(name):  # never a file that merely shares a catalog name
         return _model_from_path(name)
-    return catalog.model(name)
+    try:
+        return catalog.model(name)
+    except PlanError as err:
+        if Path(name).is_file():
+            raise PlanError("model", f"{err.rule}; to read the file {name}, give its path: ./{name}") from None
+        raise
 
 
 # ---- the resolved layout ------------------------------------------------------------

@@ -48,9 +48,8 @@ def _lookup(kind: str, field: str, name: str):
         close = difflib.get_close_matches(_key(name), list(entries), n=3) if len(name) <= 100 else []
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         shown = repr(name) if len(name) <= 100 else f"{name[:40]!r}... ({len(name):,} characters)"
-        files = " (a file is read only when the name contains a / or ends in .json or .toml)" if kind == "models" else ""
         raise PlanError(field, f"unknown {field} {shown}{hint}; see `trainplan {kind if kind == 'models' else 'gpus'}` "
-                        f"for the {len(names)} known ones{files}")
+                        f"for the {len(names)} known ones")
     return spec
 
 
