@@ -16,6 +16,7 @@ from trainplan import cli
 from trainplan.cli import app
 from trainplan.errors import PlanError
 from trainplan.files import MAX_INPUT_BYTES, MAX_NESTING, looks_like_path
+from trainplan.plan import Plan, make_plan
 from trainplan.specs import catalog, hf
 
 RUNNER = CliRunner()
@@ -192,6 +193,31 @@ def test_a_profile_that_is_not_utf8_is_refused(tmp_path):
 ])
 def test_bad_flags_are_refused_in_one_line(args, field, words):
     assert words in refused(run(*args), field)
+
+
+FLOAT_FIELDS = [name for name, f in Plan.model_fields.items() if "float" in str(f.annotation)]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_every_float_of_a_plan_is_finite(value):
+    assert len(FLOAT_FIELDS) >= 18  # grad_clip, dropout, tokens, price, the links, the data pipeline...
+    for name in FLOAT_FIELDS:
+        with pytest.raises(PlanError) as e:
+            make_plan(**{name: value})
+        assert e.value.field == name and "finite" in e.value.rule
+
+
+def test_lora_targets_are_names_each_once():
+    with pytest.raises(PlanError, match="lora_targets: names q more than once"):
+        make_plan(finetune="lora", lora_targets="q,v,q")
+    with pytest.raises(PlanError, match="lora_targets: must be comma-separated names"):
+        make_plan(finetune="lora", lora_targets=5)  # from the web's JSON: once a TypeError
+
+
+def test_bench_tokens_are_bounded_before_any_allocation():
+    line = refused(run("bench", "gemm", "--quick", "--device", "cpu", "--no-save", "--model", "gpt2",
+                       "--tokens", "999999999999"), "tokens")
+    assert "up to 1,048,576" in line
 
 
 def test_an_unknown_option_is_one_line():

@@ -35,6 +35,7 @@ from .plan_types import (
 
 EXIT_BAD_INPUT = 2
 MAX_DAYS = 36_500  # a deadline of a century
+MAX_BENCH_TOKENS = 1 << 20  # bench --model: 1M tokens x a 16K-wide MLP is 32 GiB of bf16 operands
 
 
 def _one_line(text: str) -> str:
@@ -481,7 +482,7 @@ def bench(
     gpu: Annotated[str | None, typer.Option(help="Catalog accelerator to compare with (percent of peak; needed for --profile)")] = None,
     profile: Annotated[str | None, typer.Option(help="Write a calibrated hardware profile (TOML) for `plan --gpu-profile`")] = None,
     model: Annotated[str | None, typer.Option(help="Also measure this catalog model's GEMM shapes (QKV, attention out, MLP, logits)")] = None,
-    tokens: Annotated[int, typer.Option(help="Tokens per GEMM for --model (micro-batch x sequence)")] = 4096,
+    tokens: Annotated[int, typer.Option(help=f"Tokens per GEMM for --model (micro-batch x sequence; 1 to {MAX_BENCH_TOKENS:,})")] = 4096,
     plot: Annotated[str | None, typer.Option(help="Draw the GEMM curve, a measured roofline, attention time and memory, and the recompute trade (.png/.svg)")] = None,
     report: Annotated[str | None, typer.Option(help="Write a Markdown report: headline figures with targets, then every suite")] = None,
     db: Annotated[str | None, typer.Option(help="Results store (SQLite; default $XDG_DATA_HOME/trainplan/bench.sqlite)")] = None,
@@ -532,6 +533,8 @@ def bench(
             from .bench.report import check_path
 
             check_path(report)
+        if not 1 <= tokens <= MAX_BENCH_TOKENS:  # the GEMM's operands are allocated for real
+            raise PlanError("tokens", f"must be a positive number of tokens up to {MAX_BENCH_TOKENS:,} (got {tokens})")
         if profile and not gpu:
             raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
         writer = store.RunWriter(db) if save else None  # opened before measuring; each suite kept as it ends

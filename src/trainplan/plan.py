@@ -180,11 +180,16 @@ class Plan(BaseModel):
     def _split_targets(cls, v):
         if isinstance(v, str):
             v = [t.strip() for t in v.split(",") if t.strip()]
+        if not isinstance(v, list | tuple):
+            raise ValueError("must be comma-separated names or a list of them, e.g. q,v")
         bad = [t for t in v if t not in LORA_TARGETS]
         if bad:
             raise ValueError(f"unknown LoRA target(s) {bad}; choose from {', '.join(LORA_TARGETS)}")
         if not v:
             raise ValueError("name at least one LoRA target")
+        twice = sorted({t for t in v if v.count(t) > 1})
+        if twice:
+            raise ValueError(f"names {', '.join(twice)} more than once")
         return v
 
     @field_validator("recompute_modules", "fp8_cache", mode="before")
