@@ -171,6 +171,18 @@ def test_bad_profiles_are_refused(tmp_path, text, words):
     assert words in refused(run("plan", "--gpu-profile", path), "gpu_profile")
 
 
+def test_every_command_reads_its_files_up_front(tmp_path):
+    """A broken profile was ignored by export and validate, and a broken model file gave a
+    comparison of accelerators with one error row each and exit status 0."""
+    profile = tmp_path / "p.toml"
+    profile.write_text("efficiency = 5\n")
+    model = tmp_path / "config.json"
+    model.write_bytes(b"\xff")
+    for args in (["export"], ["validate", "--gpus", "1"], ["search", "--gpus", "8"]):
+        refused(run(*args, "--model", "gpt2", "--gpu-profile", profile), "gpu_profile")
+    refused(run("search", "--compare-gpus", "H100-SXM,A100-80GB-SXM", "--model", model), "model")
+
+
 def test_a_profile_that_is_not_utf8_is_refused(tmp_path):
     path = tmp_path / "p.toml"
     path.write_bytes(b"[efficiency]\ngemm = 0.8 # \xe9t\xe9\n")

@@ -106,6 +106,18 @@ def _echo_json(data) -> None:
     typer.echo(text)
 
 
+def _read_inputs(plan_) -> None:
+    """Read the plan's files (its model, its profile) up front, so that a bad one is refused by
+    every command, whether or not it uses it, and once rather than per accelerator compared."""
+    from .plan import load_model
+
+    load_model(plan_)
+    if plan_.gpu_profile:
+        from .profile import load_profile
+
+        load_profile(plan_.gpu_profile)
+
+
 def _check_number(field: str, value: float | None, low: float, high: float, low_open: bool = False) -> None:
     """A finite number in [low, high] ((low, high] with low_open) or a PlanError naming the option."""
     if value is None:
@@ -302,6 +314,7 @@ def validate(
 
     try:
         plan_ = make_plan(**options)
+        _read_inputs(plan_)
         from .validate.run import Scale
         from .validate.run import validate as run_validate
 
@@ -339,7 +352,9 @@ def export(
     try:
         if output is not None:
             check_output_path(output, "output")  # before any work
-        text = run_export(resolve(make_plan(**options)), to)
+        plan_ = make_plan(**options)
+        _read_inputs(plan_)
+        text = run_export(resolve(plan_), to)
         if output is not None:
             write_text_atomic(output, text, "output")  # never a partial file
     except PlanError as err:
@@ -389,6 +404,7 @@ def search(
         if export_to is not None and export_to not in EXPORT_TARGETS:
             raise PlanError("export", f"must be one of {', '.join(EXPORT_TARGETS)} (got {export_to!r:.40})")
         plan_ = make_plan(**options)
+        _read_inputs(plan_)
         if compare_gpus is not None:
             _compare_gpus(options, compare_gpus, fixed, given("gpu"), pareto or max_model, min_gpus, days,
                           objective, max_tp, export_to, as_json)
