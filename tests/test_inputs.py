@@ -272,6 +272,19 @@ def test_bench_compare_on_a_foreign_or_corrupt_database(tmp_path):
     refused(run("bench", "compare", "--db", tmp_path), "db")
 
 
+def test_deepspeed_export_is_strict_json():
+    """A plan's grad_clip is finite (Plan refuses inf); were one to slip past, the DeepSpeed JSON
+    names it instead of writing `Infinity`."""
+    from trainplan.export.deepspeed import deepspeed_config
+    from trainplan.plan import resolve
+
+    layout = resolve(make_plan(model="gpt2", gpus=8))
+    layout.plan.grad_clip = float("inf")  # past validation, as no input can
+    with pytest.raises(PlanError) as e:
+        deepspeed_config(layout)
+    assert e.value.field == "gradient_clipping"
+
+
 def test_json_output_is_strict(capsys):
     """A non-finite figure is an error naming it, never `Infinity` in the JSON."""
     import typer
