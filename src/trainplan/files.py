@@ -115,11 +115,12 @@ def read_toml_file(path: str | Path, field: str, max_bytes: int = MAX_INPUT_BYTE
 def check_output_path(path: str | Path, field: str) -> Path:
     """Refuse an output path that cannot be written before any work is done: a directory, or
     one whose directory does not exist."""
-    path = Path(path)
-    if not str(path).strip():
+    raw = str(path)
+    if not raw.strip():
         raise PlanError(field, "name a file to write")
-    if path.is_dir() or str(path).endswith(("/", os.sep)):
-        raise PlanError(field, f"{path} is a directory: name a file inside it")
+    path = Path(raw)
+    if path.is_dir() or raw.endswith(("/", os.sep)):
+        raise PlanError(field, f"{raw} is a directory: name a file inside it")
     parent = path.parent
     if not parent.is_dir():
         raise PlanError(field, f"directory {parent} does not exist")
