@@ -154,6 +154,10 @@ def test_a_spec_toml_keeps_to_the_same_limits(tmp_path):
     spec.write_text(head + "kv_lora_rank = 1000000000000\nqk_rope_head_dim = 64\nqk_nope_head_dim = 64\n"
                     "v_head_dim = 64\n")
     refused(run("plan", "--model", spec), "model.kv_lora_rank")
+    spec.write_text(head.replace("layers = 2", "layers = true"))  # pydantic alone reads it as 1
+    assert "is not a flag" in refused(run("plan", "--model", spec), "model.layers")
+    spec.write_text(head.replace("hidden = 64", "hidden = 64.0"))
+    assert "must be an integer" in refused(run("plan", "--model", spec), "model.hidden")
 
 
 @pytest.mark.parametrize("text,words", [

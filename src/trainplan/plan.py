@@ -294,6 +294,7 @@ def _model_from_file(path: str, mtime_ns: int, size: int) -> ModelSpec:
     p = Path(path)
     if p.suffix == ".toml":
         data = catalog.read_toml(p, "model")
+        catalog.check_kinds(data, ModelSpec, "model.")
         try:
             return catalog.check_size(ModelSpec(**data))
         except ValidationError as exc:

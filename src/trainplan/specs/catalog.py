@@ -69,6 +69,18 @@ def gpu(name: str) -> GPUSpec:
     return _lookup("hardware", "gpu", name)
 
 
+def check_kinds(data: dict, cls, prefix: str) -> None:
+    """A spec file's values are of their field's kind: true / false only for a flag, whole numbers
+    for a count (pydantic alone would read `layers = true` as 1 and `layers = 2.0` as 2)."""
+    for key, value in data.items():
+        field = cls.model_fields.get(key)
+        kind = str(field.annotation) if field else ""
+        if isinstance(value, bool) and "bool" not in kind and kind:
+            raise PlanError(prefix + key, f"is not a flag: true or false is no value for it (got {str(value).lower()})")
+        if isinstance(value, float) and "int" in kind and "float" not in kind:
+            raise PlanError(prefix + key, f"must be an integer (got {value!r})")
+
+
 # The largest model trainplan plans: 100 trillion parameters, some 50 times the largest in the
 # catalog; past it a spec is a typo (an extra zero or two), and its figures would be meaningless.
 MAX_PARAMS = 1e14
