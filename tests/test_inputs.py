@@ -230,6 +230,13 @@ def test_lora_targets_are_names_each_once():
         make_plan(finetune="lora", lora_targets=5)  # from the web's JSON: once a TypeError
 
 
+def test_recompute_modules_and_fp8_cache_name_each_once():
+    with pytest.raises(PlanError, match="recompute_modules: name at least one"):
+        make_plan(recompute="selective", recompute_modules="")  # once: selective recomputation of nothing
+    with pytest.raises(PlanError, match="fp8_cache: names attn_out more than once"):
+        make_plan(precision="fp8", fp8_cache="attn_out,attn_out")
+
+
 def test_bench_tokens_are_bounded_before_any_allocation():
     line = refused(run("bench", "gemm", "--quick", "--device", "cpu", "--no-save", "--model", "gpt2",
                        "--tokens", "999999999999"), "tokens")
@@ -328,11 +335,13 @@ PLAN_FLAGS = ["--gpus", "--tp", "--pp", "--dp", "--cp", "--ep", "--zero", "--mbs
               "--grid-kg-per-kwh", "--gpu-mtbf-hours", "--checkpoint-gbs", "--scale-up-gbs", "--nic-gbps",
               "--data-workers", "--tokenize-rate", "--storage-gbs", "--data-bytes-per-token", "--h2d-gbs",
               "--host-gbs", "--overhead-gib", "--fragmentation", "--recompute-layers", "--gpus-per-node",
-              "--dp-shard", "--qlora-bits", "--lora-dropout"]
+              "--dp-shard", "--qlora-bits", "--lora-dropout", "--pp-group"]
 TEXT_FLAGS = st.sampled_from(["--model", "--gpu", "--stage-layers", "--lora-targets", "--recompute",
-                              "--precision", "--framework", "--schedule", "--finetune", "--bogus"])
+                              "--precision", "--framework", "--schedule", "--finetune", "--recompute-modules",
+                              "--fp8-cache", "--bogus"])
 TEXT = st.one_of(st.sampled_from(["gpt2", "llama-3-8b", "./gpt2", "x.json", "/", "", "H100-SXM", "8,4", "full",
-                                  "megatron", "a\nb", "\x00"]), st.text(max_size=12))
+                                  "megatron", "a\nb", "\x00", "layernorm,moe_act", "attn_out,attn_out"]),
+                 st.text(max_size=12))
 SEARCH_FLAGS = ["--days", "--max-tp", "--top"]
 
 

@@ -16,7 +16,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .errors import PlanError, from_pydantic
 from .files import looks_like_path
@@ -194,9 +202,15 @@ class Plan(BaseModel):
 
     @field_validator("recompute_modules", "fp8_cache", mode="before")
     @classmethod
-    def _split_modules(cls, v):
+    def _split_modules(cls, v, info: ValidationInfo):
         if isinstance(v, str):
             v = [t.strip() for t in v.split(",") if t.strip()]
+        if isinstance(v, list | tuple):
+            if not v and info.field_name == "recompute_modules":
+                raise ValueError("name at least one (an empty list recomputes nothing: --recompute none says so)")
+            twice = sorted({str(t) for t in v if v.count(t) > 1})
+            if twice:
+                raise ValueError(f"names {', '.join(twice)} more than once")
         return v
 
     @field_validator("pp", mode="before")
