@@ -197,6 +197,8 @@ def test_a_profile_that_is_not_utf8_is_refused(tmp_path):
     (["plan", "--grad-clip", "inf", "--json"], "grad_clip", "finite"),  # once printed `Infinity`
     (["export", "--to", "deepspeed", "--grad-clip", "inf"], "grad_clip", "finite"),
     (["plan", "--tokens", "nan"], "tokens", "finite"),  # once blamed on the upper bound
+    (["plan", "--tokens", "1e-300"], "tokens", "greater than or equal to 1"),  # once a plan of 1e-300 tokens
+    (["validate", "--device", "bogus"], "device", "auto, cpu or cuda"),  # once torch's RuntimeError
     (["search", "--min-gpus", "--tokens", "1e9", "--days", "inf"], "days", "(0, 36500]"),
     (["search", "--min-gpus", "--tokens", "1e9", "--days", "nan"], "days", "(0, 36500]"),
     (["search", "--max-tp", "-5"], "max_tp", "from 1 to"),  # once: "none of the layouts fits"

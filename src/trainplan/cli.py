@@ -320,6 +320,8 @@ def validate(
 
         if impl not in ("reference", "transformers"):
             raise PlanError("impl", f"must be reference or transformers (got {impl!r:.40})")
+        if device not in ("auto", "cpu", "cuda"):
+            raise PlanError("device", f"must be auto, cpu or cuda (got {device!r:.40})")
         for name, value, high in (("layers", layers, 1024), ("hidden", hidden, 65_536), ("vocab", vocab, 1 << 20),
                                   ("experts", experts, 1024)):
             if value is not None and not 1 <= value <= high:

@@ -154,7 +154,7 @@ class Plan(BaseModel):
         "demand (none: gather and reduce-scatter exposed)")
     cp_comm: CpComm = Field(default="ring", description="context-parallel K/V exchange: ring (overlapped with "
                             "attention) or allgather (gathered before it, exposed)")
-    tokens: float | None = Field(default=None, gt=0, le=1e16, description="training tokens (default 20 x params)")
+    tokens: float | None = Field(default=None, ge=1, le=1e16, description="training tokens (default 20 x params)")
     price: float | None = Field(default=None, ge=0, le=1e4, description="USD per GPU-hour (default: catalog)")
     pue: float | None = Field(default=None, ge=1, le=5)
     grid_kg_per_kwh: float | None = Field(default=None, ge=0, le=5)
