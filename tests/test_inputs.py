@@ -140,10 +140,13 @@ def test_an_absurd_model_blames_the_key_that_makes_it(data_dir):
     with pytest.raises(PlanError) as e:
         hf.from_dict(big)
     assert e.value.field == "hf_config.intermediate_size" and "2.72e+15 parameters" in e.value.rule
-    layers = {**hf_config("deepseek-v3", data_dir), "num_hidden_layers": 100_000}
-    with pytest.raises(PlanError) as e:
+    layers = {**hf_config("deepseek-v3", data_dir), "num_hidden_layers": 4096, "n_routed_experts": 100_000}
+    with pytest.raises(PlanError) as e:  # 4,096 layers (32 x the catalog's deepest) of 100,000 experts (390 x)
         hf.from_dict(layers)
-    assert e.value.field == "hf_config.num_hidden_layers" and "catalog's largest layers is 128" in e.value.rule
+    assert e.value.field == "hf_config.n_routed_experts" and "catalog's largest experts is 256" in e.value.rule
+    with pytest.raises(PlanError) as e:
+        hf.from_dict({**layers, "num_hidden_layers": 100_000})
+    assert e.value.field == "hf_config.num_hidden_layers" and "from 1 to 4,096" in e.value.rule
 
 
 def test_a_spec_toml_keeps_to_the_same_limits(tmp_path):

@@ -19,12 +19,13 @@ from pydantic import ValidationError
 
 from ..errors import PlanError, from_pydantic
 from ..files import read_json_file
+from ..limits import MAX_LAYERS
 from . import catalog
 from .model import ModelSpec
 
 # The config.json keys the import reads, with the integers each may hold (bounds as ModelSpec's:
 # far above any published model, far below what would make arithmetic on them meaningless).
-LAYERS, WIDTH, FFN, HEADS = (1, 100_000), (1, 1_000_000), (1, 10_000_000), (1, 100_000)
+LAYERS, WIDTH, FFN, HEADS = (1, MAX_LAYERS), (1, 1_000_000), (1, 10_000_000), (1, 100_000)
 FIELD_RANGES: dict[str, tuple[int, int]] = {
     "num_hidden_layers": LAYERS, "n_layer": LAYERS,
     "hidden_size": WIDTH, "n_embd": WIDTH,
@@ -36,7 +37,7 @@ FIELD_RANGES: dict[str, tuple[int, int]] = {
     "max_position_embeddings": (1, 100_000_000), "n_positions": (1, 100_000_000),
     "num_local_experts": HEADS, "num_experts": HEADS, "n_routed_experts": HEADS,
     "num_experts_per_tok": HEADS, "n_shared_experts": (0, 1000),
-    "decoder_sparse_step": LAYERS, "moe_layer_freq": LAYERS, "first_k_dense_replace": (0, 100_000),
+    "decoder_sparse_step": LAYERS, "moe_layer_freq": LAYERS, "first_k_dense_replace": (0, MAX_LAYERS),
     "q_lora_rank": WIDTH, "kv_lora_rank": WIDTH,
 }
 FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
