@@ -75,6 +75,9 @@ def check_config(c: dict) -> None:
             continue
         if key in FIELD_RANGES:
             low, high = FIELD_RANGES[key]
+            if _is_int(value) and value > MAX_LAYERS and key in ("num_hidden_layers", "n_layer"):  # ModelSpec's words
+                raise PlanError(f"hf_config.{key}", f"at most {MAX_LAYERS:,} layers are planned (the deepest published "
+                                f"models have about 128); got {value:,}")
             if not _is_int(value) or not low <= value <= high:
                 raise PlanError(f"hf_config.{key}", f"must be an integer from {low:,} to {high:,} (got {value!r:.60})")
         elif key in FLAGS and not isinstance(value, bool):
