@@ -158,7 +158,7 @@ def test_a_model_deeper_than_the_limit_is_refused_by_name():
     assert err.value.field == "pp" and f"at most {MAX_STAGES:,} pipeline stages" in err.value.rule
     with pytest.raises(PlanError) as err:
         resolve(make_plan(hf_config=_llama(20_000), gpus=8))
-    assert err.value.field == "hf_config.layers" and f"at most {MAX_LAYERS:,} layers" in err.value.rule
+    assert err.value.field == "hf_config.num_hidden_layers" and f"at most {MAX_LAYERS:,} layers" in err.value.rule
 
 
 def test_the_deepest_plan_accepted_runs_in_bounded_time_and_memory():
@@ -212,7 +212,7 @@ def test_a_web_search_of_100000_layers_is_refused_by_name():
     t0 = time.perf_counter()
     res = client.post("/api/search", json={"hf_config": _llama(100_000), "gpus": 720_720})
     assert time.perf_counter() - t0 < 3
-    assert res.status_code == 422 and res.json()["field"] == "hf_config.layers"
+    assert res.status_code == 422 and res.json()["field"] == "hf_config.num_hidden_layers"
     res = client.post("/api/plan", json={"hf_config": _llama(20_000), "gpus": 20_000, "pp": 20_000})
     assert res.status_code == 422 and res.json()["field"] == "pp"
 

@@ -48,4 +48,4 @@ def test_invalid_values_are_rejected(data_dir):
     cfg["num_key_value_heads"] = 7
     with pytest.raises(PlanError) as e:
         hf.from_dict(cfg)
-    assert "kv_heads" in str(e.value)
+    assert e.value.field == "hf_config.num_key_value_heads" and "must divide num_attention_heads (32)" in e.value.rule

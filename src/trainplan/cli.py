@@ -1,6 +1,7 @@
 """Command line: `trainplan plan | models | gpus`.
 
-Bad input prints one line `error: <field>: <rule>` on stderr and exits with status 2.
+Bad input prints one line `error: <field>: <rule>` on stderr and exits with status 2: a value a
+command refuses (PlanError) and an option click cannot parse alike.
 """
 
 from __future__ import annotations
@@ -8,13 +9,16 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import sys
 from enum import Enum, StrEnum
 from typing import Annotated, get_args
 
 import typer
+from typer.core import TyperGroup
 
 from .errors import PlanError
+from .files import check_output_path, non_finite_key, write_text_atomic
 from .plan_types import (
     Attention,
     BackwardPrefetch,
@@ -29,15 +33,99 @@ from .plan_types import (
     Schedule,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
-                  help="Plan and measure large-language-model training on GPUs.")
-
 EXIT_BAD_INPUT = 2
+MAX_DAYS = 36_500  # a deadline of a century
+MAX_BENCH_TOKENS = 1 << 20  # bench --model: 1M tokens x a 16K-wide MLP is 32 GiB of bf16 operands
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split("\n")).strip()
+
+
+# click's exceptions, from the click typer runs on (its own copy in newer typers)
+_clk = sys.modules[typer.BadParameter.__module__]
+_NO_ARGS = getattr(_clk, "NoArgsIsHelpError", ())
+
+
+def _usage_line(exc) -> str:
+    """A usage error as `<option>: <what is wrong>`."""
+    param = getattr(exc, "param", None)
+    if isinstance(exc, _clk.BadParameter) and param is not None and exc.param_hint is None:
+        name = (getattr(param, "opts", None) or [param.name])[0]
+        return f"{name}: {exc.message.removeprefix('Value error, ')}"
+    if isinstance(exc, _clk.NoSuchOption):
+        close = f"; did you mean {', '.join(exc.possibilities)}?" if exc.possibilities else ""
+        return f"{exc.option_name}: no such option{close}"
+    if getattr(exc, "option_name", None):  # an option given without its value
+        return f"{exc.option_name}: {exc.message}"
+    message = exc.format_message()
+    return f"{'command' if message.startswith('No such command') else 'arguments'}: {message}"
+
+
+class OneLineErrors(TyperGroup):
+    """Click's usage errors (an unknown option, a value of the wrong type or out of range) as
+    one line `error: <option>: <rule>`, exit status 2, like every other bad input."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except _clk.UsageError as exc:
+            typer.echo(f"error: {_one_line(_usage_line(exc))}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except _clk.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  pretty_exceptions_enable=False, help="Plan and measure large-language-model training on GPUs.")
 
 
 def _fail(err: PlanError) -> None:
-    typer.echo(f"error: {err}", err=True)
+    typer.echo(f"error: {_one_line(err)}", err=True)
     raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _echo_json(data) -> None:
+    """Print strict JSON: a NaN or an infinity (which JSON has no word for) is an error naming
+    the figure, never `NaN` or `Infinity` in the output."""
+    try:
+        text = json.dumps(data, indent=2, allow_nan=False)
+    except ValueError:
+        _fail(PlanError(non_finite_key(data) or "output", "is not a finite number; the inputs give no meaningful "
+                        "figure here"))
+    typer.echo(text)
+
+
+def _read_inputs(plan_) -> None:
+    """Read the plan's files (its model, its profile) up front, so that a bad one is refused by
+    every command, whether or not it uses it, and once rather than per accelerator compared."""
+    from .plan import load_model
+
+    load_model(plan_)
+    if plan_.gpu_profile:
+        from .profile import load_profile
+
+        load_profile(plan_.gpu_profile)
+
+
+def _check_number(field: str, value: float | None, low: float, high: float, low_open: bool = False) -> None:
+    """A finite number in [low, high] ((low, high] with low_open) or a PlanError naming the option."""
+    if value is None:
+        return
+    ok = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        raise PlanError(field, f"must be a finite number in {'(' if low_open else '['}{low:g}, {high:g}] "
+                        f"(got {value!r})")
 
 
 def _with_status(work, quiet: bool, label: str):
@@ -74,7 +162,7 @@ def _v(x):
 
 
 def _plan_options(
-    model: Annotated[str, typer.Option(help="Catalog name (see `trainplan models`) or path to a config.json / spec .toml")] = "llama-3-8b",
+    model: Annotated[str, typer.Option(help="Catalog name (see `trainplan models`), or the path of a Hugging Face config.json or a spec .toml: a path when it contains a / or ends in .json or .toml (./gpt2 is a file, gpt2 always the catalog's)")] = "llama-3-8b",
     gpu: Annotated[str, typer.Option(help="Accelerator (see `trainplan gpus`)")] = "H100-SXM",
     gpus: Annotated[int | None, typer.Option(help="Total GPUs (default tp x pp x cp x dp)")] = None,
     gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node: those one scale-up link joins (NVLink domain; default: the accelerator's, 8 for most, 72 for GB200 NVL72, a TPU slice's chips)")] = None,
@@ -131,7 +219,7 @@ def _plan_options(
     grid_kg_per_kwh: Annotated[float | None, typer.Option(help="Grid carbon intensity, kg CO2 per kWh (default 0.429)")] = None,
     gpu_mtbf_hours: Annotated[float | None, typer.Option(help="Mean time between failures per GPU, hours (default 50,800)")] = None,
     checkpoint_gbs: Annotated[float | None, typer.Option(help="Checkpoint write bandwidth per node, GB/s (default 10)")] = None,
-    gpu_profile: Annotated[str | None, typer.Option(help="Calibrated hardware profile (TOML) to use instead of the defaults")] = None,
+    gpu_profile: Annotated[str | None, typer.Option(help="Path of a calibrated hardware profile (TOML, from `trainplan bench --profile`) to use instead of the defaults")] = None,
     sharp: Annotated[bool, typer.Option("--sharp", help="In-network all-reduce: NVLS inside a node, SHARP across nodes")] = False,
     scale_up_gbs: Annotated[float | None, typer.Option(help="Link between the GPUs of a node (NVLink-class), per GPU, bidirectional GB/s (default: the accelerator's catalog entry)")] = None,
     nic_gbps: Annotated[float | None, typer.Option(help="Network between nodes, per GPU, Gb/s (default: the accelerator's catalog entry; e.g. 100 for 2 x 400G NICs per 8 GPUs)")] = None,
@@ -182,6 +270,8 @@ def plan(
     from .report import evaluate, to_json
 
     try:
+        if timeline is not None:
+            check_output_path(timeline, "timeline")  # before any work
         result = evaluate(make_plan(**options))
         data = to_json(result)
     except PlanError as err:
@@ -194,7 +284,7 @@ def plan(
         except PlanError as err:
             _fail(err)
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        _echo_json(data)
         return
     from .render import render_plan
 
@@ -227,18 +317,26 @@ def validate(
 
     try:
         plan_ = make_plan(**options)
+        _read_inputs(plan_)
         from .validate.run import Scale
         from .validate.run import validate as run_validate
 
-        scale = Scale(layers=layers, hidden=hidden, vocab=vocab, experts=experts)
         if impl not in ("reference", "transformers"):
-            raise PlanError("impl", f"must be reference or transformers (got {impl!r})")
+            raise PlanError("impl", f"must be reference or transformers (got {impl!r:.40})")
+        if device not in ("auto", "cpu", "cuda"):
+            raise PlanError("device", f"must be auto, cpu or cuda (got {device!r:.40})")
+        for name, value, high in (("layers", layers, 1024), ("hidden", hidden, 65_536), ("vocab", vocab, 1 << 20),
+                                  ("experts", experts, 1024)):
+            if value is not None and not 1 <= value <= high:
+                raise PlanError(name, f"must be an integer from 1 to {high:,} (a model run for real, here) "
+                                f"(got {value})")
+        scale = Scale(layers=layers, hidden=hidden, vocab=vocab, experts=experts)
         data = _with_status(lambda progress: run_validate(plan_, scale, device, progress=progress, impl=impl),
                             as_json, "measuring…")
     except PlanError as err:
         _fail(err)
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        _echo_json(data)
         return
     from .render import render_validation
 
@@ -257,25 +355,19 @@ def export(
     from .plan import make_plan, resolve
 
     try:
-        text = run_export(resolve(make_plan(**options)), to)
+        if output is not None:
+            check_output_path(output, "output")  # before any work
+        plan_ = make_plan(**options)
+        _read_inputs(plan_)
+        text = run_export(resolve(plan_), to)
+        if output is not None:
+            write_text_atomic(output, text, "output")  # never a partial file
     except PlanError as err:
         _fail(err)
-    _write_or_echo(text, output)
-
-
-def _write_or_echo(text: str, output: str | None) -> None:
     if output is None:
         typer.echo(text, nl=False)
-        return
-    from pathlib import Path
-
-    path = Path(output)
-    if not path.parent.exists():
-        _fail(PlanError("output", f"directory {path.parent} does not exist"))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)  # never a partial file
-    typer.echo(f"written to {path}", err=True)
+    else:
+        typer.echo(f"written to {output}", err=True)
 
 
 @app.command()
@@ -285,12 +377,12 @@ def search(
     options: dict,
     top: Annotated[int, typer.Option(help="How many layouts to show")] = 5,
     objective: Annotated[str, typer.Option(help="time (most tokens per second) or cost (fewest dollars per token: on one accelerator and GPU count the same order; across --compare-gpus, each at its price)")] = "time",
-    max_tp: Annotated[int | None, typer.Option(help="Largest TP to try (default: GPUs per node)")] = None,
+    max_tp: Annotated[int | None, typer.Option(help="Largest TP to try, at least 1 (default: GPUs per node)")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="The memory vs throughput Pareto front instead")] = False,
     plot: Annotated[str | None, typer.Option(help="With --pareto or --max-model: draw it to a .png/.svg")] = None,
     max_model: Annotated[bool, typer.Option("--max-model", help="The largest Llama-style model each of DDP and ZeRO-1/2/3 can train here")] = False,
     min_gpus: Annotated[bool, typer.Option("--min-gpus", help="The fewest GPUs that train --tokens within --days")] = False,
-    days: Annotated[float | None, typer.Option(help="Deadline for --min-gpus, in days")] = None,
+    days: Annotated[float | None, typer.Option(help=f"Deadline for --min-gpus, in days (more than 0, at most {MAX_DAYS:,})")] = None,
     compare_gpus: Annotated[str | None, typer.Option(help="Compare accelerators instead of --gpu: the best layout on each of these (comma-separated, or all), ranked by --objective; with --min-gpus, the fewest of each that meet --days")] = None,
     export_to: Annotated[str | None, typer.Option("--export", help="Print the best layout's megatron / deepspeed / torchtitan config")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON")] = False,
@@ -298,7 +390,8 @@ def search(
     """Find the fastest (or cheapest) layout that fits: layout options you give stay fixed,
     the others (TP, PP, CP, EP, ZeRO, micro-batch, recompute, schedule) are searched; or
     compare accelerators (--compare-gpus)."""
-    from .plan import make_plan
+    from .export import TARGETS as EXPORT_TARGETS
+    from .plan import MAX_GPUS, make_plan
     from .search import LAYOUT_DIMENSIONS
     from .search import search as run_search
 
@@ -310,7 +403,13 @@ def search(
     try:
         if not 1 <= top <= 1000:
             raise PlanError("top", "must be between 1 and 1000")
+        _check_number("days", days, 0, MAX_DAYS, low_open=True)
+        if max_tp is not None and not 1 <= max_tp <= MAX_GPUS:
+            raise PlanError("max_tp", f"must be an integer from 1 to {MAX_GPUS:,} (got {max_tp})")
+        if export_to is not None and export_to not in EXPORT_TARGETS:
+            raise PlanError("export", f"must be one of {', '.join(EXPORT_TARGETS)} (got {export_to!r:.40})")
         plan_ = make_plan(**options)
+        _read_inputs(plan_)
         if compare_gpus is not None:
             _compare_gpus(options, compare_gpus, fixed, given("gpu"), pareto or max_model, min_gpus, days,
                           objective, max_tp, export_to, as_json)
@@ -335,7 +434,7 @@ def search(
         typer.echo(text, nl=False)
         return
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        _echo_json(data)
         return
     from .render import render_search
 
@@ -361,7 +460,7 @@ def _compare_gpus(options, accelerators, fixed, gpu_given, other_variant, min_gp
                                                       days=days if min_gpus else None, progress=progress),
                         as_json, "comparing accelerators…")
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        _echo_json(data)
     else:
         render_gpu_comparison(data)
 
@@ -389,7 +488,7 @@ def _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_
         draw_search_plot(data, plot, "pareto" if pareto else "max_model")
     if as_json:
         data = {k: v for k, v in data.items() if k != "all"}
-        typer.echo(json.dumps(data, indent=2))
+        _echo_json(data)
     else:
         render(data)
         if plot:
@@ -404,7 +503,7 @@ def bench(
     gpu: Annotated[str | None, typer.Option(help="Catalog accelerator to compare with (percent of peak; needed for --profile)")] = None,
     profile: Annotated[str | None, typer.Option(help="Write a calibrated hardware profile (TOML) for `plan --gpu-profile`")] = None,
     model: Annotated[str | None, typer.Option(help="Also measure this catalog model's GEMM shapes (QKV, attention out, MLP, logits)")] = None,
-    tokens: Annotated[int, typer.Option(help="Tokens per GEMM for --model (micro-batch x sequence)")] = 4096,
+    tokens: Annotated[int, typer.Option(help=f"Tokens per GEMM for --model (micro-batch x sequence; 1 to {MAX_BENCH_TOKENS:,})")] = 4096,
     plot: Annotated[str | None, typer.Option(help="Draw the GEMM curve, a measured roofline, attention time and memory, and the recompute trade (.png/.svg)")] = None,
     report: Annotated[str | None, typer.Option(help="Write a Markdown report: headline figures with targets, then every suite")] = None,
     db: Annotated[str | None, typer.Option(help="Results store (SQLite; default $XDG_DATA_HOME/trainplan/bench.sqlite)")] = None,
@@ -415,6 +514,8 @@ def bench(
     tiling, attention, recompute and collectives, each kernel checked against float64 first;
     store the run; optionally write a profile the planner uses instead of defaults.
     `trainplan bench compare [RUN_ID…]` lines up stored runs."""
+    import sqlite3
+
     from .bench import store
     from .bench.run import run_bench, write_profile
 
@@ -422,14 +523,19 @@ def bench(
     if suites[:1] == ["compare"]:
         try:
             ids = [int(x) for x in suites[1:]]
+            if not all(1 <= i < 2 ** 63 for i in ids):
+                raise ValueError
         except ValueError:
-            _fail(PlanError("run", f"run ids are integers (got {' '.join(suites[1:])})"))
+            _fail(PlanError("run", f"run ids are positive integers (got {' '.join(suites[1:])})"))
         try:
             table = store.compare(store.load(ids or None, db))
         except PlanError as err:
             _fail(err)
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, sqlite3.Error) as exc:  # a file that is no results store
+            _fail(PlanError("db", f"{db or store.default_path()} is not a trainplan results store "
+                            f"({type(exc).__name__}: {exc})"))
         if as_json:
-            typer.echo(json.dumps(table, indent=2))
+            _echo_json(table)
             return
         from .render import render_bench_compare
 
@@ -437,6 +543,9 @@ def bench(
         return
     try:
         # refuse a bad output path or a profile without a datasheet before measuring
+        for field, path in (("plot", plot), ("report", report), ("profile", profile)):
+            if path is not None:
+                check_output_path(path, field)
         if plot:
             from .plots import pyplot_for
 
@@ -445,6 +554,8 @@ def bench(
             from .bench.report import check_path
 
             check_path(report)
+        if not 1 <= tokens <= MAX_BENCH_TOKENS:  # the GEMM's operands are allocated for real
+            raise PlanError("tokens", f"must be a positive number of tokens up to {MAX_BENCH_TOKENS:,} (got {tokens})")
         if profile and not gpu:
             raise PlanError("gpu", "a profile compares measurements with a datasheet: name the accelerator with --gpu")
         writer = store.RunWriter(db) if save else None  # opened before measuring; each suite kept as it ends
@@ -468,7 +579,7 @@ def bench(
     except PlanError as err:
         _fail(err)
     if as_json:
-        typer.echo(json.dumps({**results, "profile": eff, "run_id": run_id}, indent=2))
+        _echo_json({**results, "profile": eff, "run_id": run_id})
         return
     from .render import render_bench
 
@@ -501,6 +612,8 @@ def serve(
     allow_host: Annotated[list[str] | None, typer.Option(help="Another name the server may be addressed by (repeatable): requests naming any other host are refused, against DNS rebinding; default: loopback's names and --host")] = None,
 ) -> None:
     """Serve the parallel-strategy explorer and its JSON API (English and 简体中文)."""
+    if not 0 <= port <= 65535:
+        _fail(PlanError("port", f"must be a TCP port from 0 to 65535 (got {port})"))
     try:
         import uvicorn
 
@@ -526,7 +639,7 @@ def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
              "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
              "vocab": m.vocab, "experts": m.experts, "source": m.source} for m in catalog.models()]
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        _echo_json(rows)
         return
     from .render import render_models
 
@@ -541,7 +654,7 @@ def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
     rows = [{**g.model_dump(), "accuracy": prediction_accuracy(g.name)} for g in catalog.gpus()]
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        _echo_json(rows)
         return
     from .render import render_gpus
 

@@ -16,9 +16,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .errors import PlanError, from_pydantic
+from .files import looks_like_path
 
 # upper bounds that catch typos (e.g. an extra zero) without limiting real clusters, and bound a
 # plan's work: trainplan.limits says why each is where it is (re-exported here for the callers)
@@ -48,11 +57,14 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 class Plan(BaseModel):
     """What to train and how. Omitted layout values are derived by `resolve`."""
 
-    model_config = ConfigDict(extra="forbid")
+    # every float finite: NaN and infinity are refused by name, never carried into a figure
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: str = Field(default="llama-3-8b", description="catalog name, or a path to config.json / spec .toml")
+    model: str = Field(default="llama-3-8b", min_length=1, max_length=4096,
+                       description="catalog name, or a path to a config.json / spec .toml: a path when it contains "
+                       "a / or ends in .json or .toml, a catalog name otherwise")
     hf_config: dict | None = Field(default=None, description="a parsed Hugging Face config.json")
-    gpu: str = "H100-SXM"
+    gpu: str = Field(default="H100-SXM", min_length=1, max_length=256)
     gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS)
     gpus_per_node: int | None = Field(
         default=None, ge=1, le=MAX_GPUS, description="GPUs one scale-up link joins (a server's NVLink, an NVL72 "
@@ -81,7 +93,7 @@ class Plan(BaseModel):
     gbs: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     seq_len: int | None = Field(default=None, ge=1, le=MAX_SEQ_LEN)
     recompute: Recompute = "none"
-    recompute_layers: int | None = Field(default=None, ge=0)
+    recompute_layers: int | None = Field(default=None, ge=0, le=100_000)
     recompute_modules: list[RecomputeModule] | None = Field(
         default=None, description="with --recompute selective, what it recomputes (Megatron-Core --recompute-modules): "
         "core_attn (the attention core, the default), layernorm (the norms' outputs), mla_up_proj (MLA's "
@@ -127,7 +139,7 @@ class Plan(BaseModel):
         "FusedAdam, torch fused=True), foreach (PyTorch's default on GPUs: one multi-tensor kernel per "
         "operation) or for-loop (one kernel per operation and tensor); default: the framework's")
     grad_clip: float = Field(
-        default=1.0, ge=0.0, description="gradient-norm clipping threshold (0: off): every step reads the gradients "
+        default=1.0, ge=0.0, le=1e6, description="gradient-norm clipping threshold (0: off): every step reads the gradients "
         "for their norm and, as the framework runs it, scales them (Megatron --clip-grad, torchtitan max_norm, "
         "DeepSpeed gradient_clipping)")
     offload_optimizer: bool = False
@@ -153,13 +165,14 @@ class Plan(BaseModel):
         "demand (none: gather and reduce-scatter exposed)")
     cp_comm: CpComm = Field(default="ring", description="context-parallel K/V exchange: ring (overlapped with "
                             "attention) or allgather (gathered before it, exposed)")
-    tokens: float | None = Field(default=None, gt=0, le=1e16, description="training tokens (default 20 x params)")
+    tokens: float | None = Field(default=None, ge=1, le=1e16, description="training tokens (default 20 x params)")
     price: float | None = Field(default=None, ge=0, le=1e4, description="USD per GPU-hour (default: catalog)")
     pue: float | None = Field(default=None, ge=1, le=5)
     grid_kg_per_kwh: float | None = Field(default=None, ge=0, le=5)
     gpu_mtbf_hours: float | None = Field(default=None, gt=0, le=1e9)
     checkpoint_gbs: float | None = Field(default=None, ge=1e-3, le=1e6, description="checkpoint write GB/s per node")
-    gpu_profile: str | None = Field(default=None, description="calibrated hardware profile (TOML)")
+    gpu_profile: str | None = Field(default=None, min_length=1, max_length=4096,
+                                    description="calibrated hardware profile: the path of a TOML file")
     sharp: bool = Field(default=False, description="in-network all-reduce (NVLS in a node, SHARP across nodes)")
     scale_up_gbs: float | None = Field(
         default=None, ge=1e-3, le=1e6, description="the link between the GPUs of a node (NVLink-class), per GPU, "
@@ -186,18 +199,29 @@ class Plan(BaseModel):
     def _split_targets(cls, v):
         if isinstance(v, str):
             v = [t.strip() for t in v.split(",") if t.strip()]
+        if not isinstance(v, list | tuple):
+            raise ValueError("must be comma-separated names or a list of them, e.g. q,v")
         bad = [t for t in v if t not in LORA_TARGETS]
         if bad:
             raise ValueError(f"unknown LoRA target(s) {bad}; choose from {', '.join(LORA_TARGETS)}")
         if not v:
             raise ValueError("name at least one LoRA target")
+        twice = sorted({t for t in v if v.count(t) > 1})
+        if twice:
+            raise ValueError(f"names {', '.join(twice)} more than once")
         return v
 
     @field_validator("recompute_modules", "fp8_cache", mode="before")
     @classmethod
-    def _split_modules(cls, v):
+    def _split_modules(cls, v, info: ValidationInfo):
         if isinstance(v, str):
             v = [t.strip() for t in v.split(",") if t.strip()]
+        if isinstance(v, list | tuple):
+            if not v and info.field_name == "recompute_modules":
+                raise ValueError("name at least one (an empty list recomputes nothing: --recompute none says so)")
+            twice = sorted({str(t) for t in v if v.count(t) > 1})
+            if twice:
+                raise ValueError(f"names {', '.join(twice)} more than once")
         return v
 
     @field_validator("pp", mode="before")
@@ -295,8 +319,9 @@ def _model_from_file(path: str, mtime_ns: int, size: int) -> ModelSpec:
     p = Path(path)
     if p.suffix == ".toml":
         data = catalog.read_toml(p, "model")
+        catalog.check_kinds(data, ModelSpec, "model.")
         try:
-            return ModelSpec(**data)
+            return catalog.check_size(ModelSpec(**data))
         except ValidationError as exc:
             raise from_pydantic(exc, "model.") from None
     return hf.from_file(p)
@@ -307,6 +332,8 @@ def _model_from_path(path: str) -> ModelSpec:
         st = Path(path).stat()
     except OSError as exc:
         raise PlanError("model", f"cannot read {path} ({exc.strerror or exc})") from None
+    except ValueError as exc:  # a NUL byte in the name
+        raise PlanError("model", f"cannot read {path!r} ({exc})") from None
     return _model_from_file(path, st.st_mtime_ns, st.st_size)
 
 
@@ -314,9 +341,14 @@ def load_model(plan: Plan) -> ModelSpec:
     if plan.hf_config is not None:
         return hf.from_dict(plan.hf_config, name=plan.hf_config.get("_name_or_path") or "custom")
     name = plan.model
-    if name.endswith((".json", ".toml")) or "/" in name or Path(name).is_file():
+    if looks_like_path(name):  # never a file that merely shares a catalog name
         return _model_from_path(name)
-    return catalog.model(name)
+    try:
+        return catalog.model(name)
+    except PlanError as err:
+        if Path(name).is_file():
+            raise PlanError("model", f"{err.rule}; to read the file {name}, give its path: ./{name}") from None
+        raise
 
 
 # ---- the resolved layout ------------------------------------------------------------

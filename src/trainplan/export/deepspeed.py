@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import PlanError
+from ..files import non_finite_key
 
 
 def deepspeed_config(layout) -> str:
@@ -41,4 +42,7 @@ def deepspeed_config(layout) -> str:
     if p.recompute != "none":
         cfg["activation_checkpointing"] = {"partition_activations": layout.tp > 1,
                                            "contiguous_memory_optimization": False, "cpu_checkpointing": False}
-    return json.dumps(cfg, indent=2) + "\n"
+    try:  # strict JSON: DeepSpeed's json.load would take Infinity, but no other reader does
+        return json.dumps(cfg, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        raise PlanError(non_finite_key(cfg) or "to", "is not a finite number; DeepSpeed's configuration takes finite numbers only") from None

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import difflib
-import tomllib
 from functools import cache
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from ..errors import PlanError, from_pydantic
+from ..files import read_toml_file
 from .hardware import GPUSpec
 from .model import ModelSpec
 
@@ -21,13 +21,8 @@ def _key(name: str) -> str:
 
 
 def read_toml(path: Path, field: str) -> dict:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanError(field, f"{path} is not valid TOML ({exc})") from None
-    except OSError as exc:
-        raise PlanError(field, f"cannot read {path} ({exc.strerror})") from None
+    """A TOML file (a catalog entry, a user's spec or profile), or a PlanError naming `field`."""
+    return read_toml_file(path, field)
 
 
 @cache
@@ -50,9 +45,10 @@ def _lookup(kind: str, field: str, name: str):
     spec = entries.get(_key(name))
     if spec is None:
         names = sorted({s.name for s in entries.values()})
-        close = difflib.get_close_matches(_key(name), list(entries), n=3)
+        close = difflib.get_close_matches(_key(name), list(entries), n=3) if len(name) <= 100 else []
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise PlanError(field, f"unknown {field} '{name}'{hint}; see `trainplan {kind if kind == 'models' else 'gpus'}` "
+        shown = repr(name) if len(name) <= 100 else f"{name[:40]!r}... ({len(name):,} characters)"
+        raise PlanError(field, f"unknown {field} {shown}{hint}; see `trainplan {kind if kind == 'models' else 'gpus'}` "
                         f"for the {len(names)} known ones")
     return spec
 
@@ -71,3 +67,56 @@ def model(name: str) -> ModelSpec:
 
 def gpu(name: str) -> GPUSpec:
     return _lookup("hardware", "gpu", name)
+
+
+def check_kinds(data: dict, cls, prefix: str) -> None:
+    """A spec file's values are of their field's kind: true / false only for a flag, whole numbers
+    for a count (pydantic alone would read `layers = true` as 1 and `layers = 2.0` as 2)."""
+    for key, value in data.items():
+        field = cls.model_fields.get(key)
+        kind = str(field.annotation) if field else ""
+        if isinstance(value, bool) and "bool" not in kind and kind:
+            raise PlanError(prefix + key, f"is not a flag: true or false is no value for it (got {str(value).lower()})")
+        if isinstance(value, float) and "int" in kind and "float" not in kind:
+            raise PlanError(prefix + key, f"must be an integer (got {value!r})")
+
+
+# The largest model trainplan plans: 100 trillion parameters, some 50 times the largest in the
+# catalog; past it a spec is a typo (an extra zero or two), and its figures would be meaningless.
+MAX_PARAMS = 1e14
+SIZE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "max_position", "experts",
+               "expert_ffn", "shared_experts", "shared_expert_ffn", "q_lora_rank", "kv_lora_rank",
+               "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
+@cache
+def _largest(field: str) -> int:
+    return max([getattr(m, field) or 0 for m in models()] + [1])
+
+
+def _fast_params(spec: ModelSpec) -> int:
+    """spec.params without a pass over every layer: a layer's count depends only on whether it is
+    an MoE layer."""
+    moe = spec.n_moe_layers
+    per = {flag: spec.layer_params(i) for flag in (False, True) if (i := spec.first_layer(flag)) is not None}
+    return spec.embedding_params + spec.head_params + moe * per.get(True, 0) + (spec.layers - moe) * per.get(False, 0)
+
+
+def size_problem(spec: ModelSpec) -> tuple[str, str] | None:
+    """(field, rule) when a spec has more than MAX_PARAMS parameters, blaming the field furthest
+    above the catalog's largest value for it; None otherwise."""
+    params = _fast_params(spec)
+    if params <= MAX_PARAMS:
+        return None
+    fields = [f for f in SIZE_FIELDS if getattr(spec, f) and (f != "max_position" or spec.position == "learned")]
+    field = max(fields, key=lambda f: getattr(spec, f) / _largest(f))
+    return field, (f"{getattr(spec, field):,} makes a model of {params:.3g} parameters, over the {MAX_PARAMS:.0e} "
+                   f"parameters trainplan plans (the catalog's largest {field} is {_largest(field):,})")
+
+
+def check_size(spec: ModelSpec, prefix: str = "model.") -> ModelSpec:
+    """The spec, or a PlanError when it is larger than MAX_PARAMS (see size_problem)."""
+    problem = size_problem(spec)
+    if problem:
+        raise PlanError(prefix + problem[0], problem[1])
+    return spec

@@ -1,18 +1,26 @@
 """Import a Hugging Face `config.json` (a local file or an already-parsed dict; no network).
 
 Each supported `model_type` maps the transformers configuration keys of its
-`configuration_*.py` onto a ModelSpec. Defaults follow those classes' own defaults.
+`configuration_*.py` onto a ModelSpec. Defaults follow those classes' own defaults; a key
+given as null counts as absent (as transformers' `None` does).
+
+Every key the import reads is checked first (`check_config`): integers within FIELD_RANGES,
+true/false flags, strings; a configuration whose model would exceed catalog.MAX_PARAMS is
+refused naming the key that makes it so.
 """
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from ..errors import PlanError, from_pydantic
+from ..files import read_json_file
+from ..limits import MAX_LAYERS
+from . import catalog
 from .model import ActivationKind, ModelSpec
 
 # Activation functions whose saved tensors are modelled (transformers' ACT2FN names).
@@ -25,8 +33,8 @@ def _activation(c: dict, key: str, default: str) -> str:
     """The config's activation function, by transformers' name; any other is refused (what
     it saves for backward would be unknown)."""
     name = c.get(key, default)
-    if name not in ACTIVATIONS:
-        raise PlanError(f"hf_config.{key}", f"unsupported activation function {name!r}; "
+    if not isinstance(name, str) or name not in ACTIVATIONS:
+        raise PlanError(f"hf_config.{key}", f"unsupported activation function {name!r:.60}; "
                         f"supported: {', '.join(ACTIVATIONS)}")
     return name
 
@@ -36,10 +44,95 @@ def _experts_impl(c: dict) -> str | None:
     name = c.get("experts_implementation")
     if name is None:
         return None
-    if name not in EXPERTS_IMPLEMENTATIONS:
-        raise PlanError("hf_config.experts_implementation", f"unsupported experts implementation {name!r}; "
+    if not isinstance(name, str) or name not in EXPERTS_IMPLEMENTATIONS:
+        raise PlanError("hf_config.experts_implementation", f"unsupported experts implementation {name!r:.60}; "
                         f"supported: {', '.join(EXPERTS_IMPLEMENTATIONS)}")
     return EXPERTS_IMPLEMENTATIONS[name]
+
+# The config.json keys the import reads, with the integers each may hold (bounds as ModelSpec's:
+# far above any published model, far below what would make arithmetic on them meaningless).
+LAYERS, WIDTH, FFN, HEADS = (1, MAX_LAYERS), (1, 1_000_000), (1, 10_000_000), (1, 100_000)
+FIELD_RANGES: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": LAYERS, "n_layer": LAYERS,
+    "hidden_size": WIDTH, "n_embd": WIDTH,
+    "num_attention_heads": HEADS, "n_head": HEADS, "num_key_value_heads": HEADS,
+    "head_dim": HEADS, "qk_rope_head_dim": (0, 100_000), "qk_nope_head_dim": (0, 100_000), "v_head_dim": HEADS,
+    "intermediate_size": FFN, "n_inner": FFN, "moe_intermediate_size": FFN,
+    "shared_expert_intermediate_size": (0, 10_000_000),
+    "vocab_size": (1, 100_000_000),
+    "max_position_embeddings": (1, 100_000_000), "n_positions": (1, 100_000_000),
+    "num_local_experts": HEADS, "num_experts": HEADS, "n_routed_experts": HEADS,
+    "num_experts_per_tok": HEADS, "n_shared_experts": (0, 1000),
+    "decoder_sparse_step": LAYERS, "moe_layer_freq": LAYERS, "first_k_dense_replace": (0, MAX_LAYERS),
+    "q_lora_rank": WIDTH, "kv_lora_rank": WIDTH,
+}
+FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+STRINGS = ("model_type", "topk_method", "_name_or_path")
+MAX_ROPE_THETA = 1e12  # published: 1e4 (Llama 2) to 5e5 (Llama 3) and 1e6-1e7 (Qwen, long context)
+
+# The config.json key behind each ModelSpec field, where it differs by model_type: the key a
+# size problem is blamed on.
+SPEC_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+             "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "ffn": "intermediate_size",
+             "vocab": "vocab_size", "max_position": "max_position_embeddings",
+             "top_k": "num_experts_per_tok", "expert_ffn": "moe_intermediate_size",
+             "shared_expert_ffn": "shared_expert_intermediate_size", "q_lora_rank": "q_lora_rank",
+             "kv_lora_rank": "kv_lora_rank", "qk_rope_head_dim": "qk_rope_head_dim",
+             "qk_nope_head_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim"}
+SPEC_KEYS_BY_TYPE = {
+    "mixtral": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
+    "qwen2_moe": {"experts": "num_experts"}, "qwen3_moe": {"experts": "num_experts"},
+    "deepseek_v3": {"experts": "n_routed_experts", "shared_experts": "n_shared_experts",
+                    "first_dense_layers": "first_k_dense_replace"},
+    "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",
+             "max_position": "n_positions"},
+}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_config(c: dict) -> None:
+    """Each key the import reads holds a value of its kind and range (null: absent), and the
+    head counts agree; a PlanError names the first key that does not."""
+    for key, value in c.items():
+        if value is None:
+            continue
+        if key in FIELD_RANGES:
+            low, high = FIELD_RANGES[key]
+            if _is_int(value) and value > MAX_LAYERS and key in ("num_hidden_layers", "n_layer"):  # ModelSpec's words
+                raise PlanError(f"hf_config.{key}", f"at most {MAX_LAYERS:,} layers are planned (the deepest published "
+                                f"models have about 128); got {value:,}")
+            if not _is_int(value) or not low <= value <= high:
+                raise PlanError(f"hf_config.{key}", f"must be an integer from {low:,} to {high:,} (got {value!r:.60})")
+        elif key in FLAGS and not isinstance(value, bool):
+            raise PlanError(f"hf_config.{key}", f"must be true or false (got {value!r:.60})")
+        elif key in STRINGS and not isinstance(value, str):
+            raise PlanError(f"hf_config.{key}", f"must be a string (got {value!r:.60})")
+        elif key == "rope_theta" and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                          and math.isfinite(value) and 0 < value <= MAX_ROPE_THETA):
+            raise PlanError("hf_config.rope_theta", f"must be a number in (0, {MAX_ROPE_THETA:.0e}] (got {value!r:.60})")
+    if c.get("model_type") in ("gpt2", "deepseek_v3"):  # MLA has no KV groups; GPT-2 has no GQA
+        return
+    heads, kv = c.get("num_attention_heads"), c.get("num_key_value_heads")
+    if heads is not None and kv is not None and heads % kv:
+        raise PlanError("hf_config.num_key_value_heads", f"must divide num_attention_heads ({heads}) for "
+                        f"grouped-query attention (got {kv})")
+    hidden = c.get("hidden_size")
+    if heads is not None and hidden is not None and c.get("head_dim") is None and hidden % heads:
+        raise PlanError("hf_config.num_attention_heads", f"must divide hidden_size ({hidden}) unless head_dim "
+                        f"is given (got {heads})")
+
+
+def check_size(spec: ModelSpec, model_type: str) -> None:
+    """Refuse a model larger than catalog.MAX_PARAMS, naming the config key furthest above the
+    catalog's largest value for it."""
+    keys = {**SPEC_KEYS, **SPEC_KEYS_BY_TYPE.get(model_type, {})}
+    problem = catalog.size_problem(spec)
+    if problem:
+        field, rule = problem
+        raise PlanError(f"hf_config.{keys.get(field, field)}", rule)
 
 
 def _common(c: dict) -> dict:
@@ -161,6 +254,8 @@ CONVERTERS: dict[str, Callable[[dict], dict]] = {
 def from_dict(config: dict, name: str | None = None, source: str = "Hugging Face config.json") -> ModelSpec:
     if not isinstance(config, dict):
         raise PlanError("hf_config", "must be a JSON object (the contents of config.json)")
+    check_config(config)
+    config = {k: v for k, v in config.items() if v is not None}  # null: the class's default
     model_type = config.get("model_type")
     if model_type not in CONVERTERS:
         raise PlanError("hf_config.model_type",
@@ -174,20 +269,15 @@ def from_dict(config: dict, name: str | None = None, source: str = "Hugging Face
     fields = {k: v for k, v in fields.items() if v is not None}
     name = name or config.get("_name_or_path") or model_type
     try:
-        return ModelSpec(name=str(name), source=source, family=model_type, **fields)
+        spec = ModelSpec(name=str(name), source=source, family=model_type, **fields)
     except ValidationError as exc:
         raise from_pydantic(exc, "hf_config.") from None
+    check_size(spec, model_type)
+    return spec
 
 
 def from_file(path: str | Path) -> ModelSpec:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PlanError("model", f"cannot read {path} ({exc.strerror or exc})") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanError("model", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    config = read_json_file(path, "model")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return from_dict(config, name=name, source=f"Hugging Face config.json at {path}")

@@ -427,6 +427,12 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
         import torch  # noqa: F401
     except ImportError:
         raise PlanError("validate", "needs PyTorch: pip install 'trainplan[torch]'") from None
+    if impl == "transformers":
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            raise PlanError("impl", "--impl transformers needs the transformers package: "
+                            "pip install 'trainplan[hf]'") from None
     if plan.finetune == "qlora":
         raise PlanError("finetune", "validate measures full training and LoRA; QLoRA's quantized base needs "
                         "bitsandbytes, which is not measured here")
