@@ -165,8 +165,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     mask for A's gradient instead of the input; modules: 0/1 per output-discarding recompute
     module (RECOMPUTE_MODULES but core_attn, which `recompute` = selective carries), see
     `discard_recomputed`; fp8_cache: 0/1 per tensor kept in a low-precision format beyond the
-    linears' inputs (FP8_CACHED), see `cache_low_precision`; gate_in_act: 1 where the experts
-    multiply by their gate weights inside the activation, before the down projection.
+    linears' inputs (FP8_CACHED), see `cache_low_precision`; gate_in_act: 1 where fused SwiGLU
+    experts multiply by their gate weights inside the activation, before the down projection.
     """
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
@@ -252,15 +252,18 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # gate-weight multiply and, with an eager `index_add` combine, the weighted outputs
         # (its derivative formula reads `source`; a fused unpermute kernel and the grouped
         # reshape-and-sum do not).
-        # Where the experts apply the gate weights inside their activation (gate_in_act:
-        # Megatron-Core's weighted SwiGLU, experts.py @d98e8a64), its saved input serves the
-        # weights' gradient too and the combine is a plain sum: no expert output is kept.
+        # Where the experts apply the gate weights inside their activation (gate_in_act, with
+        # a fused SwiGLU: Megatron-Core's weighted_bias_swiglu_impl, experts.py @d98e8a64), its
+        # saved input serves the weights' gradient too and the combine is a plain sum: no
+        # expert output is kept. (Megatron's unfused fallback multiplies the activation's
+        # output eagerly; that case keeps the expert outputs here, as before.)
         # (under LoRA the gathered inputs only for the gate and up adapters' gradients)
         # (the gathered copy is what the experts' input projections keep: in FP8 under fp8, where
         # the 16-bit gather is freed once cast, or dispatched in FP8 as DeepSeek-V3 §3.3.3 does)
         inputs = np.where(grouped, residual_bytes,
                           (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes)
-        per_copy = (inputs * save_mlp_in + expert_bytes * (1 - np.asarray(gate_in_act))
+        weighted_act = np.asarray(gate_in_act) * np.asarray(fused) * (shape.mlp_matrices == 3)
+        per_copy = (inputs * save_mlp_in + expert_bytes * (1 - weighted_act)
                     + residual_bytes * (1 - np.asarray(fused)) * (1 - grouped))
         t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep
         # The block's normalised input is kept by the linears that read it directly, for their
