@@ -136,8 +136,24 @@ def test_recompute_modules_and_fp8_cache_on_deepseek_v3():
     assert float(run["mlp_input"]) == 0 and float(run["qkv"]) == 0
     assert float(run["attn_out"]) == t * 128 * 128 * 1.5
     assert float(plain["expert_mlp"]) - float(run["expert_mlp"]) == t * 8 * 2048 * (1 + 2 * (2 - 1))
-    # the experts' gathered inputs are what their FP8 linears keep: 1 byte, beside 2-byte outputs
-    assert float(run["expert_dispatch"]) == t * 8 * 7168 * (1 + 2)
+    # the experts' gathered inputs are what their FP8 linears keep: 1 byte; their outputs are not
+    # kept (Megatron-Core's experts apply the gate weights inside the SwiGLU)
+    assert float(run["expert_dispatch"]) == t * 8 * 7168 * 1
+
+
+def test_megatron_experts_keep_no_output_for_the_gate_weights():
+    """Megatron-Core @d98e8a64 multiplies each routed copy by its gate weight inside the experts'
+    SwiGLU (experts.py, weighted_bias_swiglu_impl), whose saved input also gives the weights'
+    gradient, and combines with a plain sum: against an eager gate multiply after the experts
+    (which keeps the 16-bit expert output), DeepSeek-V3 at 4,096 tokens saves exactly
+    4,096 x 8 routed copies x 7,168 x 2 bytes less per MoE layer."""
+    base = dict(model="deepseek-v3", gpu="H800-SXM", gpus=2048, pp=16, ep=64, zero=1, gbs=15360, seq_len=4096,
+                schedule="dualpipe", fused_kernels=True)
+    terms = {fw: estimate_memory(resolve(make_plan(**base, framework=fw)))["moe_layer_terms"]
+             for fw in ("megatron", "deepspeed")}
+    assert float(terms["megatron"]["expert_dispatch"]) == 4096 * 8 * 7168 * 2
+    assert float(terms["deepspeed"]["expert_dispatch"]) - float(terms["megatron"]["expert_dispatch"]) == (
+        4096 * 8 * 7168 * 2)
 
 
 @pytest.mark.parametrize("options,field", [

@@ -31,8 +31,9 @@ MLP width f (elements; `act` bytes each unless stated):
 * dropout: a 1-byte mask per element (CUDA's bool mask).
 * MoE: fp32 router probabilities (E), int64 top-k indices and per routed token its indices
   and gate weight; the dispatched copies of each token (k·h expert inputs), the expert
-  outputs before weighting (k·h) and, with an eager `index_add` combine, after (k·h);
-  expert MLP intermediates for k tokens; shared experts like a dense MLP. transformers 5's
+  outputs before weighting (k·h; not where the experts apply the gate weights inside their
+  activation, Megatron-Core's weighted SwiGLU) and, with an eager `index_add` combine, after
+  (k·h); expert MLP intermediates for k tokens; shared experts like a dense MLP. transformers 5's
   grouped experts (`grouped_mm`, its default) sort the copies by expert and combine them by a
   reshape and sum: no weighted copy, one more int64 index per copy, fp32 gate weights, and,
   as `torch._grouped_mm` is not autocast, the experts run in the weights' dtype.
@@ -150,7 +151,7 @@ def adapter_inputs(shape: LayerShape, saves, *, moe: bool, tp) -> float:
 def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                 linear_in_bytes, residual_bytes=None, autocast=0, attention, recompute, fused, dropout,
                 saves=None, mask_bytes=MASK_BYTES, adapter_rank=0, adapter_dropout=0, modules=None,
-                fp8_cache=None) -> dict:
+                fp8_cache=None, gate_in_act=0) -> dict:
     """Bytes one layer saves for one micro-batch, by term.
 
     tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
@@ -164,7 +165,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     mask for A's gradient instead of the input; modules: 0/1 per output-discarding recompute
     module (RECOMPUTE_MODULES but core_attn, which `recompute` = selective carries), see
     `discard_recomputed`; fp8_cache: 0/1 per tensor kept in a low-precision format beyond the
-    linears' inputs (FP8_CACHED), see `cache_low_precision`.
+    linears' inputs (FP8_CACHED), see `cache_low_precision`; gate_in_act: 1 where fused SwiGLU
+    experts multiply by their gate weights inside the activation, before the down projection.
     """
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
@@ -250,12 +252,19 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # gate-weight multiply and, with an eager `index_add` combine, the weighted outputs
         # (its derivative formula reads `source`; a fused unpermute kernel and the grouped
         # reshape-and-sum do not).
+        # Where the experts apply the gate weights inside their activation (gate_in_act, with
+        # a fused SwiGLU: Megatron-Core's weighted_bias_swiglu_impl, experts.py @d98e8a64), its
+        # saved input serves the weights' gradient too and the combine is a plain sum: no
+        # expert output is kept. (Megatron's unfused fallback multiplies the activation's
+        # output eagerly; that case keeps the expert outputs here, as before.)
         # (under LoRA the gathered inputs only for the gate and up adapters' gradients)
         # (the gathered copy is what the experts' input projections keep: in FP8 under fp8, where
         # the 16-bit gather is freed once cast, or dispatched in FP8 as DeepSeek-V3 §3.3.3 does)
         inputs = np.where(grouped, residual_bytes,
                           (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes)
-        per_copy = inputs * save_mlp_in + expert_bytes + residual_bytes * (1 - np.asarray(fused)) * (1 - grouped)
+        weighted_act = np.asarray(gate_in_act) * np.asarray(fused) * (shape.mlp_matrices == 3)
+        per_copy = (inputs * save_mlp_in + expert_bytes * (1 - weighted_act)
+                    + residual_bytes * (1 - np.asarray(fused)) * (1 - grouped))
         t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep
         # The block's normalised input is kept by the linears that read it directly, for their
         # weight gradients: the router and the shared experts' gate (frozen under LoRA) and the

@@ -74,6 +74,9 @@ class Recipe:
     shards_params_at_rest: bool = False
     # FSDP1 falls back to NO_SHARD (ZeRO-0) when its shard group is a single rank
     single_rank_no_shard: bool = False
+    # MoE experts apply the gate weights inside their activation (before the down projection), so
+    # the gate-weight gradient needs no kept expert output (Megatron-Core; conventions.toml)
+    moe_gate_in_activation: bool = False
     # the engine that runs its pipeline stages (conventions.toml [pipeline_engines]; applied by
     # estimate/pipeline_engine.py where that engine has the plan's schedule)
     pipeline_engine: str = "megatron"
@@ -206,6 +209,7 @@ def recipe(plan: Plan) -> Recipe:
         gather_copy_passes=float(fw["gather_copy_passes"]),
         grad_clip_passes=float(fw["grad_clip_passes"]) if plan.grad_clip > 0 else 0.0,
         pp_accumulates_unsharded=bool(fw.get("pp_accumulates_unsharded", False)),
+        moe_gate_in_activation=bool(fw.get("moe_gate_in_activation", False)),
         shards_params_at_rest=bool(fw.get("shards_params_at_rest", False)),
         single_rank_no_shard=bool(fw.get("single_rank_no_shard", False)),
         pipeline_engine=str(fw.get("pipeline_engine", "megatron")),

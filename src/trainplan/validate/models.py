@@ -4,7 +4,9 @@ GELU), Llama style (RMSNorm, RoPE, GQA, SwiGLU) and mixture-of-experts layers (t
 and shared experts). By default written the way Hugging Face `transformers` writes them
 (eager RMSNorm and SwiGLU, SDPA or eager attention); `fused=True` swaps in autograd
 Functions that keep exactly what Megatron's fused RMSNorm, SwiGLU and unpermute kernels
-keep. torch is imported lazily by callers of this module."""
+keep, and `gate_in_act=True` has fused SwiGLU experts multiply by their gate weights inside
+the activation, as Megatron-Core's weighted SwiGLU does. torch is imported lazily by callers
+of this module."""
 
 from __future__ import annotations
 
@@ -76,6 +78,26 @@ class RMSNorm(nn.Module):
 
 def _norm(spec: ModelSpec, dim: int, fused: bool = False) -> nn.Module:
     return nn.LayerNorm(dim) if spec.norm == "layernorm" else RMSNorm(dim, fused=fused)
+
+
+class WeightedSwiGLUFn(torch.autograd.Function):
+    """Megatron-Core's weighted SwiGLU (fused_bias_swiglu.py WeightedSwiGLUFunction, the experts'
+    activation at @d98e8a64): silu(gate) · up · w with w each routed copy's gate weight; keeps
+    gate, up and w, and gives w's gradient from them, so no expert output is kept for it."""
+
+    @staticmethod
+    def forward(ctx, gate, up, weight):
+        ctx.save_for_backward(gate, up, weight)
+        return F.silu(gate) * up * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up, weight = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        g = grad * weight
+        return (g * up * sig * (1 + gate * (1 - sig)), g * silu,
+                (grad * silu * up).sum(dim=-1, keepdim=True).to(weight.dtype))
 
 
 class IndexAddFn(torch.autograd.Function):
@@ -193,7 +215,10 @@ class MLP(nn.Module):
         if self.swiglu:
             self.gate = nn.Linear(h, f, bias=spec.bias)
 
-    def forward(self, x):
+    def forward(self, x, weight=None):
+        """`weight`: each row's gate weight, applied inside a fused SwiGLU (MoE experts)."""
+        if self.swiglu and self.fused and weight is not None:
+            return self.down(WeightedSwiGLUFn.apply(self.gate(x), self.up(x), weight))
         if self.swiglu and self.fused:
             y = FusedSwiGLUFn.apply(self.gate(x), self.up(x))
         elif self.swiglu:
@@ -209,14 +234,16 @@ class MoE(nn.Module):
     """Top-k routed experts plus optional shared experts, written like transformers'
     Mixtral/Qwen-MoE sparse blocks: softmax router in fp32, gather each expert's tokens,
     run the expert MLP, weight and scatter-add back; the shared experts last, scaled by a
-    sigmoid gate where the model has one."""
+    sigmoid gate where the model has one. With `gate_in_act` fused SwiGLU experts take the
+    gate weights inside their activation (Megatron-Core) instead of weighting their output."""
 
-    def __init__(self, spec: ModelSpec, dropout: float, fused: bool = False):
+    def __init__(self, spec: ModelSpec, dropout: float, fused: bool = False, gate_in_act: bool = False):
         super().__init__()
         self.spec, self.fused = spec, fused
         # transformers 5's grouped experts unless the spec says eager; fused kernels run the loop
         # with a fused unpermute (IndexAddFn)
         self.grouped = (spec.experts_impl or DEFAULT_EXPERTS_IMPL) == "grouped" and not fused
+        self.gate_in_act = gate_in_act and fused and spec.mlp == "swiglu"
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
         self.experts = nn.ModuleList(MLP(spec, 0.0, spec.expert_ffn or spec.ffn, fused)
                                      for _ in range(spec.experts))
@@ -240,7 +267,10 @@ class MoE(nn.Module):
                 token, slot = torch.where(chosen == e)
                 if token.numel() == 0:
                     continue
-                y = expert(flat[token]) * weights[token, slot, None]
+                if self.gate_in_act:
+                    y = expert(flat[token], weights[token, slot, None])
+                else:
+                    y = expert(flat[token]) * weights[token, slot, None]
                 out = IndexAddFn.apply(out, token, y) if self.fused else out.index_add(0, token, y)
         if self.shared is not None:
             shared = self.shared(flat)
@@ -275,11 +305,11 @@ class MoE(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, attention: str, dropout: float, moe: bool = False,
-                 selective: bool = False, fused: bool = False):
+                 selective: bool = False, fused: bool = False, gate_in_act: bool = False):
         super().__init__()
         self.norm1, self.norm2 = _norm(spec, spec.hidden, fused), _norm(spec, spec.hidden, fused)
         self.attn = Attention(spec, attention, dropout, selective, fused)
-        self.mlp = MoE(spec, dropout, fused) if moe else MLP(spec, dropout, fused=fused)
+        self.mlp = MoE(spec, dropout, fused, gate_in_act) if moe else MLP(spec, dropout, fused=fused)
         self.parallel = spec.parallel_residual
 
     def forward(self, x, cos, sin, causal):
@@ -352,7 +382,7 @@ class DecoderLM(nn.Module):
 
     def __init__(self, spec: ModelSpec, attention: str = "sdpa", dropout: float = 0.0,
                  recompute: str = "none", fused: bool = False, fused_loss: bool = False, early_stop: bool = False,
-                 recompute_layers: int | None = None):
+                 recompute_layers: int | None = None, gate_in_act: bool = False):
         super().__init__()
         if spec.is_mla:
             raise ValueError("the reference models do not implement multi-head latent attention")
@@ -365,7 +395,7 @@ class DecoderLM(nn.Module):
         self.pos = nn.Embedding(spec.max_position, spec.hidden) if spec.position == "learned" else None
         self.blocks = nn.ModuleList(
             Block(spec, "eager" if attention == "eager" else "sdpa", dropout, spec.is_moe_layer(i),
-                  selective=recompute == "selective", fused=fused)
+                  selective=recompute == "selective", fused=fused, gate_in_act=gate_in_act)
             for i in range(spec.layers))
         self.norm = _norm(spec, spec.hidden, fused)
         self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)

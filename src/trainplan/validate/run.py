@@ -210,7 +210,8 @@ def build_model(spec: ModelSpec, plan: Plan, device: str):
     model = DecoderLM(spec, attention=attention, dropout=plan.dropout, recompute=plan.recompute,
                       fused=fused, fused_loss=plan.fused_loss,
                       early_stop=recipe(plan).early_stop_checkpoint,
-                      recompute_layers=plan.recompute_layers).to(device)
+                      recompute_layers=plan.recompute_layers,
+                      gate_in_act=recipe(plan).moe_gate_in_activation).to(device)
     if plan.finetune == "lora":
         from .models import apply_lora
 
