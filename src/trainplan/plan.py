@@ -408,6 +408,25 @@ def interleaving_problem(split: list[int], v: int, framework: str) -> str | None
             f"({framework} conventions)")
 
 
+# torch.distributed.pipelining schedules that run several stages per rank (PyTorch 2.13,
+# schedules.py): LoopedBFS and InterleavedZeroBubble any number, ZBVZeroBubble and DualPipeV two
+TORCH_MULTI_STAGE = ("looped_bfs", "zb", "zbv", "dualpipev")
+
+
+def torch_schedule_vpp(schedule: str, vpp: int | None, pp: int) -> int:
+    """Stages per rank of a torch multi-stage schedule: --vpp (default 1; zb with 1 is torch's
+    ZB1P on one stage per rank), exactly 2 for the V-shaped zbv and dualpipev."""
+    if pp < 2:
+        raise PlanError("schedule", f"{schedule} needs pp >= 2")
+    if schedule in ("zbv", "dualpipev"):
+        if vpp not in (None, 2):
+            raise PlanError("vpp", f"{schedule} runs exactly 2 stages per rank (V-shaped); got --vpp {vpp}")
+        return 2
+    if schedule == "looped_bfs" and (vpp or 1) < 2:
+        raise PlanError("vpp", "looped_bfs loops over several stages per rank: --vpp >= 2")
+    return vpp or 1
+
+
 def torchtitan_virtual_stages(split: list[int], v: int) -> tuple[int, int] | None:
     """(layers per virtual stage, layers fewer on the first and on the last) for which
     torchtitan's cut of layers + 2 x fewer "weighted" layers into len(split) x v virtual
@@ -549,6 +568,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("schedule", "interleaved needs pp >= 2")
         if plan.vpp is None or plan.vpp < 2:
             raise PlanError("vpp", "the interleaved schedule needs --vpp >= 2 (virtual stages per GPU)")
+    elif plan.framework == "torch" and plan.schedule in TORCH_MULTI_STAGE:
+        vpp = torch_schedule_vpp(plan.schedule, plan.vpp, pp)
+    elif plan.schedule in ("looped_bfs", "zbv", "dualpipev"):
+        raise PlanError("schedule", f"{plan.schedule} is torch.distributed.pipelining's schedule: use --framework torch")
     elif plan.vpp not in (None, 1):
         raise PlanError("vpp", f"virtual stages only apply to --schedule interleaved (got {plan.schedule})")
     if plan.schedule == "dualpipe" and (pp < 2 or pp % 2):

@@ -4,7 +4,7 @@ from typing import Literal
 
 Recompute = Literal["none", "selective", "full"]
 # the pipeline schedules (estimate/pipeline.py: each one's in-flight rule and its source)
-Schedule = Literal["gpipe", "1f1b", "interleaved", "zb", "dualpipe"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb", "dualpipe", "looped_bfs", "zbv", "dualpipev"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit", "lion"]
 Attention = Literal["auto", "flash", "sdpa", "eager", "triton", "cudnn"]

@@ -437,7 +437,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         fragmentation=fragmentation)
     total = (mem["total"][group]
              + mem["total_per_in_flight"][group] * (in_flight(sched, stage_idx, pp, m, vpp, framework=plan.framework) - 1)
-             + mem["total_per_logits"][group] * (last_stage_logits_in_flight(sched, m) - 1))
+             + mem["total_per_logits"][group] * (last_stage_logits_in_flight(sched, m, plan.framework, pp) - 1))
     peak = np.max(total, axis=-1)
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)

@@ -24,6 +24,7 @@ from . import activations as act
 from .flops import ATTENTION_INPUTS
 from .pipeline import SCHEDULE_CODE, in_flight, last_stage_logits_in_flight
 from .recipe import Recipe, recipe
+from .torch_schedules import V_SHAPED
 
 FP32 = 4
 
@@ -377,7 +378,7 @@ def layout_inputs(layout: Layout) -> dict:
         moe_layers=np.asarray(layout.stage_moe_layers, dtype=float),
         first=pipeline_ends(layout, 0), last=pipeline_ends(layout, pp - 1),
         in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp, plan.pp_group, plan.framework),
-        logits_in_flight=last_stage_logits_in_flight(sched, layout.micro_batches),
+        logits_in_flight=last_stage_logits_in_flight(sched, layout.micro_batches, plan.framework, pp),
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
         dp_shard=layout.dp_shard,
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
@@ -412,6 +413,8 @@ def pipeline_ends(layout: Layout, end: int) -> np.ndarray:
     ends = (stages == end)
     if layout.plan.schedule == "dualpipe":
         ends = ends | (stages == layout.pp - 1 - end)
+    if layout.plan.framework == "torch" and layout.plan.schedule in V_SHAPED:
+        ends = stages == 0  # torch's V-shaped schedules: rank 0 holds the first and the last stage
     return ends.astype(float)
 
 
@@ -492,7 +495,7 @@ def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
             mbs=c[None, :],
             in_flight_mb=in_flight(sched, stages[:, None], layout.pp, mb[None, :], layout.vpp, plan.pp_group,
                                    plan.framework),
-            logits_in_flight=last_stage_logits_in_flight(sched, mb[None, :]), **per_stage)
+            logits_in_flight=last_stage_logits_in_flight(sched, mb[None, :], plan.framework, layout.pp), **per_stage)
         total = stage_memory(numbers, rec, **inputs)["total"]
         fits[lo:lo + block] = np.max(total, axis=0) <= layout.gpu.capacity_bytes
     return int(cands[fits].max()) if fits.any() else 0

@@ -43,6 +43,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import torch_schedules
+
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb", "dualpipe"]
 # A backward pass costs twice its forward (input and weight gradients: two GEMMs per forward
 # GEMM), so the forward is a third of a micro-batch's work and the weight gradients another
@@ -94,6 +96,11 @@ def register_schedule(name: str, rule: Callable, framework: str | None = None) -
     return SCHEDULE_CODE[name]
 
 
+# framework torch: torch.distributed.pipelining's own rules for its schedules (torch_schedules.py)
+for _name in torch_schedules.TORCH_CLASSES:
+    register_schedule(_name, torch_schedules.rule(_name), "torch")
+
+
 def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framework: str | None = None):
     """Micro-batches' worth of activations stage `stage` holds at its peak; `group` is the
     interleaved schedule's contiguous micro-batches per chunk (N; default pp); `framework` picks
@@ -109,9 +116,12 @@ def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framew
     return out
 
 
-def last_stage_logits_in_flight(schedule_code, micro_batches):
+def last_stage_logits_in_flight(schedule_code, micro_batches, framework: str | None = None, pp=1):
     """Micro-batches whose logits/loss tensors are alive at once on the last stage: the
-    last stage runs each backward right after its forward except under GPipe."""
+    last stage runs each backward right after its forward except under GPipe (framework torch:
+    torch.distributed.pipelining's schedules, `torch_schedules.logits_in_flight`)."""
+    if framework == "torch":
+        return torch_schedules.by_code(torch_schedules.logits_in_flight, SCHEDULES, schedule_code, micro_batches, pp)
     return np.where(np.asarray(schedule_code) == 0, np.asarray(micro_batches, dtype=float), 1.0)
 
 

@@ -145,11 +145,29 @@ def grouped_mm_flops(a, b, *args, out_shape=None, **kwargs) -> int:
     return 2 * a[0] * a[1] * a[2] * b[2]
 
 
-def counted_flops(fn) -> tuple[int, object]:
+class _NoModules:
+    """Stands in for FlopCounterMode's module tracker: every FLOP counts under "Global" only.
+    (The tracker's backward hooks fail inside `torch.autograd.grad` over part of a graph, which
+    the split backward of zero-bubble pipeline schedules runs.)"""
+
+    parents = ("Global",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def counted_flops(fn, per_module: bool = True) -> tuple[int, object]:
     """FLOPs of `fn()` (forward and backward inside it) by `FlopCounterMode`, with the CPU
-    flash-attention kernels counted like their CUDA versions and grouped GEMMs counted."""
+    flash-attention kernels counted like their CUDA versions and grouped GEMMs counted;
+    per_module=False counts without tracking modules (see `_NoModules`)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False, custom_mapping=_cpu_flash_mapping()) as counter:
+    counter = FlopCounterMode(display=False, custom_mapping=_cpu_flash_mapping())
+    if not per_module:
+        counter.mod_tracker = _NoModules()
+    with counter:
         out = fn()
     return counter.get_total_flops(), out

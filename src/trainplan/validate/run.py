@@ -443,7 +443,7 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
     if plan.finetune == "lora" and impl == "transformers":
         raise PlanError("impl", "validate attaches LoRA adapters to the reference models: use --impl reference")
     if plan.pp > 1:
-        raise PlanError("pp", "validate runs pp = 1 layouts (one pipeline stage holds the whole model)")
+        return _validate_pipeline(plan, scale or Scale(), device, progress)
     if plan.cp > 1 or plan.ep > 1:
         raise PlanError("cp" if plan.cp > 1 else "ep", "validate runs tp, zero and dp layouts; "
                         "context and expert parallelism are predicted only")
@@ -550,6 +550,42 @@ def _config_note(config: dict, dropout: float) -> str:
         note += (f"; its dropout ({', '.join(f'{k} {v}' for k, v in replaced.items())}) set to the plan's "
                  f"{dropout} (--dropout)")
     return note
+
+
+# a pipeline runs one process per stage on the CPU: smaller defaults, two layers per stage
+PIPELINE_SCALE = Scale(hidden=64, vocab=512, seq_len=64, mbs=1, experts=4)
+PIPELINE_LAYERS_PER_STAGE = 2
+
+
+def _validate_pipeline(plan: Plan, scale: Scale, device: str, progress=None) -> dict:
+    """pp > 1: the scaled-down model split over pp local processes, stepped by the
+    torch.distributed.pipelining schedule of the plan's name (`pipelining.py`)."""
+    from .pipelining import check, run_pipeline
+
+    if resolve_device(device) != "cpu":
+        raise PlanError("device", "pipelines are validated on the CPU (gloo) here")
+    full = resolve(plan)
+    spec = full.model
+    check(full, plan.schedule)  # before any process starts
+    d = PIPELINE_SCALE
+    layers = scale.layers or PIPELINE_LAYERS_PER_STAGE * full.pp * full.vpp
+    eff = Scale(layers=layers, hidden=scale.hidden or d.hidden, vocab=scale.vocab or d.vocab,
+                seq_len=scale.seq_len or min(full.seq_len, d.seq_len), mbs=scale.mbs or min(plan.mbs, d.mbs),
+                experts=scale.experts or d.experts)
+    small = scale_model(spec, eff)
+    small_plan = plan.model_copy(update={
+        "model": "", "hf_config": None, "seq_len": eff.seq_len, "mbs": eff.mbs,
+        "gbs": full.micro_batches * eff.mbs, "gpus": full.pp, "dp": None, "stage_layers": None})
+    layout = resolve(small_plan, small)
+    check(layout, plan.schedule)
+    name = (f"{spec.name} scaled to {_describe(small)}, {plan.precision}/{plan.framework}, pp {layout.pp} "
+            f"{plan.schedule}" + (f" v={layout.vpp}" if layout.vpp > 1 else "")
+            + f", m={layout.micro_batches}, b={layout.mbs} s={layout.seq_len}, cpu")
+    if progress:
+        progress(f"running {name}")
+    cases = run_pipeline(layout, small, name)
+    worst = max((abs(e) for c in cases for e in c.rel_error.values()), default=0.0)
+    return {"device": "cpu", "cases": [c.to_json() for c in cases], "max_abs_rel_error": worst}
 
 
 def _describe(spec: ModelSpec) -> str:
