@@ -123,6 +123,10 @@ def main() -> None:
     ]
     path.write_text("".join(out))
     print(f"wrote {path} ({len(single)} + {len(sharded)} rows, {elapsed:.0f} s)")
+    # the pipelines' section (scripts/pipeline_report.py)
+    from pipeline_report import main as pipelines
+
+    pipelines()
 
 
 if __name__ == "__main__":

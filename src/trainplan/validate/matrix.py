@@ -98,3 +98,20 @@ def sharded_plans():
     yield RECOMPUTED
     yield from SOME_RECOMPUTED
     yield from OTHER
+
+
+# Pipelines (torch.distributed.pipelining, one process per stage): every schedule of torch's at
+# pp 2 and 4 with m = pp, 2 pp and 4 pp micro-batches; two stages per rank where it interleaves
+PIPELINE_SCHEDULES = (("gpipe", None), ("1f1b", None), ("interleaved", 2), ("looped_bfs", 2), ("zb", 1), ("zb", 2),
+                      ("zbv", 2), ("dualpipev", 2))
+
+
+def pipeline_plans(pps=(2, 4), per_stage=(1, 2, 4)):
+    """(schedule, pp, micro-batches, vpp, plan options) for `validate --pp`; fp32 under the torch
+    convention, a Llama-style model scaled to hidden 64 and two layers per stage."""
+    for pp in pps:
+        for k in per_stage:
+            for schedule, vpp in PIPELINE_SCHEDULES:
+                yield schedule, pp, k * pp, vpp, dict(
+                    model="llama-3-8b", gpus=pp, pp=pp, framework="torch", precision="fp32", schedule=schedule,
+                    vpp=vpp, mbs=1, gbs=k * pp)
