@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import weakref
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def check(layout: Layout, name: str) -> None:
         raise PlanError("gbs", f"torch's Schedule1F1B needs micro-batches ({m}) >= pp ({p})")
     if name == "dualpipev" and m < 2 * p:
         raise PlanError("gbs", f"torch's ScheduleDualPipeV needs micro-batches ({m}) >= its 2 x pp = {2 * p} stages")
-    if name in ("interleaved", "zb") and v > 1 and m % max(1, m // p):
+    if name in ("interleaved", "zb") and m % max(1, m // p):
         raise PlanError("gbs", f"torch's {ts.TORCH_CLASSES[name]} needs micro-batches ({m}) divisible by "
                         f"their rounds ({max(1, m // p)})")
 
@@ -351,8 +352,6 @@ def run_pipeline(layout: Layout, spec: ModelSpec, name: str) -> list:
         ctx = mp.start_processes(_worker, args=(world, free_port(), payload, out), nprocs=world,
                                  join=False, start_method="spawn")
         try:
-            import time
-
             deadline = time.monotonic() + JOIN_TIMEOUT_S
             while not ctx.join(timeout=5):
                 if time.monotonic() > deadline:
