@@ -443,6 +443,8 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
     if plan.finetune == "lora" and impl == "transformers":
         raise PlanError("impl", "validate attaches LoRA adapters to the reference models: use --impl reference")
     if plan.pp > 1:
+        if impl == "transformers":
+            raise PlanError("impl", "pipelines are validated with the reference models (--impl reference)")
         return _validate_pipeline(plan, scale or Scale(), device, progress)
     if plan.cp > 1 or plan.ep > 1:
         raise PlanError("cp" if plan.cp > 1 else "ep", "validate runs tp, zero and dp layouts; "
