@@ -477,7 +477,8 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
         recompute_layers = min(small.layers, max(round(recompute_layers * small.layers / spec.layers),
                                                  int(recompute_layers > 0)))
     small_plan = plan.model_copy(update={
-        "model": "", "hf_config": None, "seq_len": eff.seq_len or full.seq_len, "mbs": eff.mbs or plan.mbs,
+        # the scaled model travels as a spec; the name only labels it (a plan's model is never empty)
+        "model": small.name, "hf_config": None, "seq_len": eff.seq_len or full.seq_len, "mbs": eff.mbs or plan.mbs,
         "gbs": None, "gpus": world, "dp": None, "stage_layers": None, "recompute_layers": recompute_layers,
     })
     layout = resolve(small_plan, small)
@@ -576,7 +577,7 @@ def _validate_pipeline(plan: Plan, scale: Scale, device: str, progress=None) -> 
                 experts=scale.experts or d.experts)
     small = scale_model(spec, eff)
     small_plan = plan.model_copy(update={
-        "model": "", "hf_config": None, "seq_len": eff.seq_len, "mbs": eff.mbs,
+        "model": small.name, "hf_config": None, "seq_len": eff.seq_len, "mbs": eff.mbs,
         "gbs": full.micro_batches * eff.mbs, "gpus": full.pp, "dp": None, "stage_layers": None})
     layout = resolve(small_plan, small)
     check(layout, plan.schedule)
