@@ -283,22 +283,11 @@ def _automodel_mixed_peak(cfg: dict) -> float:
 def _pipeline_engine_effect(data: list[dict]) -> str:
     """The held-out BLOOM row under DeepSpeed's pipeline engine and, for comparison, the same
     plan priced with Megatron's schedules (estimate/pipeline_engine.py)."""
-    import trainplan.estimate.time as time_model
-    from trainplan.calibration import bloom_setup, evaluate_layout
-    from trainplan.estimate import pipeline_engine as engines
-    from trainplan.plan import make_plan, resolve
+    from trainplan.calibration import bloom_engine_comparison
 
-    cfg = tomllib.loads((ROOT / "benchmarks" / "data" / "published_runs.toml").read_text())["bloom_176b"]
     (bloom,) = [r for r in data if r["source"] == "bloom_176b"]
-    spec, kw = bloom_setup(cfg, cfg["rows"][0])
-    layout = resolve(make_plan(**kw), spec)
-    ds = evaluate_layout(layout)["time"]
-    chosen = time_model.engine_terms
-    time_model.engine_terms = lambda _, pp, schedule, overlap_dp: engines.engine_terms("megatron", pp, schedule, overlap_dp)
-    try:
-        mg = evaluate_layout(layout)["time"]
-    finally:
-        time_model.engine_terms = chosen
+    ds, mg = bloom_engine_comparison(
+        tomllib.loads((ROOT / "benchmarks" / "data" / "published_runs.toml").read_text())["bloom_176b"])
     b = {k: ds["breakdown_s"][k] - mg["breakdown_s"][k] for k in ("pp_comm", "dp_comm")}
     return (f"The held-out BLOOM 176B iteration (Megatron-DeepSpeed, 384 A100s, TP 4 PP 12 DP 8, 128 micro-batches of 2)\n"
             f"is predicted at {bloom['predicted']:.1f} s against the logged {bloom['published']:.2f} s "

@@ -451,21 +451,9 @@ def test_deepspeed_pipeline_engine_on_the_bloom_row():
     gradient all-reduce: the step 2.0% longer (95.1 s against 93.2 s)."""
     import tomllib
 
-    import trainplan.estimate.time as time_model
-    from trainplan.calibration import bloom_setup, evaluate_layout
-    from trainplan.estimate import pipeline_engine as engines
-    from trainplan.plan import make_plan, resolve
+    from trainplan.calibration import bloom_engine_comparison
 
-    cfg = tomllib.loads(DATA.read_text())["bloom_176b"]
-    spec, kw = bloom_setup(cfg, cfg["rows"][0])
-    layout = resolve(make_plan(**kw), spec)
-    ds = evaluate_layout(layout)["time"]
-    chosen = time_model.engine_terms
-    time_model.engine_terms = lambda _, pp, schedule, overlap_dp: engines.engine_terms("megatron", pp, schedule, overlap_dp)
-    try:
-        mg = evaluate_layout(layout)["time"]
-    finally:
-        time_model.engine_terms = chosen
+    ds, mg = bloom_engine_comparison(tomllib.loads(DATA.read_text())["bloom_176b"])
     assert ds["micro_batch_s"]["pp_comm"] == pytest.approx(2 * mg["micro_batch_s"]["pp_comm"], rel=1e-9)
     assert ds["breakdown_s"]["dp_comm"] > mg["breakdown_s"]["dp_comm"]
     assert ds["breakdown_s"]["compute"] == pytest.approx(mg["breakdown_s"]["compute"], rel=1e-12)

@@ -116,6 +116,26 @@ def evaluate_layout(layout):
     return {"fits": bool(np.max(mem["total"]) <= layout.gpu.capacity_bytes), "time": step_time(layout, profile, mem)}
 
 
+def bloom_engine_comparison(cfg: dict) -> tuple[dict, dict]:
+    """The BLOOM row (`cfg`: its published_runs.toml table) timed under DeepSpeed's pipeline
+    engine, as it ran, and under Megatron's schedules with everything else the same: the two
+    step-time dicts (estimate/pipeline_engine.py)."""
+    import trainplan.estimate.time as time_model
+    from trainplan.estimate import pipeline_engine as engines
+
+    spec, kw = bloom_setup(cfg, cfg["rows"][0])
+    layout = resolve(make_plan(**kw), spec)
+    deepspeed = evaluate_layout(layout)["time"]
+    chosen = time_model.engine_terms
+    time_model.engine_terms = lambda _, pp, schedule, overlap_dp: engines.engine_terms("megatron", pp, schedule,
+                                                                                        overlap_dp)
+    try:
+        megatron = evaluate_layout(layout)["time"]
+    finally:
+        time_model.engine_terms = chosen
+    return deepspeed, megatron
+
+
 def _with_recompute_rule(spec, profiles=None, **kw):
     """recompute none, else selective, else full: the first that fits."""
     for rc in ("none", "selective", "full"):
