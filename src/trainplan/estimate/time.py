@@ -1085,8 +1085,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
 
 def step_time(layout: Layout, profile: dict | None = None, memory: dict | None = None) -> dict:
     """The step of a resolved plan (every stage considered), as plain numbers."""
-    out, fl, data = _step(layout, profile, memory)
-    hw = hardware(layout, profile)
+    out, fl, data, hw = _step(layout, profile, memory)
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
@@ -1115,8 +1114,7 @@ def step_derivation(layout: Layout, profile: dict | None = None, memory: dict | 
     from .memory import estimate_memory
 
     mem = memory if memory is not None else estimate_memory(layout)
-    out, _, _ = _step(layout, profile, mem)
-    hw = hardware(layout, profile)
+    out, _, _, hw = _step(layout, profile, mem)
     return {**out, "hardware": hw,
             "nccl_algorithms": collective_choices(layout, hw, float(np.max(mem["trainable_params"])), out)}
 
@@ -1173,17 +1171,18 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
     # selective recomputation re-runs the attention core unless its modules leave core_attn out
     # (the output-discarding modules' norms, up-projections and activations are not priced)
     rc = recompute_code(plan)
+    r, hw = recipe(plan), hardware(layout, profile)
     stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                     attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab, causal=True,
-                    skip_last=recipe(plan).recompute_skips_last_linear,
+                    skip_last=r.recompute_skips_last_linear,
                     recompute_share=float(model_recomputed_share(rc, layout.recompute_layers_per_stage, stage_layers)),
                     **lora_arguments(plan))
     stages = np.arange(layout.pp)
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
     out = step_time_core(
-        model, hardware(layout, profile), recipe(plan), tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
+        model, hw, r, tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
         ep=layout.ep, zero=layout.zero, mbs=layout.mbs, seq=layout.seq_len, m=layout.micro_batches,
         vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule], recompute=rc, eager=plan.attention == "eager",
         dropout=plan.dropout, overlap_tp=plan.overlap_tp, overlap_dp=plan.overlap_dp,
@@ -1198,4 +1197,4 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None):
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
         dp_shard=layout.dp_shard, lora=lora_arguments(plan), recompute_layers=layout.recompute_layers_per_stage,
         ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap)
-    return out, fl, data
+    return out, fl, data, hw
