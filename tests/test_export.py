@@ -279,3 +279,16 @@ def test_lora_plans_export_to_deepspeed_only():
                 export(lay, target)
             assert e.value.field == "finetune" and "deepspeed" in e.value.rule
         assert json.loads(export(lay, "deepspeed"))["train_batch_size"] == 8
+
+
+def test_torchtitan_schedule_names_resolve_to_the_schedules_planned():
+    """Each schedule name the torchtitan export writes is one torch's get_schedule_class (what
+    torchtitan calls with it) accepts, and it names the class the planner's torch convention
+    prices and `validate --pp` runs for that schedule (estimate/torch_schedules.py)."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from trainplan.estimate.torch_schedules import TORCH_CLASSES
+    from trainplan.export.torchtitan import SCHEDULES
+
+    assert set(SCHEDULES) == set(TORCH_CLASSES)
+    for planned, name in SCHEDULES.items():
+        assert schedules.get_schedule_class(name) is getattr(schedules, TORCH_CLASSES[planned]), planned

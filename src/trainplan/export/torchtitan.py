@@ -7,7 +7,12 @@ from ..estimate.recipe import recipe
 from ..plan import torchtitan_virtual_stages
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb": "ZBVZeroBubble"}
+# the planner's schedules by the names torchtitan passes to torch.distributed.pipelining's
+# get_schedule_class (torch/distributed/pipelining/schedules.py schedule_map): zb is torch's
+# ScheduleInterleavedZeroBubble (ZB-H1 with one stage per rank), not the V-shaped ZBVZeroBubble
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb": "InterleavedZeroBubble",
+             "looped_bfs": "LoopedBFS", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+MULTI_STAGE = ("interleaved", "looped_bfs", "zbv", "dualpipev")  # several stages per rank: --vpp
 
 
 def virtual_stage_options(layout) -> dict:
@@ -64,7 +69,7 @@ def torchtitan_toml(layout) -> str:
             "pipeline_parallel_microbatch_size": layout.mbs,
             # "default" reshards after the forward without PP and keeps the stage gathered with it
             "fsdp_reshard_after_forward": "never" if 0 < layout.zero < 3 else "default",
-            **(virtual_stage_options(layout) if p.schedule == "interleaved" else {}),
+            **(virtual_stage_options(layout) if p.schedule in MULTI_STAGE or layout.vpp > 1 else {}),
             # PyTorch's context parallelism passes K/V shards around ("alltoall") or gathers
             # them, overlapping only the first local block ("allgather")
             **({"context_parallel_rotate_method": "allgather" if p.cp_comm == "allgather" else "alltoall"}
