@@ -151,7 +151,7 @@ def adapter_inputs(shape: LayerShape, saves, *, moe: bool, tp) -> float:
 def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                 linear_in_bytes, residual_bytes=None, autocast=0, attention, recompute, fused, dropout,
                 saves=None, mask_bytes=MASK_BYTES, adapter_rank=0, adapter_dropout=0, modules=None,
-                fp8_cache=None, gate_in_act=0) -> dict:
+                fp8_cache=None, gate_in_act=0, sp_gathered=0) -> dict:
     """Bytes one layer saves for one micro-batch, by term.
 
     tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
@@ -166,7 +166,9 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     module (RECOMPUTE_MODULES but core_attn, which `recompute` = selective carries), see
     `discard_recomputed`; fp8_cache: 0/1 per tensor kept in a low-precision format beyond the
     linears' inputs (FP8_CACHED), see `cache_low_precision`; gate_in_act: 1 where fused SwiGLU
-    experts multiply by their gate weights inside the activation, before the down projection.
+    experts multiply by their gate weights inside the activation, before the down projection;
+    sp_gathered: 1 where, under sequence parallelism, the linears reading a block's all-gathered
+    input keep the gathered (full-sequence) tensor (`sp_gathers_saved_inputs`, conventions.toml).
     """
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
@@ -177,6 +179,10 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     save_mlp_in = np.maximum(save["gate"], save["up"])
     h = shape.hidden
     rep = np.where(sp, tp, 1)  # divisor for replicated-by-TP tensors
+    # ... and for what is computed from a block's all-gathered input: Megatron keeps the
+    # sequence shard and gathers it again in backward (Korthikanti et al. 2023 §4.2.2); DTensor
+    # keeps the gathered tensor (sp_gathered)
+    rep_in = np.where(np.asarray(sp_gathered) > 0, 1, rep)
     eager_norm = (1 - np.asarray(fused)) * (0 if shape.layernorm else 1)
     stats = 2 if shape.layernorm else 1
     eager = np.asarray(attention) == ATTENTION_CODE["eager"]
@@ -192,8 +198,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # are cached), so q, k and v projections each keep their own 16-bit copy.
     qkv_copies = 1 + autocast * (shape.qkv_projections - 1)
     mlp_copies = 1 + autocast * (shape.mlp_matrices - 2)
-    t["attn_input"] = tokens * h * save_attn_in * linear_in_bytes * qkv_copies / rep
-    t["mla_latents"] = tokens * shape.latent * (2 + eager_norm) * act_bytes / rep
+    t["attn_input"] = tokens * h * save_attn_in * linear_in_bytes * qkv_copies / rep_in
+    t["mla_latents"] = tokens * shape.latent * (2 + eager_norm) * act_bytes / rep_in
     no_recompute = np.asarray(recompute) == 0
     # Eager GQA repeats K/V to every query head; the repeated copies are saved unless the
     # attention core is recomputed (then its inputs, the unrepeated K/V, are kept).
@@ -234,7 +240,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     shared_input = shape.parallel_residual * h * np.where(eager_norm, FP32 * (np.asarray(residual_bytes) == FP32),
                                                           residual_bytes)
     t["mlp_norm"] = tokens * (norm - shared_input) / rep
-    t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * mlp_copies / rep
+    t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * mlp_copies / rep_in
     t["mlp_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
     if moe:
         e, k, cf = shape.experts, shape.top_k, shape.capacity_factor
@@ -245,7 +251,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # grouped_mm, not autocast, runs the experts in the weights' dtype (the residual's)
         grouped = shape.grouped_experts * (1 - np.asarray(fused))
         t["router"] = tokens * (e * FP32 + k * INDEX_BYTES * (3 + grouped)
-                                + k * np.where(grouped, FP32, residual_bytes)) / rep
+                                + k * np.where(grouped, FP32, residual_bytes)) / rep_in
         expert_bytes = np.where(grouped, residual_bytes, act_bytes)
         # Routed copies of each token: the gathered expert inputs (under autocast, instead, each
         # expert input projection's own 16-bit cast of them), the expert outputs kept by the
@@ -265,7 +271,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         weighted_act = np.asarray(gate_in_act) * np.asarray(fused) * (shape.mlp_matrices == 3)
         per_copy = (inputs * save_mlp_in + expert_bytes * (1 - weighted_act)
                     + residual_bytes * (1 - np.asarray(fused)) * (1 - grouped))
-        t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep
+        t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep_in
         # The block's normalised input is kept by the linears that read it directly, for their
         # weight gradients: the router and the shared experts' gate (frozen under LoRA) and the
         # shared experts' input projections (under LoRA, when adapted). They share one copy,
@@ -273,14 +279,14 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         shared_in = save_mlp_in * (shape.shared_ffn > 0)
         readers = (1 - frozen) * (1 + shape.shared_gate) + shared_in * (shape.mlp_matrices - 1)
         copies = np.where(autocast > 0, readers, np.minimum(readers, 1))
-        t["mlp_input"] = tokens * h * linear_in_bytes * copies / rep
+        t["mlp_input"] = tokens * h * linear_in_bytes * copies / rep_in
         t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused, save["down"],
                                                       expert_bytes, np.where(grouped, residual_bytes, linear_in_bytes),
                                                       shape.activation_saves) / tp
         t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused, save["down"],
                                                     act_bytes, linear_in_bytes, shape.activation_saves) / tp
         # the gate's multiply keeps both factors: the sigmoid (one per token) and the shared output
-        t["shared_expert_gate"] = tokens * (h + 1) * act_bytes * shape.shared_gate / rep
+        t["shared_expert_gate"] = tokens * (h + 1) * act_bytes * shape.shared_gate / rep_in
     else:
         t["mlp"] = tokens * _mlp_elems(shape.ffn, shape.mlp_matrices, fused, save["down"],
                                        act_bytes, linear_in_bytes, shape.activation_saves) / tp
@@ -393,11 +399,12 @@ def embedding_terms(hidden, *, tokens, seq, cp, tp, sp, dropout, learned_positio
 
 
 def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_bytes, layernorm, fused,
-               logit_bytes=FP32, frozen=0) -> dict:
+               logit_bytes=FP32, frozen=0, sp_gathered=0) -> dict:
     """act_bytes here is the residual stream's dtype (the final norm's input); logit_bytes
     what the loss keeps per logit (fp32 log-probabilities, or a fused loss's 16-bit logits);
     frozen: the final norm and the output head are frozen (LoRA), so neither keeps what only
-    its weight's gradient needs (the normalised input, the head's input)."""
+    its weight's gradient needs (the normalised input, the head's input); sp_gathered: the
+    output layer keeps its all-gathered input under sequence parallelism (see `layer_terms`)."""
     # Final norm, the output layer's input and the logits the loss keeps (vocab-parallel
     # cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t in fp32).
     rep = np.where(sp, tp, 1)
@@ -405,6 +412,6 @@ def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_byt
     stats = 2 if layernorm else 1
     return {
         "final_norm": tokens * _norm_bytes(hidden, eager_norm, act_bytes, stats, frozen) / rep,
-        "head_input": tokens * hidden * linear_in_bytes * (1 - frozen) / rep,
+        "head_input": tokens * hidden * linear_in_bytes * (1 - frozen) / np.where(np.asarray(sp_gathered) > 0, 1, rep),
         "logits": tokens * vocab_padded * logit_bytes / tp,
     }

@@ -237,7 +237,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves, mask_bytes=mask_bytes,
                   adapter_rank=lora_rank if lora_saves is not None else 0,
                   adapter_dropout=float(r.lora_dropout), modules=modules, fp8_cache=fp8_cache,
-                  gate_in_act=float(r.moe_gate_in_activation))
+                  gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs))
     dense_terms = act.layer_terms(mn.shape, moe=False, **common)
     moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
@@ -278,7 +278,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                               frozen=float(lora_saves is not None))
     hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
                         linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
-                        fused=float(r.fused_kernels), logit_bytes=r.logit_bytes, frozen=float(lora_saves is not None))
+                        fused=float(r.fused_kernels), logit_bytes=r.logit_bytes, frozen=float(lora_saves is not None),
+                        sp_gathered=float(r.sp_gathers_saved_inputs))
     # what one more micro-batch in flight (or one more set of live logits) holds
     per_in_flight = {
         "layers": per_mb_layers,

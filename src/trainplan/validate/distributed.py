@@ -66,7 +66,11 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         else:
             mesh = init_device_mesh(device, (layout.dp, tp), mesh_dim_names=("dp", "tp"))
             dp_mesh = mesh["dp"]
-        if tp > 1:
+        if tp > 1 and plan.sp:
+            from .sequence import apply_sp
+
+            loss_ctx = apply_sp(model, spec, mesh["tp"], tp)
+        elif tp > 1:
             loss_ctx = _apply_tp(model, spec, mesh["tp"], tp)
         opt_params = None
         if layout.zero >= 3 or plan.framework == "fsdp":
@@ -235,7 +239,9 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
         raise PlanError("recompute", "validate measures full recompute with tp = 1 (the re-run "
                         "layer's working set is measured on an unsharded twin)")
     if plan.sp:
-        raise PlanError("sp", "validate's DTensor run covers tensor parallelism without sequence parallelism")
+        from .sequence import check_sp
+
+        check_sp(layout)
     from .run import check_state_dtype
 
     check_state_dtype(plan)
