@@ -153,8 +153,22 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
                 out.backward()
                 return out
             flops, _ = counted_flops(step)
+        elif plan.sp:  # this rank's shards (sequence.local_flops)
+            from .sequence import local_flops
+
+            def step():
+                out = forward()
+                import contextlib
+
+                with (loss_ctx() if loss_ctx else contextlib.nullcontext()):
+                    out.backward()
+                return out
+            flops, _ = local_flops(step)
         result = {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": opt_bytes,
                   "activations_bytes": saved, "flops": flops, "regions": regions}
+        if plan.sp:  # what the first layer keeps, tensor by tensor (sequence shards or gathered)
+            result["saved_layer0"] = [list(rec.packed_sizes[p]) for p, (_, region) in rec.storages.items()
+                                      if region == "layer 0"]
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()  # no rank tears down gloo while another still has work in flight
     finally:
@@ -281,6 +295,8 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
         if measured["flops"] is None:
             case.notes.append("FLOPs not measured under tensor parallelism: FlopCounterMode counts "
                               "DTensor matmuls at their global shapes")
+        if "saved_layer0" in measured:
+            case.extra["saved_layer0"] = measured["saved_layer0"]
         if layout.zero == 1:
             case.notes.append("ZeroRedundancyOptimizer assigns whole parameters to ranks, so "
                               "per-rank optimizer state deviates from the even split")

@@ -51,7 +51,9 @@ class SavedTensors:
         ptr = _key(st)
         if ptr not in self.excluded and ptr not in self.storages:
             self.storages[ptr] = (st, self.region)
-            self.packed_sizes[ptr] = (st.nbytes(), tuple(t.shape), str(t.dtype))
+            # (bytes, shape, dtype, this rank's shape, a DTensor's placements)
+            self.packed_sizes[ptr] = (st.nbytes(), tuple(t.shape), str(t.dtype), tuple(_local(t).shape),
+                                      str(tuple(t.placements)) if hasattr(t, "placements") else "")
         return t
 
     def _set(self, name):

@@ -86,3 +86,37 @@ def check_sp(layout: Layout) -> None:
     if layout.seq_len % layout.tp:
         raise PlanError("sp", f"the sequence ({layout.seq_len}) must divide by tp ({layout.tp}) "
                         "to split it along the sequence")
+
+
+def local_flops(fn) -> tuple[int, object]:
+    """FLOPs of `fn()` on this rank's shards: `FlopCounterMode`'s formulas applied to the plain
+    tensors DTensor computes on. (`FlopCounterMode` itself sees each DTensor op at its global
+    shapes.) Ops with a DTensor argument are handed on to DTensor (NotImplemented), whose local
+    ops come back through this mode; the FakeTensor ops DTensor's sharding propagation runs
+    are not counted."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .measure import _cpu_flash_mapping, _NoModules
+
+    counter = FlopCounterMode(display=False, custom_mapping=_cpu_flash_mapping())
+    counter.mod_tracker = _NoModules()
+
+    class Local(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            leaves = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+            if any(isinstance(a, DTensor) for a in leaves):
+                return NotImplemented
+            out = func(*args, **kwargs)
+            if not any(isinstance(a, FakeTensor) for a in leaves):
+                counter._count_flops(func._overloadpacket, out, args, kwargs)
+            return out
+
+    with Local():
+        out = fn()
+    return counter.get_total_flops(), out
