@@ -127,6 +127,10 @@ def main() -> None:
     from pipeline_report import main as pipelines
 
     pipelines()
+    # sequence and context parallelism (scripts/sp_cp_report.py)
+    from sp_cp_report import main as sequence_and_context
+
+    sequence_and_context()
 
 
 if __name__ == "__main__":

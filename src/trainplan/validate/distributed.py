@@ -285,6 +285,14 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
         if mixed and plan.framework != "torch":
             twin.to(low_dtype(plan))
         working_set = recompute_working_set(twin, layout, device, mixed and plan.framework == "torch")
+    sharded_inputs = None
+    if plan.sp:
+        from dataclasses import replace
+
+        from ..estimate.recipe import recipe
+
+        sharded_inputs = predict(layout, device, r=replace(recipe(plan), sp_gathers_saved_inputs=False))[
+            "activations_bytes"]
     cases = []
     for r, measured in enumerate(results):
         if working_set is not None:
@@ -297,6 +305,7 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
                               "DTensor matmuls at their global shapes")
         if "saved_layer0" in measured:
             case.extra["saved_layer0"] = measured["saved_layer0"]
+            case.extra["activations_sequence_sharded"] = sharded_inputs  # Megatron's rule, for comparison
         if layout.zero == 1:
             case.notes.append("ZeroRedundancyOptimizer assigns whole parameters to ranks, so "
                               "per-rank optimizer state deviates from the even split")

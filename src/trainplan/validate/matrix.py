@@ -79,6 +79,20 @@ OTHER = (("dropout 0.1", dict(model="llama-3-8b", gpus=1, framework="megatron", 
                                                           framework="torch")))
 
 
+# Sequence parallelism (DTensor, validate/sequence.py), hidden 128, sequence 64; and context
+# parallelism, which validate refuses on the CPU (sequence.check_context_parallel says why)
+SP_SCALE = dict(hidden=128, seq_len=64, mbs=2)
+SEQUENCE_PARALLEL = (
+    ("TP 2 + SP", dict(model="llama-3-8b", gpus=2, tp=2, sp=True, precision="fp32", framework="torch")),
+    ("TP 2 + SP, autocast bf16", dict(model="llama-3-8b", gpus=2, tp=2, sp=True, precision="bf16",
+                                      framework="torch")),
+    ("TP 2 + SP x FSDP2 dp 2", dict(model="llama-3-8b", gpus=4, tp=2, sp=True, zero=3, precision="bf16",
+                                    framework="fsdp")))
+CONTEXT_PARALLEL = (("CP 2 (ring)", dict(model="llama-3-8b", gpus=2, cp=2, precision="fp32", framework="torch")),
+                    ("CP 2 (all-gather)", dict(model="llama-3-8b", gpus=2, cp=2, cp_comm="allgather",
+                                               precision="fp32", framework="torch")))
+
+
 def single_process_plans():
     for model, attention, recompute, (precision, framework) in itertools.product(
             ARCHITECTURES, ATTENTION, RECOMPUTE, RECIPES):

@@ -129,13 +129,13 @@ class Case:
 
 
 # ---- prediction ---------------------------------------------------------------------
-def predict(layout: Layout, device: str = "cpu") -> dict:
+def predict(layout: Layout, device: str = "cpu", r=None) -> dict:
     """The plan's per-stage prediction for stage 0 (whole model when pp = 1), with the
     device's kernel semantics: on the CPU dropout masks have the input's dtype and, with
-    dropout, attention runs materialised (`build_model`)."""
+    dropout, attention runs materialised (`build_model`). r: the plan's recipe unless given."""
     plan = layout.plan
     inputs = layout_inputs(layout)
-    r = recipe(plan)
+    r = r or recipe(plan)
     if device == "cpu" and (plan.dropout > 0 or plan.lora_dropout > 0):
         inputs["mask_bytes"] = r.act_bytes
     if device == "cpu" and plan.dropout > 0:
@@ -446,9 +446,12 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
         if impl == "transformers":
             raise PlanError("impl", "pipelines are validated with the reference models (--impl reference)")
         return _validate_pipeline(plan, scale or Scale(), device, progress)
-    if plan.cp > 1 or plan.ep > 1:
-        raise PlanError("cp" if plan.cp > 1 else "ep", "validate runs tp, zero and dp layouts; "
-                        "context and expert parallelism are predicted only")
+    if plan.cp > 1:
+        from .sequence import check_context_parallel
+
+        check_context_parallel()
+    if plan.ep > 1:
+        raise PlanError("ep", "validate runs tp, sp, zero and dp layouts; expert parallelism is predicted only")
     device = resolve_device(device)
     full = resolve(plan)
     spec = full.model

@@ -120,3 +120,77 @@ def local_flops(fn) -> tuple[int, object]:
     with Local():
         out = fn()
     return counter.get_total_flops(), out
+
+
+def check_context_parallel() -> None:
+    """`validate --cp`: refused, with the reason. validate runs sharded layouts in local
+    processes over gloo on the CPU, and there torch's context parallelism cannot run its ring
+    attention (torch 2.13, torch/distributed/tensor/experimental/_context_parallel/_attention.py):
+    its ring handlers cover the CUDA SDPA kernels only (`_scaled_dot_product_flash_attention`,
+    `_scaled_dot_product_efficient_attention`, `_scaled_dot_product_cudnn_attention` and their
+    backwards). Tried with `context_parallel(mesh, buffers=...)` on two gloo ranks: SDPA's CPU
+    flash kernel (`aten._scaled_dot_product_flash_attention_for_cpu`) has no DTensor sharding
+    strategy (NotImplementedError); the math backend decomposes into ops that mix plain Tensors
+    and DTensors (RuntimeError in aten.add); the efficient and cuDNN backends have no CPU kernel
+    ("No viable backend"). Two ranks on GPUs need two devices for NCCL."""
+    raise PlanError("cp", "validate cannot run context parallelism here: torch's context_parallel ring "
+                    "attention handles the CUDA SDPA kernels only, and validate's sharded runs use gloo on "
+                    "the CPU, where SDPA's flash kernel (_scaled_dot_product_flash_attention_for_cpu) has "
+                    "no DTensor sharding rule and the math backend mixes Tensors and DTensors; --cp is "
+                    "predicted only")
+
+
+CP_BACKENDS = ("FLASH_ATTENTION", "MATH", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+
+
+def _cp_probe_worker(rank: int, port: int, out_dir: str) -> None:
+    import json
+    import os
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        mesh = init_device_mesh("cpu", (2,))
+        results = {}
+        for name in CP_BACKENDS:
+            g = torch.Generator().manual_seed(0)
+            q, k, v = (torch.randn(1, 2, 16, 8, generator=g) for _ in range(3))
+            try:
+                with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+                    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+                    with sdpa_kernel(getattr(SDPBackend, name)):
+                        F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).sum().backward()
+                results[name] = "ran"
+            except Exception as e:  # noqa: BLE001 (what torch raises is the finding)
+                results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def probe_context_parallel_cpu() -> dict[str, str]:
+    """Try torch's `context_parallel` ring attention on two gloo ranks on the CPU, causal SDPA
+    forward and backward under each SDPA backend; returns rank 0's outcome per backend ("ran",
+    or the exception torch raised)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    from .distributed import free_port
+
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_cp_probe_worker, args=(free_port(), out), nprocs=2, join=True)
+        return json.loads(Path(out, "rank0.json").read_text())
