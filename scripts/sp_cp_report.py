@@ -31,7 +31,7 @@ def saved_table(saved: list) -> list[str]:
             "|---:|---|---|---|---|\n"]
     for nbytes, shape, dtype, local, placement in saved:
         rows.append(f"| {nbytes:,} | {dtype.replace('torch.', '')} | {tuple(shape)} | {tuple(local)} | "
-                    f"{placement.strip('(),') or 'plain tensor'} |\n")
+                    f"{placement[1:-2] if placement else 'plain tensor'} |\n")
     return rows
 
 
@@ -55,7 +55,9 @@ def main() -> None:
             validate(make_plan(**kw), device="cpu")
             raise AssertionError(f"{label}: expected validate to refuse context parallelism")
         except PlanError as e:
-            refused.append(f"* `validate --cp 2` ({label}): refused, field `{e.field}`: {e.rule}.\n")
+            refused.append((label, e))
+    refused = [f"* `validate --cp 2` ({', '.join(label for label, _ in refused)}): refused, field "
+               f"`{refused[0][1].field}`: {refused[0][1].rule}.\n"]
     from trainplan.validate.sequence import probe_context_parallel_cpu
 
     tried = [f"  * SDPA backend `{b}`: {outcome}\n" for b, outcome in probe_context_parallel_cpu().items()]
@@ -80,9 +82,11 @@ def main() -> None:
         f"torch {torch.__version__}; {len(rows)} rank results in {elapsed:.0f} s. Largest |activation\n",
         f"error| {worst * 100:.4f}%; states: parameters and gradients exact, the optimizer off by AdamW's\n",
         "4-byte step counter per parameter tensor.\n\n", HEAD, *rows,
-        "\nWhat the first layer keeps on rank 0 of the first case (fp32): the norms' input and\n",
-        "statistics and the MLP down projection's input are shards; the input the attention and MLP\n",
-        "linears share is the all-gathered (b·s, h) tensor, replicated on both ranks.\n\n",
+        "\nWhat the first layer keeps on rank 0 of the first case (fp32), in the order saved: each norm's\n",
+        "fp32 input, statistics and normalised output and the MLP down projection's input are shards;\n",
+        "the input the attention's q, k, v (and the MLP's gate and up) share is the all-gathered (b·s, h)\n",
+        "tensor, replicated on both ranks; the RoPE tables and the attention's q, k, v, output and\n",
+        "log-sum-exp are the rank's heads over the whole sequence.\n\n",
         *saved_table(first["saved_layer0"]),
         "\n### Not measured, and why\n\n", *refused,
         "* What was tried (`sequence.probe_context_parallel_cpu`): `context_parallel(mesh, buffers=[q, k, v])`\n",
