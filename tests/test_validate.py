@@ -106,8 +106,8 @@ def test_validate_rejects_what_it_cannot_run():
         validate(make_plan(model="llama-3-8b", gpus=1, precision="fp32", framework="torch", recompute="full",
                            recompute_layers=16), device="cpu", impl="transformers")
     assert e.value.field == "recompute_layers" and "--impl reference" in e.value.rule
-    with pytest.raises(PlanError) as e:  # ZeRO-2 runs as FSDP2's SHARD_GRAD_OP only
-        validate(make_plan(model="llama-3-8b", gpus=2, zero=2, framework="deepspeed"), device="cpu")
+    with pytest.raises(PlanError) as e:  # ZeRO-2 runs as FSDP2, DeepSpeed or Megatron; not under torch
+        validate(make_plan(model="llama-3-8b", gpus=2, zero=2, framework="torch"), device="cpu")
     assert e.value.field == "zero" and "--framework fsdp" in e.value.rule
     with pytest.raises(PlanError) as e:  # FSDP2 over 2 ranks always shards
         validate(make_plan(model="llama-3-8b", gpus=2, zero=0, framework="fsdp"), device="cpu")

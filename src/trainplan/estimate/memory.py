@@ -191,7 +191,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                        p_dense * r.weight_bytes / np.where(weights_sharded, shard_dense, 1)
                        + p_expert * r.weight_bytes / np.where(weights_sharded, shard_expert, 1))
     weights = np.where(offload_params, 0.0, weights)
-    grads = sharded(r.grad_bytes, 2)
+    grads = sharded(r.grad_bytes, r.grads_sharded_from_zero)
     # Pipelined FSDP (Recipe.keeps_stage_gathered): the stage's parameters stay gathered in the
     # compute dtype and its gradients accumulate unsharded in the reduce dtype all step, beside
     # the sharded copies; FSDP's SHARD_GRAD_OP keeps each unit gathered from its forward to its

@@ -71,6 +71,9 @@ class Recipe:
     # its gradients unsharded through the step, reducing once at the last micro-batch (FSDP2
     # driven by PyTorch's pipeline schedules, torchtitan)
     pp_accumulates_unsharded: bool = False
+    # the ZeRO stage from which gradients are kept sharded (2; Megatron keeps its whole
+    # contiguous gradient buffer until ZeRO-3: conventions.toml grads_sharded_from_zero)
+    grads_sharded_from_zero: int = 2
     # FSDP keeps every parameter sharded between uses from ZeRO-2 on (its fp32 shard is the
     # master copy); ZeRO-2 (SHARD_GRAD_OP) keeps the compute-dtype copy it gathers for a unit's
     # forward until that unit's backward
@@ -213,6 +216,7 @@ def recipe(plan: Plan) -> Recipe:
         gather_copy_passes=float(fw["gather_copy_passes"]),
         grad_clip_passes=float(fw["grad_clip_passes"]) if plan.grad_clip > 0 else 0.0,
         pp_accumulates_unsharded=bool(fw.get("pp_accumulates_unsharded", False)),
+        grads_sharded_from_zero=int(fw.get("grads_sharded_from_zero", 2)),
         moe_gate_in_activation=bool(fw.get("moe_gate_in_activation", False)),
         shards_params_at_rest=bool(fw.get("shards_params_at_rest", False)),
         single_rank_no_shard=bool(fw.get("single_rank_no_shard", False)),

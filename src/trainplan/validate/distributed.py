@@ -233,8 +233,8 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
         raise PlanError("tp", f"validate's tensor-parallel run splits the heads and KV heads: tp ({layout.tp}) must "
                         f"divide both ({spec.heads} and {spec.n_kv_heads} in the model it runs)")
     if layout.zero == 2 and plan.framework != "fsdp":
-        raise PlanError("zero", "validate runs ZeRO-2 as FSDP2's SHARD_GRAD_OP (DeepSpeed is not installed): "
-                        "use --framework fsdp")
+        raise PlanError("zero", "validate runs ZeRO-2 as FSDP2's SHARD_GRAD_OP or as DeepSpeed's and Megatron's "
+                        "reduce-scattered gradients: use --framework fsdp, deepspeed or megatron")
     if layout.dp_shard < layout.dp and (layout.zero < 2 or plan.framework != "fsdp"):
         raise PlanError("dp_shard", "validate runs hybrid sharding as FSDP2 over a (replicate, shard) mesh: "
                         "--zero 2 or 3 --framework fsdp")

@@ -1,6 +1,7 @@
 """The validation matrix: architectures x attention x recompute x precision recipe on one
 process, plus sharded layouts (TP, ZeRO-1, FSDP2 as ZeRO-2 and ZeRO-3, hybrid-sharded FSDP2,
-TP x FSDP2) in local processes, and pure bf16, LoRA, recomputing some layers, dropout and
+TP x FSDP2, expert parallelism, ZeRO-2 as DeepSpeed and Megatron run it) in local processes,
+and pure bf16, LoRA, recomputing some layers, dropout and
 fp16.
 Small enough for a 2-core CI machine; used by the test suite and by
 `scripts/validation_report.py` (docs/validation.md)."""
@@ -91,6 +92,20 @@ SEQUENCE_PARALLEL = (
 CONTEXT_PARALLEL = (("CP 2 (ring)", dict(model="llama-3-8b", gpus=2, cp=2, precision="fp32", framework="torch")),
                     ("CP 2 (all-gather)", dict(model="llama-3-8b", gpus=2, cp=2, cp_comm="allgather",
                                                precision="fp32", framework="torch")))
+# Expert parallelism across ranks (validate/expert_parallel.py): Mixtral's experts split over
+# 2 ranks, copies dispatched by all-to-all under a fixed routing (balanced: the planner's uniform
+# routing; skewed 70/30 between the ranks to show the spread)
+EXPERT_PARALLEL = (("EP 2 (experts split over 2 ranks, all-to-all dispatch)",
+                    dict(model="mixtral-8x7b", gpus=2, ep=2, precision="fp32", framework="torch")),
+                   ("EP 2 under bf16 autocast", dict(model="mixtral-8x7b", gpus=2, ep=2, precision="bf16",
+                                                     framework="torch")))
+EP_ROUTINGS = ("balanced", "skewed")
+# ZeRO-2 as DeepSpeed and Megatron run it (validate/zero2.py): replicated 16-bit parameters,
+# full gradients reduce-scattered after the backward, the optimizer sharded
+ZERO2 = (("ZeRO-2 (DeepSpeed stage 2), dp 2", dict(model="llama-3-8b", gpus=2, zero=2, precision="bf16",
+                                                    framework="deepspeed")),
+         ("ZeRO-2 (Megatron distributed optimizer), dp 2", dict(model="llama-3-8b", gpus=2, zero=2,
+                                                                 precision="bf16", framework="megatron")))
 
 
 def single_process_plans():

@@ -451,7 +451,9 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
 
         check_context_parallel()
     if plan.ep > 1:
-        raise PlanError("ep", "validate runs tp, sp, zero and dp layouts; expert parallelism is predicted only")
+        from .expert_parallel import validate_expert_parallel
+
+        return validate_expert_parallel(plan, scale, device, progress)
     device = resolve_device(device)
     full = resolve(plan)
     spec = full.model
@@ -498,7 +500,11 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
                         "parameter: validate with --framework fsdp")
     if impl == "transformers" and (world > 1 or plan.framework == "fsdp"):
         raise PlanError("impl", "transformers models are validated on one process (tp = dp = 1)")
-    if world > 1 or plan.framework == "fsdp" and plan.precision != "fp32":
+    if layout.zero == 2 and world > 1 and plan.framework in ("deepspeed", "megatron"):
+        from .zero2 import run_zero2
+
+        cases = run_zero2(layout, small, name)
+    elif world > 1 or plan.framework == "fsdp" and plan.precision != "fp32":
         from .distributed import run_distributed
 
         cases = run_distributed(layout, small, device, name)
