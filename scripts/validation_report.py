@@ -131,6 +131,10 @@ def main() -> None:
     from sp_cp_report import main as sequence_and_context
 
     sequence_and_context()
+    # expert parallelism across ranks and ZeRO-2 as DeepSpeed and Megatron run it
+    from ep_zero2_report import main as ep_zero2
+
+    ep_zero2()
 
 
 if __name__ == "__main__":

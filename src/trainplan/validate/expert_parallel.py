@@ -70,6 +70,7 @@ def ep_forward(self, x):
     send = counts.view(world, local).sum(1).tolist()
     recv_grid = recv_counts.view(world, local).tolist()
     recv_splits = [sum(r) for r in recv_grid]
+    self.ep_received = sum(recv_splits)  # routed copies this rank's experts run
     up = self.experts[0].up
     dtype = getattr(up, "base", up).weight.dtype
     with torch.autocast(device_type=flat.device.type, enabled=False):
@@ -152,6 +153,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
             loss = forward()
         regions = rec.by_region()
         saved = rec.bytes_alive()
+        received = [blk.mlp.ep_received for blk in model.blocks if hasattr(blk.mlp, "ep_received")]
         loss.backward()
         for p in params:  # dense parameters are replicated: their gradients averaged over the ranks
             if id(p) not in expert and p.grad is not None:
@@ -162,7 +164,8 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         from .run import optimizer_state_bytes
 
         result = {"params_bytes": tensor_bytes(params), "grads_bytes": grads,
-                  "optimizer_bytes": optimizer_state_bytes(opt), "activations_bytes": saved, "regions": regions}
+                  "optimizer_bytes": optimizer_state_bytes(opt), "activations_bytes": saved, "regions": regions,
+                  "copies_received": received}
         opt.zero_grad(set_to_none=True)
 
         def step():
@@ -224,7 +227,8 @@ def run_expert_parallel(layout: Layout, spec: ModelSpec, name: str, routing: str
     for r, measured in enumerate(results):
         case = Case(f"{name}, {routing} routing — rank {r}", {k: predicted[k] for k in TERMS},
                     {k: measured[k] for k in TERMS},
-                    extra={"routing": routing, "activation_regions": {"measured": measured["regions"],
+                    extra={"routing": routing, "copies_received": measured["copies_received"],
+                           "copies_sent": layout.mbs * layout.seq_len * spec.top_k, "activation_regions": {"measured": measured["regions"],
                                                                       "predicted": predicted["parts"]}})
         if routing == "skewed":
             case.notes.append(f"routing skewed {SKEW_TO_RANK0:.0%}/{1 - SKEW_TO_RANK0:.0%} between the ranks' "
