@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 from ..errors import PlanError
@@ -52,7 +53,14 @@ def ep_forward(self, x):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.nn.functional import all_to_all_single
+    from torch.distributed.nn.functional import all_to_all_single as _a2a
+
+    def all_to_all_single(*args):
+        # torch 2.13 marks this differentiable all-to-all deprecated in favour of a private
+        # functional-collectives API; it still runs on gloo, and its warning would fill the output
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return _a2a(*args)
 
     b, s, h = x.shape
     world, k, n_exp = self.ep_world, self.spec.top_k, self.spec.experts

@@ -90,7 +90,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         if fw == "megatron":
             full_grads = tensor_bytes([buffer])
             shard = buffer[rank * part:(rank + 1) * part]
-            dist.reduce_scatter_tensor(shard, buffer)  # into this rank's view of the same buffer
+            dist.reduce_scatter_single(shard, buffer)  # into this rank's view of the same buffer
             shard /= world
             kept = tensor_bytes([buffer])  # the buffer stays whole
             grad32 = shard[:hi - lo]  # a view: the main parameters' .grad costs nothing
@@ -102,7 +102,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
             for p in params:
                 p.grad = None  # free_grad_in_param_list
             grads_in_partition = torch.empty(part, dtype=flat.dtype)
-            dist.reduce_scatter_tensor(grads_in_partition, flat)
+            dist.reduce_scatter_single(grads_in_partition, flat)
             del flat
             grads_in_partition /= world
             kept = tensor_bytes([grads_in_partition])
@@ -116,7 +116,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
             gathered = torch.zeros(part * world, dtype=params[0].dtype)
             local = torch.zeros(part, dtype=params[0].dtype)
             local[:hi - lo] = master.detach()
-            dist.all_gather_into_tensor(gathered, local)
+            dist.all_gather_single(gathered, local)
             start = 0
             for p in params:
                 p.copy_(gathered[start:start + p.numel()].view_as(p))
@@ -186,5 +186,8 @@ def run_zero2(layout: Layout, spec: ModelSpec, name: str) -> list:
                            "grads_full_bytes": measured["grads_full_bytes"],
                            "grads_step_bytes": measured["grads_step_bytes"],
                            "activation_regions": {"measured": measured["regions"], "predicted": predicted["parts"]}})
+        case.notes.append(f"gradients at their peak {measured['grads_peak_bytes'] / 2**20:.3f} MiB (after the "
+                          f"backward {measured['grads_full_bytes'] / 2**20:.3f}, in the optimizer step "
+                          f"{measured['grads_step_bytes'] / 2**20:.3f}); the prediction is the gradients kept")
         cases.append(case.finish())
     return cases
