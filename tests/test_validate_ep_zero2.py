@@ -41,6 +41,16 @@ def test_expert_parallel_balanced_matches_every_rank():
     assert cases[0]["measured"]["params_bytes"] == cases[1]["measured"]["params_bytes"]
 
 
+def test_expert_parallel_megatron_experts_match_every_rank():
+    """Megatron-Core's convention across ranks: bf16 weights, fp32 main gradients and master
+    copies, each routed copy's gate weight dispatched with it into the weighted SwiGLU and a
+    fused un-permuting sum (only the index kept): every term of both ranks matches."""
+    _, kw = EXPERT_PARALLEL[2]
+    assert kw["framework"] == "megatron"
+    for case in validate(make_plan(**kw), device="cpu")["cases"]:
+        _check(case)
+
+
 def test_expert_parallel_skewed_routing_spreads_the_ranks():
     """70/30 routing: 7 of every 10 routed copies go to rank 0's experts. With 64 tokens x top-2
     = 128 copies per rank per layer, 91 of each rank's copies go to rank 0 (copies 0..127 with
@@ -107,8 +117,8 @@ def test_planner_zero2_gradients_per_framework():
 
 def test_refusals_name_the_field():
     with pytest.raises(PlanError) as e:
-        validate(make_plan(model="mixtral-8x7b", gpus=2, ep=2, framework="megatron"), device="cpu")
-    assert e.value.field == "framework" and "--framework torch" in e.value.rule
+        validate(make_plan(model="mixtral-8x7b", gpus=2, ep=2, framework="deepspeed"), device="cpu")
+    assert e.value.field == "framework" and "--framework megatron" in e.value.rule
     with pytest.raises(PlanError) as e:
         validate_expert_parallel(make_plan(model="mixtral-8x7b", gpus=2, ep=2, framework="torch"), routing="zipf")
     assert e.value.field == "routing" and "balanced" in e.value.rule

@@ -4,10 +4,15 @@ the routed copies dispatched to their expert's rank and combined back by
 `torch.distributed.nn.functional.all_to_all_single` (differentiable; gloo runs all-to-all on
 the CPU), the split sizes exchanged first by an all-to-all of the per-expert counts.
 
-Each MoE layer runs like transformers 5's grouped experts (`models.MoE._grouped`): the routed
-copies sorted by expert and gathered, sent to the experts' ranks, each local expert run on the
-copies it received (from every rank), sent back, weighted by the fp32 gate weights, put back in
-order and summed over each token's k copies. Dense parameters are replicated (their gradients
+Under `--framework torch` each MoE layer runs like transformers 5's grouped experts
+(`models.MoE._grouped`): the routed copies sorted by expert and gathered, sent to the experts'
+ranks, each local expert run on the copies it received (from every rank), sent back, weighted by
+the fp32 gate weights, put back in order and summed over each token's k copies. Under
+`--framework megatron` like Megatron-Core's experts (megatron/core/transformer/moe/
+token_dispatcher.py with experts.py): each copy's 16-bit gate weight travels with it to the
+expert, which applies it inside its weighted SwiGLU (`models.WeightedSwiGLUFn`), and the combine
+is a fused un-permuting sum that keeps only the index (`models.IndexAddFn`); weights in bf16,
+fp32 main gradients and master copies. Dense parameters are replicated (their gradients
 all-reduced); each expert's parameters live on one rank (expert-data-parallel group of one).
 
 Routing is fixed so the measurement is deterministic: `balanced` gives every expert the same
@@ -70,8 +75,15 @@ def ep_forward(self, x):
     chosen = fixed_routing(flat.shape[0], n_exp, k, world, self.ep_routing).to(flat.device)
     weights = probs.gather(1, chosen)
     expert_ids, perm = torch.sort(chosen.reshape(-1), stable=True)
-    inputs = flat[perm // k]
-    gate = weights.reshape(-1)[perm]
+    token = perm // k
+    inputs = flat[token]
+    megatron = self.gate_in_act  # Megatron-Core: the gate weights travel with the copies into the activation
+    if megatron:
+        gate = weights.to(x.dtype).reshape(-1)[perm]
+        payload = torch.cat([inputs, gate.unsqueeze(-1)], dim=-1)
+    else:
+        gate = weights.reshape(-1)[perm]
+        payload = inputs
     counts = torch.bincount(expert_ids, minlength=n_exp)
     recv_counts = torch.empty_like(counts)
     dist.all_to_all_single(recv_counts, counts)  # [source][local expert] copies this rank receives
@@ -81,8 +93,10 @@ def ep_forward(self, x):
     self.ep_received = sum(recv_splits)  # routed copies this rank's experts run
     up = self.experts[0].up
     dtype = getattr(up, "base", up).weight.dtype
+    width = payload.shape[-1]
     with torch.autocast(device_type=flat.device.type, enabled=False):
-        received = all_to_all_single(inputs.new_empty(sum(recv_splits), h), inputs.to(dtype), recv_splits, send)
+        received = all_to_all_single(payload.new_empty(sum(recv_splits), width), payload.to(dtype),
+                                     recv_splits, send)
         offsets = [[0] * local for _ in range(world)]
         pos = 0
         for src in range(world):
@@ -91,17 +105,25 @@ def ep_forward(self, x):
                 pos += recv_grid[src][e]
         outs = {}
         for e, expert in enumerate(self.experts):  # each local expert on its copies from every rank
-            parts = [received[offsets[src][e]:offsets[src][e] + recv_grid[src][e]] for src in range(world)]
-            n = sum(recv_grid[src][e] for src in range(world))
-            if n:
-                y = expert(torch.cat(parts))
+            rows = [slice(offsets[src][e], offsets[src][e] + recv_grid[src][e]) for src in range(world)]
+            if sum(recv_grid[src][e] for src in range(world)):
+                if megatron:  # the weighted SwiGLU (models.WeightedSwiGLUFn) takes the copies' gate weights
+                    y = expert(torch.cat([received[r, :h] for r in rows]), torch.cat([received[r, h:] for r in rows]))
+                else:
+                    y = expert(torch.cat([received[r] for r in rows]))
                 outs[e] = y.split([recv_grid[src][e] for src in range(world)])
         back = torch.cat([outs[e][src] for src in range(world) for e in range(local) if recv_grid[src][e]])
         returned = all_to_all_single(back.new_empty(inputs.shape[0], h), back, send, recv_splits)
-        weighted = returned * gate.unsqueeze(-1)
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-    out = weighted[inverse].view(-1, k, h).sum(dim=1).to(flat.dtype)
+        if megatron:  # a plain un-permuting sum: the fused unpermute keeps only the index
+            from .models import IndexAddFn
+
+            out = IndexAddFn.apply(torch.zeros_like(flat), token, returned)
+        else:
+            weighted = returned * gate.unsqueeze(-1)
+    if not megatron:
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        out = weighted[inverse].view(-1, k, h).sum(dim=1).to(flat.dtype)
     if self.shared is not None:
         shared = self.shared(flat)
         if self.shared_gate is not None:
@@ -141,12 +163,26 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         spec, plan = ModelSpec(**payload["spec"]), Plan(**payload["plan"])
         model = build_model(spec, plan, "cpu")  # the same seed on every rank: the same weights
         shard_experts(model, rank, world, payload["routing"])
+        megatron = plan.framework == "megatron"
+        if megatron:  # 16-bit weights, fp32 main_grad buffers and fp32 master copies (as run.measure)
+            from .run import low_dtype
+
+            model.to(low_dtype(plan))
         params = list(model.parameters())
         expert = {id(p) for blk in model.blocks if hasattr(blk.mlp, "experts") for p in blk.mlp.experts.parameters()}
-        opt = make_optimizer(plan.optimizer, params)
+        masters = [p.detach().float().clone().requires_grad_() for p in params] if megatron else None
+        opt = make_optimizer(plan.optimizer, masters if megatron else params)
+        if megatron:
+            for p in params:
+                p.main_grad = torch.zeros_like(p, dtype=torch.float32)
+
+                def hook(p):
+                    p.main_grad.add_(p.grad)
+                    p.grad = None
+                p.register_post_accumulate_grad_hook(hook)
         g = torch.Generator().manual_seed(1 + rank)  # each data-parallel rank its own batch
         ids = torch.randint(0, spec.vocab, (payload["mbs"], payload["seq_len"]), generator=g)
-        autocast = plan.precision != "fp32"
+        autocast = plan.precision != "fp32" and not megatron
 
         def forward():
             if autocast:
@@ -163,17 +199,27 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         saved = rec.bytes_alive()
         received = [blk.mlp.ep_received for blk in model.blocks if hasattr(blk.mlp, "ep_received")]
         loss.backward()
+        grad_of = (lambda p: p.main_grad) if megatron else (lambda p: p.grad)  # noqa: E731
         for p in params:  # dense parameters are replicated: their gradients averaged over the ranks
-            if id(p) not in expert and p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= world
-        grads = tensor_bytes(p.grad for p in params)
+            if id(p) not in expert and grad_of(p) is not None:
+                dist.all_reduce(grad_of(p))
+                grad_of(p).div_(world)
+        grads = tensor_bytes(grad_of(p) for p in params)
+        if megatron:
+            for m, p in zip(masters, params, strict=True):
+                m.grad = p.main_grad
         opt.step()
+        if megatron:
+            with torch.no_grad():
+                for m, p in zip(masters, params, strict=True):
+                    p.copy_(m)
+                    m.grad = None
+                    p.main_grad.zero_()
         from .run import optimizer_state_bytes
 
         result = {"params_bytes": tensor_bytes(params), "grads_bytes": grads,
-                  "optimizer_bytes": optimizer_state_bytes(opt), "activations_bytes": saved, "regions": regions,
-                  "copies_received": received}
+                  "optimizer_bytes": optimizer_state_bytes(opt) + (tensor_bytes(masters) if megatron else 0),
+                  "activations_bytes": saved, "regions": regions, "copies_received": received}
         opt.zero_grad(set_to_none=True)
 
         def step():
@@ -192,16 +238,20 @@ def check(layout: Layout, routing: str = "balanced") -> None:
     plan, spec = layout.plan, layout.model
     if routing not in ROUTINGS:
         raise PlanError("routing", f"must be one of {', '.join(ROUTINGS)}; got {routing!r}")
-    if plan.framework != "torch":
-        raise PlanError("framework", "validate measures expert parallelism with the transformers-style grouped "
-                        "experts under --framework torch")
+    if plan.framework not in ("torch", "megatron"):
+        raise PlanError("framework", "validate measures expert parallelism with transformers' grouped experts "
+                        "(--framework torch) or Megatron-Core's (--framework megatron)")
+    if plan.framework == "megatron" and (plan.precision == "fp32" or spec.mlp != "swiglu" or not plan.master_weights):
+        raise PlanError("framework", "validate's Megatron expert-parallel run is 16-bit with fp32 master copies and "
+                        "SwiGLU experts (the weighted SwiGLU): --precision bf16 and a SwiGLU MoE")
     if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.zero > 0:
         raise PlanError("ep", "validate measures expert parallelism alone: tp = pp = cp = 1, zero 0")
     if layout.ep != layout.dp:
         raise PlanError("ep", f"validate spreads the experts over every data-parallel rank: ep ({layout.ep}) "
                         f"must equal dp ({layout.dp})")
-    if (spec.experts_impl or "grouped") != "grouped" or plan.fused_kernels:
-        raise PlanError("ep", "validate's expert-parallel run dispatches like transformers' grouped experts")
+    if plan.framework == "torch" and ((spec.experts_impl or "grouped") != "grouped" or plan.fused_kernels):
+        raise PlanError("ep", "validate's expert-parallel run under --framework torch dispatches like transformers' "
+                        "grouped experts")
     if plan.recompute != "none" or plan.finetune != "full" or plan.dropout > 0:
         raise PlanError("ep", "validate's expert-parallel run covers full training without recompute or dropout")
     if routing == "skewed" and layout.ep != 2:

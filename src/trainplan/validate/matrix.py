@@ -98,7 +98,10 @@ CONTEXT_PARALLEL = (("CP 2 (ring)", dict(model="llama-3-8b", gpus=2, cp=2, preci
 EXPERT_PARALLEL = (("EP 2 (experts split over 2 ranks, all-to-all dispatch)",
                     dict(model="mixtral-8x7b", gpus=2, ep=2, precision="fp32", framework="torch")),
                    ("EP 2 under bf16 autocast", dict(model="mixtral-8x7b", gpus=2, ep=2, precision="bf16",
-                                                     framework="torch")))
+                                                     framework="torch")),
+                   # Megatron-Core: the gate weights dispatched with the copies into the weighted SwiGLU
+                   ("EP 2, Megatron-Core experts (bf16)", dict(model="mixtral-8x7b", gpus=2, ep=2, precision="bf16",
+                                                               framework="megatron")))
 EP_ROUTINGS = ("balanced", "skewed")
 # ZeRO-2 as DeepSpeed and Megatron run it (validate/zero2.py): replicated 16-bit parameters,
 # full gradients reduce-scattered after the backward, the optimizer sharded
