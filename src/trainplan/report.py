@@ -38,15 +38,16 @@ class PlanResult:
 def evaluate(plan: Plan, with_time: bool = True, spec=None) -> PlanResult:
     """Memory, time and the training run of a plan (for an in-memory model spec if given)."""
     layout = resolve(plan, spec)
-    result = PlanResult(layout=layout, memory=estimate_memory(layout))
+    r = recipe(plan)  # derived once for the memory, the step and the run
+    result = PlanResult(layout=layout, memory=estimate_memory(layout, r))
     if with_time:
         from .estimate.time import step_time
         from .estimate.training import training_figures
         from .profile import load_profile
 
         result.time = step_time(layout, load_profile(plan.gpu_profile) if plan.gpu_profile else None,
-                                result.memory)
-        result.training = training_figures(layout, result.time["step_s"])
+                                result.memory, r)
+        result.training = training_figures(layout, result.time["step_s"], r)
     return result
 
 

@@ -333,6 +333,9 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     fragment = allocated * fragmentation
     other = zero3_gather + bucket + loss_ws + fragment + reserved_bytes
     total = allocated + fragment + reserved_bytes
+    # these buffers on every stage (`+ 0 * total` broadcasts them to the stage axis)
+    params_gathered = params_gathered + 0 * total
+    grads_unsharded = grads_unsharded + 0 * total
     cpu_offload = np.zeros(np.shape(total))
     if np.any(offload_optimizer):
         cpu_offload = cpu_offload + np.where(offload_optimizer, sharded(r.master_bytes, 1)
@@ -342,7 +345,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                                              / np.where(zero >= 3, shard_dense, 1), 0.0)
     return {
         "params": weights, "grads": grads, "master": master, "optimizer_state": opt_state,
-        "params_gathered": params_gathered + 0 * total, "grads_unsharded": grads_unsharded + 0 * total,
+        "params_gathered": params_gathered, "grads_unsharded": grads_unsharded,
         "optimizer": master + opt_state, "activations": activations, "other": other,
         "total": total, "zero3_gather": zero3_gather, "comm_buckets": bucket,
         "loss_workspace": loss_ws, "fragmentation": fragment,
@@ -354,8 +357,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         "cpu_offload": cpu_offload,
         # what sharding itself allocates (conventions.toml [sharding_buffers]): the only bytes by
         # which a higher ZeRO stage may need more than a lower one (tests/test_zero_monotonic.py)
-        "sharding_buffers": {"zero3_gather": zero3_gather, "params_gathered": params_gathered + 0 * total,
-                             "grads_unsharded": grads_unsharded + 0 * total},
+        "sharding_buffers": {"zero3_gather": zero3_gather, "params_gathered": params_gathered,
+                             "grads_unsharded": grads_unsharded},
         # total is linear in the micro-batches in flight and in the live logits (activations,
         # then their fragmentation share): its slopes, for callers that vary the schedule
         "total_per_in_flight": sum(per_in_flight.values()) * (1 + fragmentation),
@@ -437,9 +440,10 @@ def lora_saves(plan) -> dict | None:
     return {t: float(t in plan.lora_targets) for t in LORA_TARGETS}
 
 
-def estimate_memory(layout: Layout) -> dict:
-    """Per-stage memory for a resolved layout (arrays of length pp)."""
-    return stage_memory(numbers_for(layout), recipe(layout.plan), **layout_inputs(layout))
+def estimate_memory(layout: Layout, r: Recipe | None = None) -> dict:
+    """Per-stage memory for a resolved layout (arrays of length pp); `r`, the plan's
+    `recipe` where the caller has it already."""
+    return stage_memory(numbers_for(layout), r if r is not None else recipe(layout.plan), **layout_inputs(layout))
 
 
 # stage x candidate elements per `stage_memory` call in `max_micro_batch` (its temporaries stay

@@ -109,6 +109,12 @@ def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framew
     n = pp if group is None else np.asarray(group, dtype=float)
     code = np.asarray(schedule_code)
     out = np.zeros(np.broadcast_shapes(code.shape, stage.shape, pp.shape, m.shape, v.shape, np.shape(n)))
+    if code.ndim == 0:  # one schedule (a single plan): its rule alone, without scanning the registry
+        c = code.item()
+        if any(key == c for key, _ in IN_FLIGHT_RULES):
+            rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
+            out = np.where(code == c, rule(stage, pp, m, v, n), out)
+        return out
     for c in {c for c, _ in IN_FLIGHT_RULES}:
         if np.any(code == c):
             rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]

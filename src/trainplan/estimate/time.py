@@ -53,7 +53,7 @@ from .flops import (
 from .gemm_shape import GemmShape
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
-from .recipe import recipe
+from .recipe import Recipe, recipe
 
 # ZeRO-3/FSDP backward prefetch: the next layer's gather before the current layer's gradients
 # (overlapped), after them (FSDP1 BACKWARD_POST: the gather exposed) or on demand (no prefetch:
@@ -1083,9 +1083,11 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     }
 
 
-def step_time(layout: Layout, profile: dict | None = None, memory: dict | None = None) -> dict:
-    """The step of a resolved plan (every stage considered), as plain numbers."""
-    out, fl, data, hw = _step(layout, profile, memory)
+def step_time(layout: Layout, profile: dict | None = None, memory: dict | None = None,
+              r: Recipe | None = None) -> dict:
+    """The step of a resolved plan (every stage considered), as plain numbers; `r`, the plan's
+    `recipe` where the caller has it already."""
+    out, fl, data, hw = _step(layout, profile, memory, r)
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
@@ -1163,15 +1165,16 @@ def layer_pass_times(layout: Layout, profile: dict | None = None, kind: str = "d
             "elementwise_s": num(lay["elementwise_forward"]) + num(lay["elementwise_backward"])}
 
 
-def _step(layout: Layout, profile: dict | None, memory: dict | None):
+def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe | None = None):
     from .memory import estimate_memory, recompute_code
 
     plan, model = layout.plan, layout.model
-    mem = memory if memory is not None else estimate_memory(layout)
+    r = r if r is not None else recipe(plan)
+    mem = memory if memory is not None else estimate_memory(layout, r)
     # selective recomputation re-runs the attention core unless its modules leave core_attn out
     # (the output-discarding modules' norms, up-projections and activations are not priced)
     rc = recompute_code(plan)
-    r, hw = recipe(plan), hardware(layout, profile)
+    hw = hardware(layout, profile)
     stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,

@@ -5,15 +5,17 @@ from __future__ import annotations
 from ..errors import PlanError
 from ..plan import Layout, conventions
 from .cost import CHINCHILLA_TOKENS_PER_PARAM, goodput, training_run
-from .recipe import recipe
+from .recipe import Recipe, recipe
 
 
-def training_figures(layout: Layout, step_s: float) -> dict:
+def training_figures(layout: Layout, step_s: float, r: Recipe | None = None) -> dict:
+    """Tokens, steps, time, cost, energy, CO2 and goodput of the run; `r`, the plan's `recipe`
+    where the caller has it already."""
     plan, gpu, model = layout.plan, layout.gpu, layout.model
     tr = conventions()["training"]
     tokens = plan.tokens or CHINCHILLA_TOKENS_PER_PARAM * model.params
     # Checkpoint: weights, master weights and optimizer state, written in parallel by the nodes.
-    r = recipe(plan)
+    r = r if r is not None else recipe(plan)
     ckpt_bytes = model.params * (r.weight_bytes + r.master_bytes + r.optimizer_bytes)
     nodes = max(1, -(-layout.gpus // plan.gpus_per_node))
     write_s = ckpt_bytes / ((plan.checkpoint_gbs or tr["checkpoint_write_gbs_per_node"]) * 1e9 * nodes)
