@@ -20,12 +20,14 @@ MAX_INPUT_BYTES = 4 * 1024 * 1024  # config.json files are a few KiB; profiles a
 MAX_NESTING = 64  # JSON / TOML nesting; real configs nest 3 deep
 
 
+_PATH_SEPS = frozenset({"/", os.sep} | ({os.altsep} if os.altsep else set()))
+
+
 def looks_like_path(name: str) -> bool:
     """Whether a --model (or other catalog-or-file) argument names a file: it contains a path
     separator or ends in .json / .toml. Anything else is a catalog name, so a file that happens to
     be called like a catalog entry in the working directory never replaces it (`./gpt2` is the file)."""
-    seps = {"/", os.sep} | ({os.altsep} if os.altsep else set())
-    return any(s in name for s in seps) or name.lower().endswith((".json", ".toml"))
+    return any(s in name for s in _PATH_SEPS) or name.lower().endswith((".json", ".toml"))
 
 
 def read_text_file(path: str | Path, field: str, max_bytes: int = MAX_INPUT_BYTES) -> str:

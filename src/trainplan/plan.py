@@ -285,6 +285,14 @@ def make_plan(**options) -> Plan:
         raise from_pydantic(exc) from None
 
 
+@lru_cache(maxsize=1)
+def _adapter_defaults() -> dict:
+    """The LoRA settings' defaults, which a plan training in full must leave as they are
+    (pydantic's get_default inspects the default factory's signature on every call)."""
+    return {name: Plan.model_fields[name].get_default(call_default_factory=True)
+            for name in ("lora_rank", "lora_targets")}
+
+
 # ---- conventions --------------------------------------------------------------------
 @lru_cache(maxsize=1)
 def conventions() -> dict:
@@ -716,12 +724,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         raise PlanError("offload_optimizer", f"{plan.framework} offloads a sharded optimizer: use --zero 1 or more")
     if plan.lora_dropout > 0 and plan.finetune == "full":
         raise PlanError("lora_dropout", "applies to --finetune lora or qlora only")
-    adapters = Plan.model_fields
     if plan.finetune == "full":
-        for name in ("lora_rank", "lora_targets"):
-            if getattr(plan, name) != adapters[name].get_default(call_default_factory=True):
+        for name, default in _adapter_defaults().items():
+            if getattr(plan, name) != default:
                 raise PlanError(name, "applies to --finetune lora or qlora only")
-    if plan.finetune != "qlora" and plan.qlora_bits != adapters["qlora_bits"].default:
+    if plan.finetune != "qlora" and plan.qlora_bits != Plan.model_fields["qlora_bits"].default:
         raise PlanError("qlora_bits", "applies to --finetune qlora only")
     if plan.cp_comm != "ring" and cp == 1:
         warn("cp_comm_unused", f"--cp-comm {plan.cp_comm} changes only context parallelism (cp = 1)",

@@ -181,6 +181,24 @@ class ModelSpec(BaseModel):
         return self.heads * self.v_head_dim if self.is_mla else self.q_dim
 
     @cached_property
+    def fields_hash(self) -> int:
+        """pydantic's hash of a frozen model (its fields' values), computed once: the
+        estimators' caches look the spec up several times per evaluation."""
+        return hash(tuple(self.__dict__[name] for name in type(self).model_fields))
+
+    def __hash__(self) -> int:
+        return self.fields_hash
+
+    def model_copy(self, *, update=None, deep: bool = False):
+        """pydantic's copy; with `update`, the values cached from the fields (`fields_hash` and
+        the other cached properties) are dropped, to be derived again from the copy's own."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            for key in [k for k in copy.__dict__ if k not in type(self).model_fields]:
+                del copy.__dict__[key]
+        return copy
+
+    @cached_property
     def moe_layer_flags(self) -> tuple[bool, ...]:
         """is_moe_layer for every layer, in order."""
         return tuple(self.is_moe_layer(i) for i in range(self.layers))
