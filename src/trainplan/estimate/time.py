@@ -475,10 +475,15 @@ def modules_per_layer(model, r=None) -> float:
     linears (the first dense layer's, else the first layer's; q, k and v one module where the
     model fuses them) and its two norms; one per parameter (`r.zero3_parameter_calls`: a weight,
     its bias, a LayerNorm's weight and bias each)."""
+    return _modules_per_layer(model, r is not None and bool(r.zero3_parameter_calls))
+
+
+@lru_cache(maxsize=256)
+def _modules_per_layer(model, parameter_calls: bool) -> float:
     g = layer_gemms(model, model.first_layer(False) is None)
     lins = [lin for lin in model.layer_linears(model.first_layer(False) or 0)]
     fused = 2 * bool(model.fused_qkv)
-    if r is not None and r.zero3_parameter_calls:
+    if parameter_calls:
         biases = sum(lin.bias for lin in lins) - (fused if any(lin.bias for lin in lins[:3]) else 0)
         return float(g.fan_in.size - fused + biases + 2 * (2 if model.norm == "layernorm" else 1))
     return float(g.fan_in.size - fused + 2)
@@ -773,12 +778,17 @@ def slowest_stage(parts: dict, extra: dict | None = None) -> dict:
             "slowest_extra": {k: pick(v) for k, v in (extra or {}).items()}}
 
 
+def _scalar(x) -> bool:
+    """np.ndim(x) == 0, without numpy's conversion for a Python number."""
+    return isinstance(x, (int, float)) or np.ndim(x) == 0
+
+
 def link(hw: Hardware, kind: int, n, stride, gpn, sharp=False) -> tuple:
     """(bus bandwidth, latency of one call) of a collective over n ranks placed `stride` GPUs
     apart (NCCL's ring model; an all-reduce done in the network, NVLS; conventions.toml
     [efficiency.nccl_latency_us]): the group's placement worked out once for both; one
     layout's (scalars) memoised."""
-    if np.ndim(n) == np.ndim(stride) == 0:
+    if _scalar(n) and _scalar(stride):
         return _one_link(hw.nvlink, hw.nic, hw.latency, kind, float(n), float(stride), gpn, bool(sharp))
     return _link(hw.nvlink, hw.nic, hw.latency, kind, n, stride, gpn, sharp)
 
@@ -807,7 +817,7 @@ def collective(hw: Hardware, kind: int, nbytes, n, stride, gpn, sharp=False, cal
 def collective_terms(hw: Hardware, kind: int, nbytes, n, stride, gpn, sharp=False, calls=1.0) -> tuple:
     """`collective`'s (seconds, algorithm code, protocol code, latency of one call); one
     layout's (scalars) memoised."""
-    if all(np.ndim(x) == 0 for x in (nbytes, n, stride, calls)):
+    if _scalar(nbytes) and _scalar(n) and _scalar(stride) and _scalar(calls):
         return _one_collective(hw.nvlink, hw.nic, hw.nccl, kind, float(nbytes), float(n), float(stride), gpn,
                                bool(sharp), float(calls))
     return _collective(hw.nvlink, hw.nic, hw.nccl, kind, nbytes, n, stride, gpn, sharp, calls)
