@@ -183,12 +183,14 @@ def test_unknown_recompute_module_names_the_choices():
 def test_mla_saves_its_query_key_and_value_once():
     """MLA (DeepSeek-V3, no TP, 4,096 tokens): the attention core keeps q and k (128 heads x 192)
     and v (128 x 128), 65,536 16-bit elements a token; the up-projections' outputs they are cut
-    from are not kept (Megatron-Core makes them contiguous), and the latents (1536 + 512 + 64)
-    twice: the norms' inputs and the up-projections' inputs."""
+    from are not kept (Megatron-Core makes them contiguous); the fused latent norms keep their
+    inputs (q_a's 1536 and kv_a's whole 512 + 64 output, the latent being a view of it) and one
+    fp32 statistic each, and the up-projections their normalised inputs (1536 + 512; the rotary
+    key is not normalised): measured in validate (tests/test_validate_mla_lora.py)."""
     terms = estimate_memory(resolve(make_plan(model="deepseek-v3", gpu="H800-SXM", gpus=2048, pp=16, ep=64, zero=1,
                                               gbs=15360, seq_len=4096, framework="megatron")))["moe_layer_terms"]
     assert float(terms["qkv"]) == 4096 * (2 * 128 * 192 + 128 * 128) * 2
-    assert float(terms["mla_latents"]) == 4096 * (1536 + 512 + 64) * 2 * 2
+    assert float(terms["mla_latents"]) == 4096 * ((1536 + 512 + 64) * 2 + (1536 + 512) * 2 + 2 * 4)
 
 
 def test_recompute_modules_without_core_attn_do_not_rerun_attention():

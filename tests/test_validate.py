@@ -81,9 +81,6 @@ def test_scaled_model_keeps_structure():
 
 
 def test_validate_rejects_what_it_cannot_run():
-    with pytest.raises(PlanError) as e:
-        validate(make_plan(model="deepseek-v3", gpus=1), device="cpu")
-    assert e.value.field == "model"
     with pytest.raises(PlanError) as e:  # pipelines run with torch.distributed.pipelining only
         validate(make_plan(model="llama-3-8b", gpus=2, pp=2), device="cpu")
     assert e.value.field == "framework" and "--framework torch" in e.value.rule

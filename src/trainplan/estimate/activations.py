@@ -118,6 +118,8 @@ class LayerShape:
     shared_gate: bool = False  # a sigmoid gate scales the shared experts' output (Qwen-MoE)
     capacity_factor: float = 1.0
     activation_saves: tuple = (1, 0)  # ACTIVATION_SAVES of the MLP's activation function
+    latent_rope: int = 0  # MLA: the shared rotary key's width inside `latent` (not normalised)
+    latent_norms: int = 0  # MLA: RMSNorms on the latents (2 with a query latent, else 1)
     parallel_residual: bool = False  # the MLP's norm reads the attention norm's input (GPT-NeoX)
     grouped_experts: bool = False  # transformers' grouped experts (else an eager index_add loop)
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
@@ -199,7 +201,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     qkv_copies = 1 + autocast * (shape.qkv_projections - 1)
     mlp_copies = 1 + autocast * (shape.mlp_matrices - 2)
     t["attn_input"] = tokens * h * save_attn_in * linear_in_bytes * qkv_copies / rep_in
-    t["mla_latents"] = tokens * shape.latent * (2 + eager_norm) * act_bytes / rep_in
+    t["mla_latents"] = tokens * _latent_bytes(shape, eager_norm, act_bytes, frozen) / rep_in
     no_recompute = np.asarray(recompute) == 0
     # Eager GQA repeats K/V to every query head; the repeated copies are saved unless the
     # attention core is recomputed (then its inputs, the unrepeated K/V, are kept).
@@ -346,6 +348,25 @@ def discard_recomputed(t: dict, shape: LayerShape, modules: dict, *, moe: bool, 
         act = np.asarray(modules.get("moe_act", 0), dtype=float)
         t["expert_mlp"] = t["expert_mlp"] - act * tokens * shape.top_k * shape.capacity_factor * (
             shape.expert_ffn * linear_in_bytes * save_down) / tp
+
+
+def _latent_bytes(shape: LayerShape, eager_rms, act_bytes, frozen=0):
+    """Per token, MLA's latents (DeepSeek-V2 §2.1.2-2.1.3; Megatron-Core multi_latent_attention.py
+    @d98e8a64, transformers' DeepseekV3Attention): the query latent (q_a's output) and the KV
+    down-projection's output [latent | shared rotary key] go through an RMSNorm each and the
+    normalised latents into the up-projections, which keep them as their inputs. A fused norm
+    keeps its input (the whole kv_a output: the latent is a view of it) and one fp32 statistic;
+    an eager one (F.rms_norm on the CPU, LlamaRMSNorm) keeps its fp32 upcast instead (the input
+    itself, rotary key included, when it is fp32 already) and the fp32 normalised latent for
+    its weight's gradient (not when the weight is frozen). The rotary key is not normalised and
+    RoPE on it keeps only its cos/sin tables; measured in validate (mla.py)."""
+    rope = shape.latent_rope
+    normed = shape.latent - rope
+    eager_rms = np.asarray(eager_rms)
+    kept_input = np.where(eager_rms, normed * FP32 + rope * FP32 * (np.asarray(act_bytes) == FP32),
+                          shape.latent * act_bytes)
+    normalised = eager_rms * (1 - frozen) * normed * FP32
+    return kept_input + normalised + normed * act_bytes + shape.latent_norms * FP32
 
 
 def _norm_bytes(h, eager_rms, residual_bytes, stats, frozen=0):

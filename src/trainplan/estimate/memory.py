@@ -107,11 +107,14 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         experts=model.experts, top_k=model.top_k, expert_ffn=model.expert_ffn or model.ffn,
         shared_ffn=shared_ffn, shared_gate=bool(model.shared_expert_gate and model.shared_experts),
         capacity_factor=model.capacity_factor or 1.0,
-        qkv_projections=1 if model.fused_qkv or model.is_mla else 3,
+        # MLA: the query's (down-)projection and the KV down-projection read the attention input
+        qkv_projections=2 if model.is_mla else 1 if model.fused_qkv else 3,
         rotary=model.position == "rotary",
         activation_saves=act.ACTIVATION_SAVES[model.activation], parallel_residual=model.parallel_residual,
         grouped_experts=(model.experts_impl or act.DEFAULT_EXPERTS_IMPL) == "grouped",
         qk_norm=model.qk_norm, head_dim=0 if model.is_mla else model.dim_head,
+        latent_rope=model.qk_rope_head_dim if model.is_mla else 0,
+        latent_norms=(1 + bool(model.q_lora_rank)) if model.is_mla else 0,
     )
     return ModelNumbers(
         dense=group(dense_i), moe=group(moe_i), shape=shape, kv_heads=kvh, hidden=model.hidden,

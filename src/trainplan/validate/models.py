@@ -121,6 +121,11 @@ def rope_tables(seq: int, dim: int, device, dtype, base: float = 10000.0):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def rope_dim(spec: ModelSpec) -> int:
+    """The width RoPE rotates: a head, or MLA's rotary part."""
+    return spec.qk_rope_head_dim if spec.is_mla else spec.dim_head
+
+
 def _rotate(x, cos, sin):
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -308,7 +313,12 @@ class Block(nn.Module):
                  selective: bool = False, fused: bool = False, gate_in_act: bool = False):
         super().__init__()
         self.norm1, self.norm2 = _norm(spec, spec.hidden, fused), _norm(spec, spec.hidden, fused)
-        self.attn = Attention(spec, attention, dropout, selective, fused)
+        if spec.is_mla:
+            from .mla import MLAttention
+
+            self.attn = MLAttention(spec, attention, dropout, selective, fused)
+        else:
+            self.attn = Attention(spec, attention, dropout, selective, fused)
         self.mlp = MoE(spec, dropout, fused, gate_in_act) if moe else MLP(spec, dropout, fused=fused)
         self.parallel = spec.parallel_residual
 
@@ -384,8 +394,6 @@ class DecoderLM(nn.Module):
                  recompute: str = "none", fused: bool = False, fused_loss: bool = False, early_stop: bool = False,
                  recompute_layers: int | None = None, gate_in_act: bool = False):
         super().__init__()
-        if spec.is_mla:
-            raise ValueError("the reference models do not implement multi-head latent attention")
         self.spec, self.recompute, self.attention = spec, recompute, attention
         self.early_stop = early_stop  # full recompute: non-reentrant checkpoint, which stops early
         # full recompute checkpoints the first `recompute_layers` blocks (Megatron's "block"
@@ -412,7 +420,7 @@ class DecoderLM(nn.Module):
         x = F.dropout(x, self.p, self.training)
         cos = sin = causal = None
         if self.spec.position == "rotary":
-            cos, sin = rope_tables(s, self.spec.dim_head, ids.device, x.dtype)
+            cos, sin = rope_tables(s, rope_dim(self.spec), ids.device, x.dtype)
         if self.attention == "eager":  # one boolean causal mask per forward, shared by the layers
             causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).triu(1)
         full = self.recompute == "full" and self.checkpointed > 0

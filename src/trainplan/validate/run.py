@@ -64,9 +64,6 @@ def _round_to(x: float, multiple: int) -> int:
 def scale_model(spec: ModelSpec, scale: Scale, tp: int = 1) -> ModelSpec:
     """The same architecture at a smaller size: the GQA ratio, MLP kind, norms, positions,
     biases, expert count (capped) and top-k are kept; widths shrink in proportion."""
-    if spec.is_mla:
-        raise PlanError("model", "validate has no reference implementation of multi-head latent "
-                        "attention (DeepSeek MLA) yet; the planner's MLA figures are unmeasured")
     hidden = scale.hidden or spec.hidden
     ratio = hidden / spec.hidden
     group = spec.heads // spec.n_kv_heads
@@ -91,6 +88,10 @@ def scale_model(spec: ModelSpec, scale: Scale, tp: int = 1) -> ModelSpec:
         max_position=max(spec.max_position if not scale.seq_len else 0, scale.seq_len or 0, 1),
         published_params=None, published_active_params=None,
     )
+    if spec.is_mla and scale.hidden:
+        from .mla import scaled_mla_fields
+
+        fields.update(kv_heads=heads, **scaled_mla_fields(spec, hidden, heads, HEAD_DIM))
     if spec.is_moe:
         experts = min(spec.experts, scale.experts or spec.experts)
         fields.update(experts=experts, top_k=min(spec.top_k, experts),
@@ -382,7 +383,7 @@ def recompute_working_set(model, layout: Layout, device: str, autocast: bool) ->
     import torch
 
     from .measure import saved_tensor_bytes
-    from .models import rope_tables
+    from .models import rope_dim, rope_tables
 
     spec, plan = layout.model, layout.plan
     b, s, h = layout.mbs, layout.seq_len, spec.hidden
@@ -390,7 +391,7 @@ def recompute_working_set(model, layout: Layout, device: str, autocast: bool) ->
     x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
     cos = sin = causal = None
     if spec.position == "rotary":
-        cos, sin = rope_tables(s, spec.dim_head, device, dtype)
+        cos, sin = rope_tables(s, rope_dim(spec), device, dtype)
     if model.attention == "eager":  # the attention the model runs (build_model)
         causal = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
     best = 0
@@ -457,6 +458,9 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
     device = resolve_device(device)
     full = resolve(plan)
     spec = full.model
+    if plan.finetune == "lora" and spec.is_mla:
+        raise PlanError("finetune", "validate measures multi-head latent attention with full training; "
+                        "LoRA on its latent projections is predicted only")
     if plan.finetune == "lora" and spec.fused_qkv:
         raise PlanError("finetune", "validate's LoRA adapters attach to separate q, k and v projections; "
                         "this model fuses them")
