@@ -153,7 +153,7 @@ def adapter_inputs(shape: LayerShape, saves, *, moe: bool, tp) -> float:
 def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                 linear_in_bytes, residual_bytes=None, autocast=0, attention, recompute, fused, dropout,
                 saves=None, mask_bytes=MASK_BYTES, adapter_rank=0, adapter_dropout=0, modules=None,
-                fp8_cache=None, gate_in_act=0, sp_gathered=0) -> dict:
+                fp8_cache=None, gate_in_act=0, sp_gathered=0, adapter_copies=0) -> dict:
     """Bytes one layer saves for one micro-batch, by term.
 
     tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
@@ -164,7 +164,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     (None = full training, every linear trainable; under LoRA the norms' weights are frozen
     too); adapter_rank: LoRA's rank, whose x·A each adapter keeps for B's gradient;
     adapter_dropout: 1 when each adapter drops out its input, keeping the dropped copy and its
-    mask for A's gradient instead of the input; modules: 0/1 per output-discarding recompute
+    mask for A's gradient instead of the input; adapter_copies: 1 when each adapter keeps its own
+    16-bit copy of its input instead (peft's fp32 adapters under autocast); modules: 0/1 per output-discarding recompute
     module (RECOMPUTE_MODULES but core_attn, which `recompute` = selective carries), see
     `discard_recomputed`; fp8_cache: 0/1 per tensor kept in a low-precision format beyond the
     linears' inputs (FP8_CACHED), see `cache_low_precision`; gate_in_act: 1 where fused SwiGLU
@@ -175,7 +176,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
     s = saves or {}
-    save = {n: s.get(n, 1) * (1 - adapter_dropout * (saves is not None))
+    own_copy = np.maximum(adapter_dropout, adapter_copies)  # each adapter keeps its own input
+    save = {n: s.get(n, 1) * (1 - own_copy * (saves is not None))
             for n in ("q", "k", "v", "o", "gate", "up", "down")}
     save_attn_in = np.maximum(np.maximum(save["q"], save["k"]), save["v"])
     save_mlp_in = np.maximum(save["gate"], save["up"])
@@ -299,8 +301,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     mlp_adapters = on["gate"] + on["up"] + on["down"]
     mlp_passes = shape.top_k * shape.capacity_factor + (shape.shared_ffn > 0) if moe else 1
     t["lora_adapters"] = tokens * adapter_rank * act_bytes * (attn_adapters + mlp_adapters * mlp_passes)
-    t["lora_dropout"] = tokens * adapter_dropout * (act_bytes + mask_bytes) * adapter_inputs(shape, saves, moe=moe,
-                                                                                             tp=tp)
+    t["lora_dropout"] = (tokens * (own_copy * act_bytes + adapter_dropout * mask_bytes)
+                         * adapter_inputs(shape, saves, moe=moe, tp=tp))
     if modules:
         discard_recomputed(t, shape, modules, moe=moe, tokens=tokens, tp=tp, linear_in_bytes=linear_in_bytes,
                            save_down=save["down"])

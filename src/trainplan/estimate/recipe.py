@@ -57,6 +57,11 @@ class Recipe:
     # LoRA with dropout on each adapter's input (PEFT's lora_dropout > 0): A's gradient needs the
     # dropped copy (with its mask), not the input the frozen base shares
     lora_dropout: bool = False
+    # LoRA's fp32 adapters under autocast beside a 16-bit base: peft casts each adapter's input to
+    # the adapter's dtype (peft lora/layer.py Linear.forward, _cast_input_dtype) and autocast casts
+    # it back for lora_A, so every adapter keeps its own 16-bit copy of its input (measured with
+    # peft 0.21 in validate, peft_lora.py), not the input the frozen base shares
+    lora_input_copies: bool = False
     # one-way passes (a read or a write) over the local gradients, in the reduce dtype, that
     # the framework makes outside the collective each time it reduces them (scaling, NaN
     # check, zeroing, copies into a communication buffer), and over each gathered parameter,
@@ -210,6 +215,7 @@ def recipe(plan: Plan) -> Recipe:
         optimizer_impl=impl, optimizer_traffic=float(conv["optimizer_step"][impl]),
         cpu_optimizer_impl=fw["cpu_optimizer_impl"],
         lora_dropout=plan.finetune != "full" and plan.lora_dropout > 0,
+        lora_input_copies=plan.finetune != "full" and autocast > 0,
         cpu_optimizer_traffic=float(conv["optimizer_step"][fw["cpu_optimizer_impl"]]),
         grad_reduce_passes=float(fw["grad_reduce_passes"]),
         grad_reduce_passes_zero3=float(fw.get("grad_reduce_passes_zero3", fw["grad_reduce_passes"])),

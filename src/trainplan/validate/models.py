@@ -368,7 +368,9 @@ class LoRALinear(nn.Module):
         self.lora_b = nn.Parameter(torch.zeros(rank, base.out_features, dtype=base.weight.dtype))
 
     def forward(self, x):
-        h = F.dropout(x, self.p, self.training) if self.p else x
+        # peft casts the adapter's input to the adapter's dtype first (lora/layer.py Linear.forward)
+        h = x.to(self.lora_a.dtype)
+        h = F.dropout(h, self.p, self.training) if self.p else h
         return self.base(x) + (h @ self.lora_a) @ self.lora_b
 
 

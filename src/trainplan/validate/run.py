@@ -272,6 +272,10 @@ def measure(layout: Layout, device: str = "cpu", impl: str = "reference", user_c
 
         model = build_hf_model(spec, plan.attention, plan.recompute, device, recipe(plan).early_stop_checkpoint,
                                user=user_config, dropout=plan.dropout)
+        if plan.finetune == "lora":  # peft's adapters (peft_lora.py); the frozen base in 16 bits
+            from .peft_lora import apply_peft
+
+            model = apply_peft(model, plan, low_dtype(plan) if mixed else None).to(device)
     else:
         model = build_model(spec, plan, device)
     pure16 = mixed and not plan.master_weights  # the model cast to 16 bits, trained as it is
@@ -441,8 +445,6 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
     if plan.finetune == "lora" and (plan.tp > 1 or (plan.gpus or 1) > 1 or plan.zero):
         raise PlanError("finetune", "validate measures LoRA on one process (tp = dp = 1, no ZeRO)")
     check_optimizer(plan.optimizer)  # before any process is started
-    if plan.finetune == "lora" and impl == "transformers":
-        raise PlanError("impl", "validate attaches LoRA adapters to the reference models: use --impl reference")
     if plan.pp > 1:
         if impl == "transformers":
             raise PlanError("impl", "pipelines are validated with the reference models (--impl reference)")
@@ -458,10 +460,14 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
     device = resolve_device(device)
     full = resolve(plan)
     spec = full.model
+    if plan.finetune == "lora" and impl == "transformers":
+        from .peft_lora import check
+
+        check(plan, spec)
     if plan.finetune == "lora" and spec.is_mla:
         raise PlanError("finetune", "validate measures multi-head latent attention with full training; "
                         "LoRA on its latent projections is predicted only")
-    if plan.finetune == "lora" and spec.fused_qkv:
+    if plan.finetune == "lora" and spec.fused_qkv and impl != "transformers":
         raise PlanError("finetune", "validate's LoRA adapters attach to separate q, k and v projections; "
                         "this model fuses them")
     scale = scale or Scale()
