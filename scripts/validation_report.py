@@ -135,6 +135,10 @@ def main() -> None:
     from ep_zero2_report import main as ep_zero2
 
     ep_zero2()
+    # multi-head latent attention, LoRA through peft, QLoRA's base (scripts/mla_lora_report.py)
+    from mla_lora_report import main as mla_lora
+
+    mla_lora()
 
 
 if __name__ == "__main__":

@@ -147,3 +147,22 @@ def pipeline_plans(pps=(2, 4), per_stage=(1, 2, 4)):
                 yield schedule, pp, k * pp, vpp, dict(
                     model="llama-3-8b", gpus=pp, pp=pp, framework="torch", precision="fp32", schedule=schedule,
                     vpp=vpp, mbs=1, gbs=k * pp)
+
+
+# Multi-head latent attention (DeepSeek-V3 scaled down in proportion, mla.py), one process
+MLA = (("MLA, fp32", dict(model="deepseek-v3", gpus=1, precision="fp32", framework="torch")),
+       ("MLA, bf16 autocast (torch)", dict(model="deepseek-v3", gpus=1, framework="torch")),
+       ("MLA, bf16 (deepspeed)", dict(model="deepseek-v3", gpus=1, framework="deepspeed")),
+       ("MLA, bf16 fused kernels (megatron)", dict(model="deepseek-v3", gpus=1, framework="megatron")),
+       ("MLA, eager attention (deepspeed)", dict(model="deepseek-v3", gpus=1, framework="deepspeed",
+                                                 attention="eager")))
+# LoRA through peft on the transformers model (validate --impl transformers, peft_lora.py)
+PEFT = (("peft LoRA, bf16 base, fp32 adapters under autocast", dict(model="llama-3-8b", gpus=1, finetune="lora",
+                                                                   framework="torch")),
+        ("peft LoRA, fp32", dict(model="llama-3-8b", gpus=1, finetune="lora", framework="torch", precision="fp32")),
+        ("peft LoRA, fp32, lora_dropout 0.1", dict(model="llama-3-8b", gpus=1, finetune="lora", framework="torch",
+                                                   precision="fp32", lora_dropout=0.1)),
+        ("peft LoRA on q and v, bf16 base", dict(model="llama-3-8b", gpus=1, finetune="lora", framework="torch",
+                                                 lora_targets=["q", "v"])),
+        ("peft LoRA, bf16 base, lora_dropout 0.1 under autocast",
+         dict(model="llama-3-8b", gpus=1, finetune="lora", framework="torch", lora_dropout=0.1)))
