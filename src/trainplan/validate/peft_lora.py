@@ -25,7 +25,6 @@ def _peft():
 def check(plan, spec) -> None:
     """What validate runs through peft: one process, a Llama-style decoder (separate q, k, v
     projections, dense MLP), no recompute (before any model is built)."""
-    _peft()
     if spec.fused_qkv or spec.is_mla or spec.is_moe:
         raise PlanError("finetune", "validate applies peft's LoRA to dense transformers models with separate "
                         "q, k and v projections (llama, mistral, qwen2); this model is measured with "
@@ -36,6 +35,7 @@ def check(plan, spec) -> None:
     unknown = [t for t in plan.lora_targets if t not in HF_TARGETS]
     if unknown:
         raise PlanError("lora_targets", f"peft targets the projections {', '.join(HF_TARGETS)}; not {unknown}")
+    _peft()
 
 
 def apply_peft(model, plan, low_dtype=None):
