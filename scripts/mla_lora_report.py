@@ -20,6 +20,12 @@ BEGIN, END = "<!-- mla and peft: begin -->\n", "<!-- mla and peft: end -->\n"
 HEAD = ("| case | params | grads | optimizer | activations: predicted (MiB) | measured (MiB) | error | FLOPs |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|\n")
 NF4_BITS = 4.127  # conventions.toml [quantized_base] nf4_bits
+# DeepSeek-V3's config.json (tests/data/hf), built by transformers as written, sizes scaled
+DSV3 = str(Path(__file__).resolve().parents[1] / "tests" / "data" / "hf" / "deepseek-v3.json")
+HF_MLA = (("transformers DeepseekV3 from config.json, fp32, eager attention",
+           dict(model=DSV3, gpus=1, precision="fp32", framework="torch", attention="eager")),
+          ("transformers DeepseekV3 from config.json, fp32, SDPA (CPU math kernel)",
+           dict(model=DSV3, gpus=1, precision="fp32", framework="torch")))
 
 
 def pct(x: float) -> str:
@@ -60,7 +66,7 @@ def qlora_lines():
 
 def main() -> None:
     t0 = time.time()
-    mla = rows(MLA, "reference")
+    mla = rows(MLA, "reference") + rows(HF_MLA, "transformers")
     peft_rows = rows(PEFT, "transformers")
     qlora = qlora_lines()
     elapsed = time.time() - t0
@@ -108,8 +114,14 @@ def main() -> None:
         "  mask is fp32 (CUDA's is one byte), and the first layer's q, k, v dropouts keep no mask (their\n",
         "  input needs no gradient); the planner's CPU mask is the 16-bit compute dtype: the last peft\n",
         "  row's error is that, a CPU artefact.\n",
-        "* MLA through transformers' DeepseekV3 model: its router (sigmoid scores, grouped top-k, the\n",
-        "  score-correction buffer) is not the reference MoE; not built by validate yet.\n",
+        "* transformers' DeepseekV3 (its router's groups scaled with the experts: 32 experts a group,\n",
+        "  so 8 experts make one group) with SDPA: PyTorch's CPU flash kernel needs one head width for\n",
+        "  q, k and v, so SDPA runs its math kernel, which keeps the s x s probabilities (the row's\n",
+        "  error); transformers pads v only for flash-attention 2. Its eager row is the comparison;\n",
+        "  its eager row keeps more than the reference layer (at hidden 128: 448 bytes a token in each\n",
+        "  layer's attention, and more in the MoE layer's grouped sigmoid router), which is not priced:\n",
+        "  its interleaved RoPE (rope_interleave) copies q_pe and k_pe, and its router's group scores\n",
+        "  are kept; not broken down further here.\n",
         "* LoRA on MLA's latent projections, and MLA with tensor parallelism, are predicted only.\n",
         *qlora, END,
     ]

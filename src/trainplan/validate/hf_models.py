@@ -28,6 +28,12 @@ SIZE_KEYS = {
                   "expert_ffn": "moe_intermediate_size"},
     "qwen3_moe": {**_DECODER, "experts": "num_experts", "top_k": "num_experts_per_tok",
                   "expert_ffn": "moe_intermediate_size"},
+    # multi-head latent attention (DeepSeek-V3): the latent ranks and head widths are sizes too
+    "deepseek_v3": {**{k: v for k, v in _DECODER.items() if k != "head_dim"}, "experts": "n_routed_experts",
+                    "top_k": "num_experts_per_tok", "expert_ffn": "moe_intermediate_size",
+                    "first_dense_layers": "first_k_dense_replace", "q_lora_rank": "q_lora_rank",
+                    "kv_lora_rank": "kv_lora_rank", "qk_rope_head_dim": "qk_rope_head_dim",
+                    "qk_nope_head_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim"},
 }
 # Dropout probabilities of each family's config (the plan's --dropout decides dropout).
 DROPOUT_KEYS = ("attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_first_dropout", "attention_dropout",
@@ -49,13 +55,17 @@ def _transformers():
 def config_dict(spec: ModelSpec, user: dict | None = None) -> dict:
     """The config.json a model is built from: the user's (`user`) with its sizes set to the
     spec's, or, for a catalog model, one of the spec's family stating its activation function."""
-    if spec.is_mla:
-        raise PlanError("model", "multi-head latent attention is not built from transformers here")
     cfg = dict(user) if user is not None else _family_config(spec)
     kind = cfg.get("model_type")
     if kind not in SIZE_KEYS:
         raise PlanError("hf_config.model_type", f"validate builds {', '.join(SIZE_KEYS)} models with "
                         f"transformers; not {kind!r}")
+    if kind == "deepseek_v3" and cfg.get("n_group") and cfg.get("n_routed_experts"):
+        # group-limited routing: the groups keep their size (experts per group), so fewer experts
+        # make fewer groups, of which at most as many are chosen
+        per_group = max(1, cfg["n_routed_experts"] // cfg["n_group"])
+        cfg["n_group"] = max(1, spec.experts // per_group)
+        cfg["topk_group"] = min(cfg.get("topk_group", 1), cfg["n_group"])
     for field, key in SIZE_KEYS[kind].items():
         if field == "head_dim" and "head_dim" not in cfg:
             continue  # the family derives it from hidden / heads
