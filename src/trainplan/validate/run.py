@@ -139,6 +139,9 @@ def predict(layout: Layout, device: str = "cpu", r=None) -> dict:
     r = r or recipe(plan)
     if device == "cpu" and (plan.dropout > 0 or plan.lora_dropout > 0):
         inputs["mask_bytes"] = r.act_bytes
+        if plan.dropout == 0 and r.lora_input_copies:
+            # peft drops out its fp32 cast of each adapter's input under autocast: an fp32 mask
+            inputs["mask_bytes"] = 4.0
     if device == "cpu" and plan.dropout > 0:
         if plan.attention != "eager":
             inputs["attention"] = act.ATTENTION_CODE["eager"]
