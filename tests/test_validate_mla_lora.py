@@ -59,7 +59,9 @@ def test_lora_on_mla_is_rejected():
 
 
 @pytest.mark.parametrize("kw", [dict(framework="torch"),  # bf16 base, fp32 adapters under autocast
-                                dict(framework="torch", precision="fp32", lora_dropout=0.1)])
+                                dict(framework="torch", precision="fp32", lora_dropout=0.1),
+                                # the dropped fp32 cast: an fp32 mask on the CPU
+                                dict(framework="torch", lora_dropout=0.1)])
 def test_peft_lora_matches(kw):
     """peft's own adapters on the transformers Llama: states exact (the frozen base has no
     gradient or optimizer state; the optimizer differs by AdamW's 4-byte step per adapter
