@@ -7,9 +7,9 @@ processes) and write their section of docs/validation.md, between the ep-zero2 m
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
+from report_sections import write_section
 
 from trainplan.plan import make_plan, resolve
 from trainplan.validate.expert_parallel import validate_expert_parallel
@@ -127,14 +127,7 @@ def main() -> None:
         "  column): it is the resident gradients only.\n",
         END,
     ]
-    path = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
-    text = path.read_text()
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + "".join(section) + text[text.index(END) + len(END):]
-    else:
-        marker = "\n## What the memory model assumes"
-        text = text.replace(marker, "\n" + "".join(section) + marker, 1)
-    path.write_text(text)
+    path = write_section(BEGIN, END, section)
     print(f"wrote {path} ({len(ep)} + {len(z2)} rows, {elapsed:.0f} s)")
 
 

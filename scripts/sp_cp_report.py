@@ -7,9 +7,9 @@ docs/validation.md, between the sequence/context markers.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
+from report_sections import write_section
 
 from trainplan.errors import PlanError
 from trainplan.plan import make_plan
@@ -102,14 +102,7 @@ def main() -> None:
         "  dense blocks with rotary positions.\n",
         END,
     ]
-    path = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
-    text = path.read_text()
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + "".join(section) + text[text.index(END) + len(END):]
-    else:
-        marker = "\n## What the memory model assumes"
-        text = text.replace(marker, "\n" + "".join(section) + marker, 1)
-    path.write_text(text)
+    path = write_section(BEGIN, END, section)
     print(f"wrote {path} ({len(rows)} rows, {elapsed:.0f} s)")
 
 
