@@ -35,6 +35,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def join_gloo(rank: int, world: int, port: int) -> None:
+    """A worker joins the local gloo group on 127.0.0.1, one thread a rank."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def run_ranks(worker, world: int, payload: dict) -> list[dict]:
+    """`worker(rank, world, port, payload, out_dir)` on `world` local processes; each writes
+    out_dir/rank{r}.json, returned in rank order."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out:
+        try:
+            mp.spawn(worker, args=(world, free_port(), payload, out), nprocs=world, join=True)
+        except mp.ProcessExitedException:
+            # A worker killed by a signal after every rank wrote its measurement died tearing
+            # gloo down (a C++ thread aborts at exit now and then); the measurements stand.
+            if not all(Path(out, f"rank{r}.json").is_file() for r in range(world)):
+                raise
+        return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+
+
 def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -43,9 +69,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
     from .measure import SavedTensors, counted_flops, tensor_bytes
     from .run import build_model, low_dtype, make_optimizer
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_gloo(rank, world, port)
     try:
         spec = ModelSpec(**payload["spec"])
         plan = Plan(**payload["plan"])
@@ -222,7 +246,6 @@ def _apply_tp(model, spec: ModelSpec, mesh, tp: int, vocab_parallel_loss: bool =
 
 def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> list:
     """Run the layout in tp x dp local processes and compare each rank with the prediction."""
-    import torch.multiprocessing as mp
 
     from .run import TERMS, Case, predict
 
@@ -265,15 +288,7 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
         raise PlanError("framework", "ZeRO-3 validation runs FSDP2: use --framework fsdp")
     world = layout.gpus
     payload = {"spec": spec.model_dump(), "plan": plan.model_dump()}
-    with tempfile.TemporaryDirectory() as out:
-        try:
-            mp.spawn(_worker, args=(world, free_port(), payload, out), nprocs=world, join=True)
-        except mp.ProcessExitedException:
-            # A worker killed by a signal after every rank wrote its measurement died tearing
-            # gloo down (a C++ thread aborts at exit now and then); the measurements stand.
-            if not all(Path(out, f"rank{r}.json").is_file() for r in range(world)):
-                raise
-        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+    results = run_ranks(_worker, world, payload)
     predicted = predict(layout, device)
     working_set = None
     if plan.recompute == "full":

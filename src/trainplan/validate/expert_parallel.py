@@ -26,14 +26,13 @@ indices as `topk` does).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
 from ..errors import PlanError
 from ..plan import Layout
 from ..specs.model import ModelSpec
+from .distributed import join_gloo, run_ranks
 
 ROUTINGS = ("balanced", "skewed")
 SKEW_TO_RANK0 = 0.7  # the skewed routing's share of routed copies sent to rank 0's experts
@@ -156,9 +155,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
     from .measure import SavedTensors, counted_flops, tensor_bytes
     from .run import build_model, make_optimizer
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_gloo(rank, world, port)
     try:
         spec, plan = ModelSpec(**payload["spec"]), Plan(**payload["plan"])
         model = build_model(spec, plan, "cpu")  # the same seed on every rank: the same weights
@@ -264,22 +261,14 @@ def check(layout: Layout, routing: str = "balanced") -> None:
 
 def run_expert_parallel(layout: Layout, spec: ModelSpec, name: str, routing: str = "balanced") -> list:
     """Run the layout's ep ranks and compare each with the planner's per-rank prediction."""
-    import torch.multiprocessing as mp
 
-    from .distributed import free_port
     from .run import TERMS, Case, predict
 
     check(layout, routing)
     world = layout.gpus
     payload = {"spec": spec.model_dump(), "plan": layout.plan.model_dump(), "routing": routing,
                "mbs": layout.mbs, "seq_len": layout.seq_len}
-    with tempfile.TemporaryDirectory() as out:
-        try:
-            mp.spawn(_worker, args=(world, free_port(), payload, out), nprocs=world, join=True)
-        except mp.ProcessExitedException:
-            if not all(Path(out, f"rank{r}.json").is_file() for r in range(world)):
-                raise
-        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+    results = run_ranks(_worker, world, payload)
     predicted = predict(layout, "cpu")
     cases = []
     for r, measured in enumerate(results):

@@ -22,7 +22,6 @@ losses from `torch_schedules`.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 import weakref
@@ -34,6 +33,7 @@ from ..errors import PlanError
 from ..estimate import torch_schedules as ts
 from ..plan import Layout
 from ..specs.model import ModelSpec
+from .distributed import join_gloo
 
 JOIN_TIMEOUT_S = 600  # a step of the scaled-down model takes seconds; a hung rank is killed
 
@@ -211,9 +211,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
     from .measure import counted_flops, tensor_bytes
     from .run import build_model, make_optimizer, optimizer_state_bytes
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_gloo(rank, world, port)
     try:
         spec, plan = ModelSpec(**payload["spec"]), Plan(**payload["plan"])
         name = plan.schedule

@@ -29,13 +29,12 @@ both frameworks align their flat groups); the reduce-scatter is gloo's.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from ..errors import PlanError
 from ..plan import Layout
 from ..specs.model import ModelSpec
+from .distributed import join_gloo, run_ranks
 
 FRAMEWORKS = ("deepspeed", "megatron")
 
@@ -52,9 +51,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
     from .measure import SavedTensors, counted_flops, tensor_bytes
     from .run import build_model, low_dtype
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_gloo(rank, world, port)
     try:
         spec, plan = ModelSpec(**payload["spec"]), Plan(**payload["plan"])
         fw = plan.framework
@@ -162,22 +159,14 @@ def check(layout: Layout) -> None:
 
 def run_zero2(layout: Layout, spec: ModelSpec, name: str) -> list:
     """ZeRO-2 over dp local processes; each rank compared with the planner's per-GPU prediction."""
-    import torch.multiprocessing as mp
 
-    from .distributed import free_port
     from .run import TERMS, Case, predict
 
     check(layout)
     world = layout.gpus
     payload = {"spec": spec.model_dump(), "plan": layout.plan.model_dump(), "mbs": layout.mbs,
                "seq_len": layout.seq_len}
-    with tempfile.TemporaryDirectory() as out:
-        try:
-            mp.spawn(_worker, args=(world, free_port(), payload, out), nprocs=world, join=True)
-        except mp.ProcessExitedException:
-            if not all(Path(out, f"rank{r}.json").is_file() for r in range(world)):
-                raise
-        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
+    results = run_ranks(_worker, world, payload)
     predicted = predict(layout, "cpu")
     cases = []
     for r, measured in enumerate(results):
