@@ -45,6 +45,18 @@ def join_gloo(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
+def finish_rank(result: dict, step, rank: int, out_dir: str) -> None:
+    """A worker's last act: the FLOPs of one more `step()`, its measurements written to
+    out_dir/rank{rank}.json, then a barrier so no rank tears gloo down early."""
+    import torch.distributed as dist
+
+    from .measure import counted_flops
+
+    result["flops"], _ = counted_flops(step)
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+
+
 def run_ranks(worker, world: int, payload: dict) -> list[dict]:
     """`worker(rank, world, port, payload, out_dir)` on `world` local processes; each writes
     out_dir/rank{r}.json, returned in rank order."""

@@ -25,14 +25,12 @@ indices as `topk` does).
 
 from __future__ import annotations
 
-import json
 import warnings
-from pathlib import Path
 
 from ..errors import PlanError
 from ..plan import Layout
 from ..specs.model import ModelSpec
-from .distributed import join_gloo, run_ranks
+from .distributed import finish_rank, join_gloo, run_ranks
 
 ROUTINGS = ("balanced", "skewed")
 SKEW_TO_RANK0 = 0.7  # the skewed routing's share of routed copies sent to rank 0's experts
@@ -123,12 +121,7 @@ def ep_forward(self, x):
         inverse = torch.empty_like(perm)
         inverse[perm] = torch.arange(perm.numel(), device=perm.device)
         out = weighted[inverse].view(-1, k, h).sum(dim=1).to(flat.dtype)
-    if self.shared is not None:
-        shared = self.shared(flat)
-        if self.shared_gate is not None:
-            shared = torch.sigmoid(self.shared_gate(flat)) * shared
-        out = out + shared
-    return F.dropout(out.view(b, s, h), self.p, self.training)
+    return self.combine(flat, out, (b, s, h))
 
 
 def shard_experts(model, rank: int, world: int, routing: str) -> None:
@@ -152,7 +145,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
     import torch.distributed as dist
 
     from ..plan import Plan
-    from .measure import SavedTensors, counted_flops, tensor_bytes
+    from .measure import SavedTensors, tensor_bytes
     from .run import build_model, make_optimizer
 
     join_gloo(rank, world, port)
@@ -223,9 +216,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
             out = forward()
             out.backward()
             return out
-        result["flops"], _ = counted_flops(step)
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-        dist.barrier()
+        finish_rank(result, step, rank, out_dir)
     finally:
         dist.destroy_process_group()
 

@@ -277,12 +277,17 @@ class MoE(nn.Module):
                 else:
                     y = expert(flat[token]) * weights[token, slot, None]
                 out = IndexAddFn.apply(out, token, y) if self.fused else out.index_add(0, token, y)
+        return self.combine(flat, out, (b, s, h))
+
+    def combine(self, flat, routed, shape):
+        """The routed experts' output plus the shared experts' (sigmoid-gated where the model
+        gates them), then dropout, in the input's shape."""
         if self.shared is not None:
             shared = self.shared(flat)
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(flat)) * shared
-            out = out + shared
-        return F.dropout(out.view(b, s, h), self.p, self.training)
+            routed = routed + shared
+        return F.dropout(routed.view(shape), self.p, self.training)
 
     def _grouped(self, flat, weights, chosen):
         """transformers 5's `grouped_mm_experts_forward` (integrations/moe.py), with each expert's

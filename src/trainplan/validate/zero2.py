@@ -28,13 +28,10 @@ both frameworks align their flat groups); the reduce-scatter is gloo's.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from ..errors import PlanError
 from ..plan import Layout
 from ..specs.model import ModelSpec
-from .distributed import join_gloo, run_ranks
+from .distributed import finish_rank, join_gloo, run_ranks
 
 FRAMEWORKS = ("deepspeed", "megatron")
 
@@ -48,7 +45,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
     import torch.distributed as dist
 
     from ..plan import Plan
-    from .measure import SavedTensors, counted_flops, tensor_bytes
+    from .measure import SavedTensors, tensor_bytes
     from .run import build_model, low_dtype
 
     join_gloo(rank, world, port)
@@ -131,9 +128,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
             out = model(ids, ids)
             out.backward()
             return out
-        result["flops"], _ = counted_flops(step)
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-        dist.barrier()
+        finish_rank(result, step, rank, out_dir)
     finally:
         dist.destroy_process_group()
 
