@@ -306,10 +306,26 @@ def azure_zero3_setup(cfg: dict, row: list) -> tuple[ModelSpec, dict]:
 def torchtitan_setup(cfg: dict, row: list) -> dict:
     """A torchtitan row: the plan options of its run (the rule in the docstring)."""
     _, _, model, g, tp, cp, local, gbs, seq, rc, compiled, float8, async_tp = row[:13]
+    # torchtitan's "selective" mode is per-op selective checkpointing unless a layer period is given
+    rc = "selective-op" if rc == "selective" else rc
     return dict(model=model, gpu=cfg["gpu"], gpus=g, tp=tp, cp=cp, mbs=local, gbs=gbs, seq_len=seq, zero=3,
                 sp=tp > 1, framework="fsdp", reduce_dtype="fp32", recompute=rc, attention="flash",
                 precision="fp8" if float8 else "bf16", optimizer_impl="foreach", grad_clip=1.0,
                 fused_kernels=compiled, overlap_tp=async_tp, cp_comm="allgather")
+
+
+def torchtitan_peaks(cfg: dict) -> list[dict]:
+    """The torchtitan rows' published peak memory (the last column, GiB: torchtitan logs the
+    caching allocator's peak reserved bytes) against the planned peak of the same run. The
+    runs' H100s had 96 GB; the planned peak does not depend on the capacity."""
+    out = []
+    for row in cfg["rows"]:
+        layout = resolve(make_plan(**torchtitan_setup(cfg, row)))
+        peak = float(np.max(estimate_memory(layout)["total"])) / 2**30
+        out.append(dict(table=row[0], label=f"Table {row[0]}: {row[2]}, {row[1]}, {row[3]} GPUs, s {row[8]:,}",
+                        recompute=layout.plan.recompute, float8=bool(row[11]), compiled=bool(row[10]),
+                        published=float(row[-1]), predicted=peak))
+    return out
 
 
 def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str = "triton") -> dict:

@@ -179,7 +179,7 @@ def _plan_options(
     mbs: Annotated[int, typer.Option(help="Micro-batch size (sequences)")] = 1,
     gbs: Annotated[int | None, typer.Option(help="Global batch (sequences); gradient accumulation = gbs / (dp x mbs)")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length (default min(model max, 4096))")] = None,
-    recompute: Annotated[RecomputeOpt, typer.Option(help="Activation recomputation")] = RecomputeOpt("none"),
+    recompute: Annotated[RecomputeOpt, typer.Option(help="Activation recomputation: selective re-runs the attention core (Megatron), full each layer, selective-op saves every second matmul and the attention output (torchtitan's per-op checkpointing)")] = RecomputeOpt("none"),
     recompute_layers: Annotated[int | None, typer.Option(help="With --recompute full: recompute only the first N layers of each stage, or virtual stage when interleaved (Megatron's --recompute-method block); default all")] = None,
     recompute_modules: Annotated[str | None, typer.Option(help="With --recompute selective: what it recomputes, comma-separated (Megatron-Core --recompute-modules): core_attn (default), layernorm, mla_up_proj, moe_act")] = None,
     fp8_cache: Annotated[str | None, typer.Option(help="With --precision fp8: saved tensors kept in low precision besides the linears' inputs, comma-separated (DeepSeek-V3 §3.3.3): attn_out (E5M6), moe_act_input (FP8)")] = None,

@@ -676,6 +676,18 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                      f"of a virtual stage ({max(split) // vpp}, with {vpp} virtual stages per stage)")
             raise PlanError("recompute_layers", f"cannot exceed the layers {where}")
 
+    if plan.recompute == "selective-op":
+        # activations.op_sac_saved walks a dense layer's matmuls with a fused attention kernel
+        if model.is_moe or model.is_mla:
+            raise PlanError("recompute", f"selective-op (torchtitan's per-op checkpointing) is modelled for dense "
+                            f"layers with standard attention; {model.name} has "
+                            f"{'experts' if model.is_moe else 'multi-head latent attention'}: use selective or full")
+        if plan.attention == "eager":
+            raise PlanError("recompute", "selective-op saves the fused attention kernel's output (SDPA); "
+                            "use --attention flash, sdpa or cudnn")
+        if plan.finetune != "full":
+            raise PlanError("recompute", "selective-op is modelled for full training; use selective or full "
+                            f"with --finetune {plan.finetune}")
     if plan.recompute_modules is not None:
         if plan.recompute != "selective":
             raise PlanError("recompute_modules", "applies to --recompute selective only (Megatron-Core's "

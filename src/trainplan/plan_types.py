@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "selective-op"]
 # the pipeline schedules (estimate/pipeline.py: each one's in-flight rule and its source)
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb", "dualpipe", "looped_bfs", "zbv", "dualpipev"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]

@@ -451,7 +451,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
                         dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                         attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
                         causal=True, skip_last=r.recompute_skips_last_linear,
-                        **lora_arguments(plan))
+                        low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
         # per-stage times do not depend on the schedule either: once per group, then each
         # layout's pipeline schedule, data-parallel communication and optimizer
         # runs of fitting layouts that differ only in ZeRO stage, schedule and interleaving

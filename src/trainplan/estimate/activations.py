@@ -55,7 +55,8 @@ import numpy as np
 
 ATTENTION = ("flash", "sdpa", "eager", "triton", "cudnn")
 ATTENTION_CODE = {name: i for i, name in enumerate(ATTENTION)}
-RECOMPUTE = ("none", "selective", "full")
+# "selective-op": torchtitan's per-op selective activation checkpointing (op_sac_saved)
+RECOMPUTE = ("none", "selective", "full", "selective-op")
 RECOMPUTE_CODE = {name: i for i, name in enumerate(RECOMPUTE)}
 # Megatron-Core's selective recompute modules (megatron/core/transformer/transformer_config.py
 # @d98e8a64, recompute_modules; default ["core_attn"]). "layernorm", "mla_up_proj" and "moe_act"
@@ -397,6 +398,39 @@ def checkpoint_bytes(hidden, *, tokens, tp, sp, act_bytes):
     """Full recompute keeps only each layer's input (Korthikanti et al. 2023: 2sbh per layer
     in 16 bits; divided by t when sequence parallelism already splits it)."""
     return tokens * hidden * act_bytes / np.where(sp, tp, 1)
+
+
+def op_sac_matmuls(shape: LayerShape, tp, kv_div) -> list[tuple[float, float]]:
+    """A dense layer's matmuls in forward order: (input width, output width per token on this
+    rank). Column-parallel outputs split by TP; row-parallel ones (the attention output and
+    MLP down projections) are partial sums as wide as the hidden size before TP's reduction."""
+    h = shape.hidden
+    if shape.qkv_projections == 1:
+        attn = [(h, shape.q / tp + (shape.k + shape.v) / kv_div)]
+    else:
+        attn = [(h, shape.q / tp), (h, shape.k / kv_div), (h, shape.v / kv_div)]
+    mlp = [(h, shape.ffn / tp)] * (shape.mlp_matrices - 1) + [(shape.ffn / tp, h)]
+    return attn + [(shape.attn_out / tp, h)] + mlp
+
+
+def op_sac_saved(shape: LayerShape, *, tokens, tp, sp, act_bytes, low_precision_mm=0.0):
+    """Bytes a dense layer keeps per micro-batch under torchtitan's per-op selective activation
+    checkpointing (torchtitan 0.3, distributed/activation_checkpoint.py `SelectiveAC`, the
+    `selective` mode's default): the checkpoint keeps the block's input, and the policy saves
+    the outputs of the ops in its save list - SDPA (its output and fp32 log-sum-exp), every
+    second `mm` of the block counted in forward order (the 1st, 3rd, ...; the 2nd, 4th, ... are
+    recomputed), and the reduce-scatters of sequence parallelism - and recomputes everything
+    else (norms, RoPE, the activation function, all-gathers) in the backward, one block at a
+    time. `_scaled_mm` (float8 linears; low_precision_mm = 1) is in the save list but not
+    counted as an `mm`, so every float8 matmul's output is kept. Outputs are 16-bit."""
+    kv_div = np.minimum(tp, shape.kv_heads)
+    lp = np.asarray(low_precision_mm, dtype=float)
+    kept = sum(width * np.maximum(lp, float(i % 2 == 0))
+               for i, (_, width) in enumerate(op_sac_matmuls(shape, tp, kv_div)))
+    block_input = shape.hidden / np.where(sp, tp, 1)
+    reduce_scatters = 2 * shape.hidden / tp * (np.asarray(sp) > 0)
+    sdpa = shape.attn_out / tp * act_bytes + shape.heads / tp * FP32
+    return tokens * ((block_input + kept + reduce_scatters) * act_bytes + sdpa)
 
 
 def stage_terms(*, seq, cp, rope_dim, act_bytes, attention) -> dict:

@@ -107,6 +107,15 @@ def first_input_grad_skipped(recompute, reentrant_checkpoint):
 
 
 @lru_cache(maxsize=256)
+@lru_cache(maxsize=256)
+def op_sac_recomputed(model: ModelSpec) -> float:
+    """Forward FLOPs per token of the matmuls per-op selective checkpointing re-runs in a dense
+    layer: the 2nd, 4th, ... in forward order (torchtitan's SelectiveAC saves every second mm's
+    output; activations.op_sac_saved)."""
+    linears = model.layer_linears(0)
+    return sum(2.0 * lin.fan_in * lin.fan_out for i, lin in enumerate(linears) if i % 2 == 1)
+
+
 def _first_input_grad_flops(model: ModelSpec, targets: tuple, rank: int) -> float:
     """Per token: the input-gradient FLOPs of the first layer's attention input projections and
     of their LoRA adapters' A."""
@@ -116,17 +125,18 @@ def _first_input_grad_flops(model: ModelSpec, targets: tuple, rank: int) -> floa
 
 def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head, attention_eager,
                recompute, causal=False, vocab_padded=None, skip_last=False, lora_targets=None,
-               lora_rank=0, reentrant_checkpoint=False, recompute_share=1.0) -> dict:
+               lora_rank=0, reentrant_checkpoint=False, recompute_share=1.0, low_precision_mm=0.0) -> dict:
     """Forward, backward, recompute FLOPs for `tokens` tokens of sequences of length `seq`.
 
     dense_layers/moe_layers: layers counted (a stage's, or the model's); head: 1 when the
     output head is included; attention_eager: 1 for materialised scores; recompute: the
-    RECOMPUTE_CODE (0 none, 1 selective, 2 full); causal: halve the attention work;
+    RECOMPUTE_CODE (0 none, 1 selective, 2 full, 3 selective-op); causal: halve the attention work;
     skip_last: a full recomputation stops after each block's last saved tensor (see above);
     lora_targets, lora_rank (LoRA/QLoRA, as `estimate.time.lora_arguments` gives them; None: full
     training): the base weights are frozen, no weight gradients, and rank-r adapters train on the
     targeted linears; reentrant_checkpoint: see `first_input_grad_skipped`; recompute_share: the
-    share of the layers a full recomputation re-runs (`estimate.time.recomputed_share`).
+    share of the layers a full recomputation re-runs (`estimate.time.recomputed_share`);
+    low_precision_mm: 1 when the linears run in float8 (per-op checkpointing saves them all).
     """
     lf = layer_flops(model)
     keys = seq * np.where(causal, 0.5, 1.0)
@@ -145,9 +155,13 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     backward = (1.0 if frozen else GEMM_BWD) * (gemm_fwd - adapters_fwd + head_fwd) \
         + GEMM_BWD * adapters_fwd + attn_bwd - first_input_grad
     rc = np.asarray(recompute)
+    # per-op selective checkpointing (activations.op_sac_saved) re-runs every second matmul of
+    # each (dense) layer; float8 matmuls are all saved (low_precision_mm)
+    op_sac = tokens * op_sac_recomputed(model) * (1 - np.asarray(low_precision_mm, dtype=float)) * (
+        dense_layers + moe_layers) * recompute_share
     full = gemm_fwd + attn_fwd - np.where(skip_last, tokens * (lf.dense_last * dense_layers + lf.moe_last * moe_layers),
                                           0.0)
-    recomputed = np.where(rc == 2, full * recompute_share, np.where(rc == 1, attn_fwd, 0.0))
+    recomputed = np.where(rc == 2, full * recompute_share, np.where(rc == 1, attn_fwd, np.where(rc == 3, op_sac, 0.0)))
     model_flops = forward + backward
     return {"forward": forward, "backward": backward, "recompute": recomputed,
             "model": model_flops, "hardware": model_flops + recomputed,

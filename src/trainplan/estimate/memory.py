@@ -251,7 +251,15 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # RMSNorm upcasts a 16-bit input to a new fp32 copy.
     eager_rms = (not r.fused_kernels) and not mn.layernorm and r.residual_bytes < FP32
     ckpt_reused = 0.0 if eager_rms else ckpt
-    full = np.asarray(recompute) == act.RECOMPUTE_CODE["full"]
+    op_sac = np.asarray(recompute) == act.RECOMPUTE_CODE["selective-op"]
+    full = (np.asarray(recompute) == act.RECOMPUTE_CODE["full"]) | op_sac
+    if np.any(op_sac):
+        # per-op selective checkpointing keeps, besides each block's input, the outputs its
+        # policy saves (dense layers; plan.py refuses it for MoE layers)
+        # (the re-run block returns those saved outputs instead of making new ones)
+        op_saved = np.where(op_sac, act.op_sac_saved(mn.shape, tokens=tokens, tp=tp, sp=sp, act_bytes=r.act_bytes,
+                                                      low_precision_mm=float(r.linear_in_bytes < 2)), 0.0)
+        ckpt, ckpt_reused = ckpt + op_saved, ckpt_reused + op_saved
     if np.any(full):
         # a layer that full recomputation leaves out, or re-runs in the backward, saves what it
         # saves without recomputation

@@ -48,6 +48,8 @@ from .flops import (
     ATTN_BWD_EAGER,
     ATTN_BWD_FUSED,
     first_input_grad_skipped,
+    layer_flops,
+    op_sac_recomputed,
     step_flops,
 )
 from .gemm_shape import GemmShape
@@ -596,12 +598,18 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
                                                 hw.sms, elem, hw.gemm_curve),
                "moe": skip * (_gemm_time(tokens, h, shared / tp, 1, hw.gemm_peak, hw.gemm_eff, hw.sms, elem,
                                          hw.gemm_curve) if shared else 0.0)}
+    op_sac_gemm_share = (op_sac_recomputed(model) / max(layer_flops(model).dense_gemm, 1.0)
+                         * float(r.linear_in_bytes >= 2))  # float8 matmuls are all saved
     # per layer: its time without recomputation, and what recomputation adds to it
     compute, recompute_extra, layer = {}, {}, {}
     for kind in gemm:
         elem_fwd, elem_bwd = elementwise[kind] + adapter_drop[kind], elementwise_bwd[kind] + adapter_drop[kind]
         fwd = gemm[kind] + attn + elem_fwd + dequant[kind]
-        recompute_extra[kind] = np.where(rc == 2, fwd - skipped[kind], np.where(rc == 1, attn, 0.0))
+        # per-op selective checkpointing re-runs every second matmul (by FLOPs' share of the GEMM
+        # time) and every element-wise op, not the attention core (flops.op_sac_recomputed)
+        op_sac = gemm[kind] * op_sac_gemm_share + elem_fwd
+        recompute_extra[kind] = np.where(rc == 2, fwd - skipped[kind],
+                                         np.where(rc == 1, attn, np.where(rc == 3, op_sac, 0.0)))
         compute[kind] = fwd + gemm_bwd[kind] + attn_backward + elem_bwd + dequant[kind]
         layer[kind] = {"gemm_forward": gemm[kind], "gemm_backward": gemm_bwd[kind], "attention_forward": attn,
                        "attention_backward": attn_backward, "elementwise_forward": elem_fwd,
@@ -617,8 +625,11 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]),
                       tp_backward(model, hw, r, tp_ar, tokens=tokens, tp=tp, ep=ep, kv_heads=kvh, sp=f(sp) > 0,
                                   frozen=frozen))
-    tp_extra = {kind: np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip), 0.0)
-                for kind in ("dense", "moe")}  # early stop: the attention's collective only
+    # (early stop: the attention's collective only; per-op selective checkpointing keeps the
+    # reduce-scatters' outputs and re-runs the all-gathers, or every all-reduce without SP)
+    tp_extra = {kind: np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip),
+                               np.where(rc == 3, tp_fwd * np.where(f(sp) > 0, 0.5, 1.0), 0.0))
+                for kind in ("dense", "moe")}
     # EP: a dispatch and a combine each way per MoE layer (estimate/all_to_all.py; a recomputed
     # forward's are not priced); beside another micro-batch's compute under `ep_overlap`
     # (DualPipe), what outlasts that compute and the slowdown of the compute it overlaps exposed
@@ -1191,7 +1202,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
                     attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab, causal=True,
                     skip_last=r.recompute_skips_last_linear,
                     recompute_share=float(model_recomputed_share(rc, layout.recompute_layers_per_stage, stage_layers)),
-                    **lora_arguments(plan))
+                    low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
     stages = np.arange(layout.pp)
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
     out = step_time_core(
