@@ -259,7 +259,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # (the re-run block returns those saved outputs instead of making new ones)
         op_saved = np.where(op_sac, act.op_sac_saved(mn.shape, tokens=tokens, tp=tp, sp=sp, act_bytes=r.act_bytes,
                                                       low_precision_mm=float(r.linear_in_bytes < 2)), 0.0)
-        ckpt, ckpt_reused = ckpt + op_saved, ckpt_reused + op_saved
+        extra = np.where(op_sac, op_saved - ckpt, 0.0)  # op_saved counts the block's input too
+        ckpt, ckpt_reused = ckpt + extra, ckpt_reused + extra
     if np.any(full):
         # a layer that full recomputation leaves out, or re-runs in the backward, saves what it
         # saves without recomputation
