@@ -24,7 +24,7 @@ from trainplan.calibration import (
     torchtitan_peaks,
 )
 from trainplan.estimate.accuracy import ACCURACY_FILE
-from trainplan.estimate.time import gemm_training_fraction
+from trainplan.estimate.gemm_rates import gemm_training_fraction
 from trainplan.plan import conventions
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -102,7 +102,8 @@ def test_hopper_cudnn_attention_is_the_published_causal_forward_backward():
     curve follows from them as FA2's does: 447.5 TFLOP/s at 4k (45.2% of 989.4), 1.59x FA2.
     A plan that asks for it on H100 spends that much less on attention; elsewhere (no published
     figure) it is priced as FA2 and says so."""
-    from trainplan.estimate.time import flash_efficiency, hardware
+    from trainplan.estimate.attention_rates import flash_efficiency
+    from trainplan.estimate.hardware import hardware
     from trainplan.plan import conventions, make_plan, resolve
 
     causal_fwd = np.array([315, 410, 484, 518, 529, 539])
@@ -166,7 +167,8 @@ def test_triton_flash_attention_is_its_published_share_of_fa2():
     against FA2, forward + backward, causal, head dim 128, on one A100 (Dao 2023, Fig. 4d):
     28/61/74/80/83/92 against 99/131/155/182/189/189 TFLOP/s at 512..16k. The catalog's ratio is their quotient, the A100 FA2 curve is FA2's figures over
     312 TFLOP/s, and so a Triton plan on an A100 runs at the Triton figures themselves."""
-    from trainplan.estimate.time import flash_efficiency, hardware
+    from trainplan.estimate.attention_rates import flash_efficiency
+    from trainplan.estimate.hardware import hardware
     from trainplan.plan import conventions, make_plan, resolve
 
     triton = np.array([28, 61, 74, 80, 83, 92])
@@ -191,7 +193,8 @@ def test_triton_flash_attention_forward_runs_at_its_published_forward_speed():
     forward + backward total (Fig. 4d): from 2k the backward is the slower part (71 TFLOP/s at
     4k), as the paper says (FA2 is 1.3-1.5x the Triton kernel in the forward, about 2x in the
     backward)."""
-    from trainplan.estimate.time import flash_efficiency, hardware
+    from trainplan.estimate.attention_rates import flash_efficiency
+    from trainplan.estimate.hardware import hardware
     from trainplan.plan import make_plan, resolve
 
     forward = np.array([63, 70, 115, 115, 111, 111])

@@ -397,7 +397,7 @@ def test_a_measured_gemm_curve_sets_the_efficiency_of_each_size(tmp_path):
     """With a profile's square-GEMM sweep, the time model's efficiency at a measured size is the
     measured fraction times the training share (what quantization explains is not counted
     twice), log-interpolated between sizes; small GEMMs slow a narrow model more than a wide one."""
-    from trainplan.estimate.time import (
+    from trainplan.estimate.gemm_rates import (
         GemmResiduals,
         gemm_efficiency,
         gemm_residual_curve,
@@ -469,7 +469,7 @@ def test_a_measured_inner_dimension_sweep_slows_short_k_gemms(tmp_path):
     dimension (relative to the best k); the square sweep's residual then leaves out what the k
     sweep explains, so a square curve that is all k effect adds nothing more. Narrow models
     (short k) slow down more than wide ones."""
-    from trainplan.estimate.time import (
+    from trainplan.estimate.gemm_rates import (
         GemmResiduals,
         gemm_depth_residual,
         gemm_efficiency,
@@ -519,7 +519,7 @@ def test_a_profile_fits_the_gemm_shape_of_its_sweeps_and_the_time_model_uses_it(
 
     from trainplan.bench.run import profile_from
     from trainplan.estimate.gemm_shape import GemmShape
-    from trainplan.estimate.time import hardware
+    from trainplan.estimate.hardware import hardware
     from trainplan.plan import conventions, resolve
 
     table = tomllib.loads((Path(__file__).parents[1] / "benchmarks/data/h100_matmul_xla.toml").read_text())

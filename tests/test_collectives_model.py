@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from trainplan.estimate import comm
-from trainplan.estimate.time import collective_choice, hardware, nccl_tuning, step_derivation
+from trainplan.estimate.collectives import collective_choice
+from trainplan.estimate.hardware import hardware, nccl_tuning
+from trainplan.estimate.time import step_derivation
 from trainplan.plan import make_plan, resolve
 
 US = 1e-6

@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 from trainplan.cli import app
 from trainplan.errors import PlanError
 from trainplan.estimate.all_to_all import copies_crossing, crossing_share
-from trainplan.estimate.time import hardware, link, overlapped, step_derivation
+from trainplan.estimate.collectives import link, overlapped
+from trainplan.estimate.hardware import hardware
+from trainplan.estimate.time import step_derivation
 from trainplan.plan import make_plan, resolve
 from trainplan.search import search
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainplan.estimate.time import hardware, layer_pass_times
+from trainplan.estimate.hardware import hardware
+from trainplan.estimate.time import layer_pass_times
 from trainplan.plan import make_plan, resolve
 
 TABLE = tomllib.loads((Path(__file__).parent / "data" / "korthikanti2023_table4.toml").read_text())

@@ -198,10 +198,11 @@ def test_time_model_bulk_equals_scalar():
     stage axis padded with empty stages) equals each layout's own evaluation exactly."""
     from trainplan.estimate import activations as act
     from trainplan.estimate.flops import step_flops
+    from trainplan.estimate.hardware import hardware
     from trainplan.estimate.memory import estimate_memory
     from trainplan.estimate.pipeline import SCHEDULE_CODE
     from trainplan.estimate.recipe import recipe
-    from trainplan.estimate.time import hardware, step_time, step_time_core
+    from trainplan.estimate.time import step_time, step_time_core
 
     rng = np.random.default_rng(0)
     layouts = []
@@ -245,7 +246,7 @@ def test_time_model_bulk_equals_scalar():
 def test_gemm_time_per_distinct_shape_equals_direct():
     """Timing each distinct (tokens, tp, ep) once and gathering gives exactly what timing every
     layout does (the dedup, and the memo for a single layout, are only speed-ups)."""
-    from trainplan.estimate.time import _layer_gemm_time, layer_gemm_time, layer_gemms
+    from trainplan.estimate.gemm_rates import _layer_gemm_time, layer_gemm_time, layer_gemms
     from trainplan.plan import load_model, make_plan
 
     model = load_model(make_plan(model="mixtral-8x7b", gpus=8))
@@ -290,7 +291,7 @@ def test_sequence_parallelism_shards_the_element_wise_work():
     per token and layer here) run on s/t tokens; nothing else in the step changes. Llama-3-8B,
     TP 8, 8 micro-batches of 4,096 tokens: the compute time falls by exactly
     m · L · 3 (forward + backward) · tokens · 10h · (1 - 1/t) · 2 B / HBM bandwidth."""
-    from trainplan.estimate.time import hardware
+    from trainplan.estimate.hardware import hardware
 
     kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, tp=8, gbs=8, mbs=1, seq_len=4096)
     off, on = (evaluate(make_plan(**kw, sp=sp)).time for sp in (False, True))
@@ -305,7 +306,8 @@ def test_flash_attention_efficiency_follows_sequence_length(tmp_path):
     28.4% of peak at 4k, 14.7% at 512, 30.6% from 16k on; log-interpolated between lengths; a
     context-parallel call spans s/cp. Accelerators without a curve keep one figure (B200: the
     default 55%); a profile's measured figure or curve replaces the catalog's."""
-    from trainplan.estimate.time import flash_efficiency, hardware
+    from trainplan.estimate.attention_rates import flash_efficiency
+    from trainplan.estimate.hardware import hardware
 
     h100 = hardware(resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)))
     assert flash_efficiency(h100, np.array([512, 4096, 16384, 65536])) == pytest.approx([0.147, 0.284, 0.306, 0.306])
@@ -337,7 +339,7 @@ def test_flash_attention_pays_for_padded_head_dims():
     the next power of two (flash_attn_triton.py BLOCK_HEADDIM): 80 runs as 128. Same width,
     same FLOPs: 64 heads of 112 are slower than 56 heads of 128 (what MPT-30B's benchmark yaml
     uses) under both kernels."""
-    from trainplan.estimate.time import flash_head_dim
+    from trainplan.estimate.attention_rates import flash_head_dim
 
     assert flash_head_dim(np.array([64, 80, 112, 128, 192]), "flash", 32).tolist() == [64, 96, 128, 128, 192]
     assert flash_head_dim(np.array([8, 64, 80, 112, 128]), "triton", 32).tolist() == [16, 64, 128, 128, 128]
@@ -367,7 +369,7 @@ def test_overlapped_data_parallel_collectives_slow_the_compute_they_overlap():
     than the compute adds what outlasts it plus 18.9% of the compute. For a ZeRO-3 step the
     data-parallel part is exactly m x that for each micro-batch's gathers and scatter, but for
     the first unit's gather, which has no compute before it to hide behind (time.zero3_exposed)."""
-    from trainplan.estimate.time import overlapped
+    from trainplan.estimate.collectives import overlapped
 
     assert overlapped(1.0, 3.0, 0.189) == pytest.approx(0.189)
     assert overlapped(3.0, 1.0, 0.189) == pytest.approx(2.189)
@@ -393,7 +395,8 @@ def test_all_gather_context_parallelism_exposes_its_exchange():
     "exposed in the critical path", and reduce-scatters their gradients after it: per layer and
     micro-batch, 2 collectives of the K/V all-gather's time (3 with a recomputed forward). The
     ring passes the same bytes while attention runs, hidden at 64K tokens."""
-    from trainplan.estimate.time import hardware, link
+    from trainplan.estimate.collectives import link
+    from trainplan.estimate.hardware import hardware
 
     kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=16, cp=16, seq_len=65536, gbs=1)
     ring, gathered = (evaluate(make_plan(**kw, cp_comm=c)).time for c in ("ring", "allgather"))
@@ -414,8 +417,8 @@ def test_fused_loss_moves_and_keeps_fewer_bytes_per_logit():
     workspace; a fused loss reads the bf16 logits once (2 bytes), keeps them (2) and writes a
     bf16 gradient (2). One stage, one micro-batch: the step and the memory differ by exactly
     that, times tokens x vocabulary."""
+    from trainplan.estimate.hardware import hardware
     from trainplan.estimate.memory import estimate_memory
-    from trainplan.estimate.time import hardware
 
     kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, zero=3, gbs=8, seq_len=4096)
     plain, fused = (evaluate(make_plan(**kw, fused_loss=f)) for f in (False, True))
@@ -454,8 +457,9 @@ def test_early_stop_recompute_skips_the_down_projections():
     Llama 3 8B's hardware FLOPs per step drop by tokens x 2 x ffn x hidden x layers and the
     compute by that GEMM's time per layer and micro-batch; a dropout after the down projection
     saves a mask there, so with dropout the whole block is re-run."""
+    from trainplan.estimate.gemm_rates import last_linear_time, layer_gemms
+    from trainplan.estimate.hardware import hardware
     from trainplan.estimate.recipe import recipe
-    from trainplan.estimate.time import hardware, last_linear_time, layer_gemms
 
     kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, zero=3, gbs=16, mbs=1, seq_len=4096,
               framework="fsdp", recompute="full")
@@ -510,7 +514,7 @@ def test_megatron_cross_entropy_moves_its_own_bytes_per_logit():
     fused) passes over an fp32 copy of the logits six times forward (cast, max, subtract, exp,
     sum, divide: 38 bytes per logit) and twice backward (scale, cast back: 14); a fused loss
     moves 2 + 4. One stage, one micro-batch: the compute differs by exactly 46 bytes per logit."""
-    from trainplan.estimate.time import hardware
+    from trainplan.estimate.hardware import hardware
 
     kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=8, zero=1, gbs=8, seq_len=4096, framework="megatron")
     plain, fused = (evaluate(make_plan(**kw, fused_loss=f)) for f in (False, True))
@@ -573,8 +577,9 @@ def test_h100_gemm_shape_fit_is_the_catalogs_and_reproduces_the_measured_table()
     the time model, at training ratio 1, prices every shape within 10% (1.7% on average); the
     former datasheet model (MAMF x tile and wave quantization) missed the shapes of 1024 and
     more by 29% on average and priced short inner dimensions up to 3.7x too fast."""
+    from trainplan.estimate.gemm_rates import _gemm_time
     from trainplan.estimate.gemm_shape import fit_gemm_shape
-    from trainplan.estimate.time import _gemm_time, hardware
+    from trainplan.estimate.hardware import hardware
     from trainplan.plan import conventions
 
     m, n, k, seconds = _h100_matmul_table()
@@ -599,7 +604,7 @@ def test_gemm_shape_fit_applies_to_hopper_and_yields_to_a_measured_profile(tmp_p
     """The fitted shape terms price Hopper GEMMs (H100, H200, H800) unless a calibrated profile
     measured GEMMs on the machine; other accelerators keep tile and wave quantization."""
     from trainplan.estimate.gemm_shape import GemmShape
-    from trainplan.estimate.time import hardware
+    from trainplan.estimate.hardware import hardware
     from trainplan.profile import load_profile
 
     def curve(gpu, profile=None):
@@ -621,7 +626,7 @@ def test_fp8_gemms_reach_the_published_share_of_the_fp8_peak():
     against bf16 80.3%; an fp8 plan's GEMM efficiency is the bf16 one times 0.709 / 0.803, so
     its GEMMs run 1.76x, not 2x, the bf16 speed. Accelerators without a published fp8 figure
     keep the bf16 share."""
-    from trainplan.estimate.time import hardware
+    from trainplan.estimate.hardware import hardware
 
     def hw(gpu, precision):
         return hardware(resolve(make_plan(model="llama-3-8b", gpu=gpu, gpus=8, precision=precision)))
@@ -656,7 +661,8 @@ def test_collective_latency_is_nccls_ring_model():
     protocol): 8.4 us + 3.4 us per hop inside a node + 14.0 us per hop between nodes. An
     all-gather over 512 GPUs on 64 nodes takes 511 hops, 63 between nodes: 2.41 ms; over the 8
     GPUs of one node 32.2 us; an all-reduce goes round twice; a send/recv is one hop."""
-    from trainplan.estimate.time import hardware, link
+    from trainplan.estimate.collectives import link
+    from trainplan.estimate.hardware import hardware
 
     hw = hardware(resolve(make_plan(model="llama-3-8b", gpu="H100-SXM", gpus=8)))
     assert hw.latency == pytest.approx((8.4e-6, 3.4e-6, 14.0e-6, 23e-6, 14e-6))
@@ -686,7 +692,7 @@ def test_the_plan_gives_its_own_links_and_needs_those_it_crosses():
     a quarter of the DGX's, at the same achieved fraction). A plan over links the catalog does not
     give (RTX 4090: no network; TPU v4: no figure for ICI) is refused by name until it gives them;
     it used to be timed over a made-up link (PCIe across nodes) or come out NaN."""
-    from trainplan.estimate.time import hardware
+    from trainplan.estimate.hardware import hardware
 
     kw = dict(model="llama-3-8b", gpus=16, zero=3, framework="fsdp", gbs=64)
     dgx, thin = resolve(make_plan(**kw)), resolve(make_plan(**kw, nic_gbps=100))
@@ -722,7 +728,9 @@ def test_gpus_per_node_default_to_the_accelerators_scale_up_domain():
     an HGX server, 72 for a GB200 NVL72 rack (one NVLink domain), a TPU v5p slice's 6,144 chips
     on ICI (Google's v5p page: the largest single-slice job). On 72 GB200s TP 8 x DP 9 crosses
     no network; on 64 H100s the same cut reduces over the NICs. --gpus-per-node still rules."""
-    from trainplan.estimate.time import hardware, link, step_derivation
+    from trainplan.estimate.collectives import link
+    from trainplan.estimate.hardware import hardware
+    from trainplan.estimate.time import step_derivation
 
     assert (make_plan(gpu="H100-SXM").gpus_per_node, make_plan(gpu="GB200").gpus_per_node,
             make_plan(gpu="TPU-v5p").gpus_per_node) == (8, 72, 6144)
@@ -750,7 +758,9 @@ def test_hybrid_sharding_reduces_inside_the_node_and_all_reduces_the_shards_acro
     each call at the algorithm and protocol NCCL's tuner picks for its size (comm.nccl_call: one
     rank per node, the ring pays the tree's network latency, or the tree runs). The optimizer
     state shards over 8 ranks, not 512. Without hybrid sharding nothing changes."""
-    from trainplan.estimate.time import hardware, link, step_derivation
+    from trainplan.estimate.collectives import link
+    from trainplan.estimate.hardware import hardware
+    from trainplan.estimate.time import step_derivation
 
     kw = dict(model="llama-3-8b", gpu="H100-SXM", gpus=512, zero=3, framework="fsdp", gbs=512)
     full, hybrid = resolve(make_plan(**kw)), resolve(make_plan(**kw, dp_shard=8))
@@ -792,14 +802,14 @@ def test_lora_backward_computes_no_weight_gradients_of_the_frozen_base():
     published LoRA run (performance summary, DGX-H100 BF16: Llama 3.1 8B, rank 16 on every
     linear, 1 GPU, 32 x 4,096 tokens a step in 10.51 s, 12,472.87 tokens/s) the model is within
     6% (+5.3%); priced with the base's weight gradients, as full training, it was 17% too slow."""
-    from trainplan.estimate.time import (
+    from trainplan.estimate.gemm_rates import (
         attention_input_gemms,
-        hardware,
         layer_gemm_time,
         layer_gemms,
         lora_gemms,
-        step_derivation,
     )
+    from trainplan.estimate.hardware import hardware
+    from trainplan.estimate.time import step_derivation
 
     kw = dict(model="llama-3.1-8b", gpu="H100-SXM", gpus=1, gbs=32, mbs=2, seq_len=4096, finetune="lora",
               framework="fsdp", attention="sdpa", lora_rank=16)
@@ -948,7 +958,8 @@ def test_qlora_dequantizes_each_weight_at_every_use():
     4.127 bits and writes 2 bytes per parameter: Llama 3 8B's 218,103,808 layer weights cost
     that pass 3 times a layer under full recompute, which is all QLoRA's step adds to LoRA's
     on one RTX 4090."""
-    from trainplan.estimate.time import hardware, step_derivation
+    from trainplan.estimate.hardware import hardware
+    from trainplan.estimate.time import step_derivation
 
     kw = dict(model="llama-3-8b", gpus=1, gpu="RTX-4090", lora_rank=16, seq_len=2048, recompute="full")
     lay = resolve(make_plan(**kw, finetune="qlora"))
@@ -966,7 +977,7 @@ def test_lora_dropout_costs_a_pass_over_each_adapters_input():
     NeMo AutoModel's published LoRA run, whose config sets dropout 0.1, the step then comes to
     12,448 tokens/s against the published 12,473; its memory, with Triton LoRA kernels, is not
     PEFT's.) Only LoRA and QLoRA take it."""
-    from trainplan.estimate.time import hardware
+    from trainplan.estimate.hardware import hardware
 
     kw = dict(model="llama-3.1-8b", gpu="H100-SXM", gpus=1, gbs=32, mbs=2, seq_len=4096, finetune="lora",
               framework="fsdp", attention="sdpa", lora_rank=16)
@@ -985,7 +996,8 @@ def test_moe_element_wise_work_covers_every_routed_copy():
     experts: Mixtral 8x7B's SwiGLU reads gate and up and writes their product over 2 x 14,336
     per token, not one MLP's 14,336; norms and residual adds over 10 x 4,096, RoPE over
     2 x (4,096 + 1,024)."""
-    from trainplan.estimate.time import hardware, step_derivation
+    from trainplan.estimate.hardware import hardware
+    from trainplan.estimate.time import step_derivation
 
     lay = resolve(make_plan(model="mixtral-8x7b", gpus=8, ep=8, gbs=8, seq_len=4096))
     per_token = 10 * 4096 + 3 * 2 * 14336 + 2 * (4096 + 1024)

@@ -1,11 +1,12 @@
-"""Sharded data parallelism at scale: ZeRO-3 unit by unit (estimate/time.py zero3_exposed), as
+"""Sharded data parallelism at scale: ZeRO-3 unit by unit (estimate/collectives.py zero3_exposed), as
 DeepSpeed runs it, against Megatron's PTD-P on GPT-3 175B."""
 
 import numpy as np
 import pytest
 
+from trainplan.estimate.collectives import recompute_regathered, zero3_exposed
 from trainplan.estimate.recipe import recipe
-from trainplan.estimate.time import recompute_regathered, step_derivation, step_time, zero3_exposed
+from trainplan.estimate.time import step_derivation, step_time
 from trainplan.plan import make_plan, resolve
 from trainplan.search import search
 

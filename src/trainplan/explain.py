@@ -99,7 +99,7 @@ def _t(seconds) -> str:
 def _bus(L, hw) -> str:
     """The bus bandwidth of the data-parallel (ZeRO shard) group and the links it comes from."""
     from .estimate import comm
-    from .estimate.time import link
+    from .estimate.collectives import link
 
     size, gpn = (L.dp_shard if L.zero >= 1 else L.dp) * L.cp, L.plan.gpus_per_node
     bw = link(hw, comm.ALL_GATHER, size, L.tp, gpn)[0]
@@ -124,7 +124,9 @@ def gemm_terms(hw) -> str:
 def explain_time_lines(result: PlanResult) -> list[str]:
     """The step's terms with the plan's numbers: one micro-batch on the slowest stage, by layer
     kind and part, then the pipeline, the data-parallel collectives and the optimizer."""
-    from .estimate.time import flash_efficiency, recomputed_share, step_derivation
+    from .estimate.attention_rates import flash_efficiency
+    from .estimate.stage import recomputed_share
+    from .estimate.time import step_derivation
     from .profile import load_profile
 
     L, p = result.layout, result.layout.plan

@@ -26,19 +26,15 @@ import numpy as np
 
 from .errors import PlanError
 from .estimate import activations as act
+from .estimate.collectives import BACKWARD_PREFETCH_CODE, modules_per_layer
 from .estimate.data import data_step_seconds
 from .estimate.flops import step_flops
+from .estimate.hardware import hardware
 from .estimate.memory import lora_saves, plan_numbers, stage_memory
 from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
 from .estimate.recipe import recipe
-from .estimate.time import (
-    BACKWARD_PREFETCH_CODE,
-    hardware,
-    lora_arguments,
-    modules_per_layer,
-    stage_times,
-    step_from_stages,
-)
+from .estimate.stage import lora_arguments, stage_times
+from .estimate.time import step_from_stages
 from .limits import MAX_SEARCH_LAYOUTS
 from .plan import (
     Plan,

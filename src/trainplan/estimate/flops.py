@@ -132,10 +132,10 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     output head is included; attention_eager: 1 for materialised scores; recompute: the
     RECOMPUTE_CODE (0 none, 1 selective, 2 full, 3 selective-op); causal: halve the attention work;
     skip_last: a full recomputation stops after each block's last saved tensor (see above);
-    lora_targets, lora_rank (LoRA/QLoRA, as `estimate.time.lora_arguments` gives them; None: full
+    lora_targets, lora_rank (LoRA/QLoRA, as `estimate.stage.lora_arguments` gives them; None: full
     training): the base weights are frozen, no weight gradients, and rank-r adapters train on the
     targeted linears; reentrant_checkpoint: see `first_input_grad_skipped`; recompute_share: the
-    share of the layers a full recomputation re-runs (`estimate.time.recomputed_share`);
+    share of the layers a full recomputation re-runs (`estimate.stage.recomputed_share`);
     low_precision_mm: 1 when the linears run in float8 (per-op checkpointing saves them all).
     """
     lf = layer_flops(model)

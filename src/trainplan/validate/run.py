@@ -31,7 +31,7 @@ from ..estimate import activations as act
 from ..estimate.flops import step_flops
 from ..estimate.memory import layout_inputs, numbers_for, stage_memory
 from ..estimate.recipe import recipe
-from ..estimate.time import lora_arguments, recomputed_share
+from ..estimate.stage import lora_arguments, recomputed_share
 from ..plan import DTYPE_BYTES, Layout, Plan, resolve
 from ..specs.model import ModelSpec
 
