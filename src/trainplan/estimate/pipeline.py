@@ -265,6 +265,123 @@ def _dualpipe_order(rank: int, p: int, m: int) -> list[tuple]:
     return order
 
 
+def _dependency(kind: str, i: int, b: int, c: int, *, p: int, v: int, dual: bool, p2p: float):
+    """(key, extra delay) of the op that op `kind` of micro-batch b, chunk c on stage i waits
+    for, or None: a forward, the previous stage's forward of the same micro-batch (or, under
+    interleaving, the last stage's forward of the previous chunk); a backward, the next stage's
+    backward (the first stage's of the next chunk), or on the last stage its own forward; a
+    weight gradient, its own backward. DualPipe's chunk c is the direction the micro-batch runs
+    in (0 from rank 0 to p - 1, 1 back)."""
+    if kind == "W":
+        return ("B", i, b, c), 0.0
+    if dual:
+        step = 1 if c == 0 else -1
+        if kind == "F":
+            prev = i - step
+            return (("F", prev, b, c), p2p) if 0 <= prev < p else None
+        nxt = i + step
+        return (("B", nxt, b, c), p2p) if 0 <= nxt < p else (("F", i, b, c), 0.0)
+    if kind == "F":
+        if i > 0:
+            return ("F", i - 1, b, c), p2p
+        if c > 0:
+            return ("F", p - 1, b, c - 1), p2p
+        return None
+    if i < p - 1:
+        return ("B", i + 1, b, c), p2p
+    if c < v - 1:
+        return ("B", 0, b, c + 1), p2p
+    return ("F", i, b, c), 0.0
+
+
+class _StaticOrder:
+    """Each stage's ops in the order its schedule fixes in advance (`_static_order`, DualPipe's
+    `_dualpipe_order`): (kind, micro-batch, chunk, deferred weight gradient) per op."""
+
+    def __init__(self, orders: list[list[tuple]]):
+        self.orders = orders
+        self.pos = [0] * len(orders)
+        self.deferred: set[tuple] = set()
+        self.total = sum(len(o) for o in orders)
+
+    def candidates(self, i: int) -> list[tuple]:
+        return [self.orders[i][self.pos[i]]] if self.pos[i] < len(self.orders[i]) else []
+
+    def done(self, i: int, kind: str, b: int, c: int, defer: bool) -> int:
+        """Record the op; the change in stage i's micro-batch chunks alive (activations held):
+        a forward adds one, a backward frees it unless its weight gradient is deferred, which
+        then frees it."""
+        self.pos[i] += 1
+        if kind == "F":
+            return 1
+        if kind == "B" and defer:
+            self.deferred.add((i, b, c))
+            return 0
+        return -1 if kind == "B" or (i, b, c) in self.deferred else 0
+
+
+class _ZbH1Order:
+    """ZB-H1's order (Qi et al. 2024 §3.1), decided as the step runs: 1F1B's order for the
+    forwards and backwards (input gradients only), every stage within 1F1B's peak (at most
+    p - i forwards ahead of its backwards, p micro-batches whose weight gradients are pending),
+    and the weight gradients in the idle time."""
+
+    def __init__(self, p: int, m: int):
+        self.p, self.m = p, m
+        self.nf, self.nb = [0] * p, [0] * p  # next forward, next backward per stage
+        self.pending: list[list[int]] = [[] for _ in range(p)]  # micro-batches whose W is pending
+        self.total = 3 * m * p
+
+    def candidates(self, i: int) -> list[tuple]:
+        nf, nb, pending = self.nf[i], self.nb[i], self.pending[i]
+        out = []
+        if nb < nf:
+            out.append(("B", nb, 0, True))
+        outstanding = nf - (nb - len(pending))  # forwards whose W is not done
+        if nf < self.m and nf - nb < self.p - i and outstanding < self.p:
+            out.append(("F", nf, 0, False))
+        if pending:
+            out.append(("W", pending[0], 0, False))
+        return out
+
+    def done(self, i: int, kind: str, b: int, c: int, defer: bool) -> int:
+        if kind == "F":
+            self.nf[i] += 1
+            return 1
+        if kind == "B":
+            self.nb[i] += 1
+            self.pending[i].append(b)
+            return 0
+        self.pending[i].pop(0)
+        return -1
+
+
+PRIORITY = {"B": 0, "F": 1, "W": 2}  # among ops that could start at once on a stage
+
+
+def _next_op(order, free: list[float], done: dict, dependency) -> tuple | None:
+    """The op that starts first over all stages: ((start, priority, kind, micro-batch, chunk,
+    deferred), stage), None if no stage has an op whose dependency is done (a deadlock). On a
+    stage, among the candidates that could start by the earliest of them, the schedule's
+    priority decides."""
+    best = None
+    for i in range(len(free)):
+        cands = []
+        for kind, b, c, defer in order.candidates(i):
+            d = dependency(kind, i, b, c)
+            if d is not None and d[0] not in done:
+                continue
+            ready = 0.0 if d is None else done[d[0]] + d[1]
+            cands.append((max(free[i], ready), PRIORITY[kind], kind, b, c, defer))
+        if not cands:
+            continue
+        start = min(x[0] for x in cands)
+        pick = min((x for x in cands if x[0] <= start), key=lambda x: (x[1], x[0]))
+        if best is None or pick[0] < best[0][0]:
+            best = (pick, i)
+    return best
+
+
 def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1, p2p: float = 0.0,
              wgrad_fraction: float = 0.5, group: int | None = None) -> Timeline:
     """Event simulation of one pipeline step.
@@ -281,55 +398,13 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
     v = int(vpp) if schedule == "interleaved" else (2 if schedule == "dualpipe" else 1)
     fwd = [float(x) for x in np.broadcast_to(np.asarray(fwd, dtype=float), (p,))]
     bwd = [float(x) for x in np.broadcast_to(np.asarray(bwd, dtype=float), (p,))]
-    zb = schedule == "zb"
-    dual = schedule == "dualpipe"
-    done: dict[tuple, float] = {}
-    ops: list[PipeOp] = []
-    free = [0.0] * p
-    busy = [0.0] * p
-    live = [0.0] * p  # micro-batch chunks alive (activations held) per stage
-    peak = [0.0] * p
-    if dual:
-        orders = [_dualpipe_order(i, p, m) for i in range(p)]
-    elif zb:
-        orders = None
+    zb, dual = schedule == "zb", schedule == "dualpipe"
+    if zb:
+        order = _ZbH1Order(p, m)
+    elif dual:
+        order = _StaticOrder([_dualpipe_order(i, p, m) for i in range(p)])
     else:
-        orders = [[(*o, False) for o in _static_order(schedule, i, p, m, v, group)] for i in range(p)]
-    pos = [0] * p
-    deferred: set[tuple] = set()
-    # ZB-H1 state per stage: next forward, next backward, pending weight-grad micro-batches
-    nf, nb = [0] * p, [0] * p
-    pending_w: list[list[int]] = [[] for _ in range(p)]
-
-    def dep(i, kind, b, c):
-        """(key, extra delay) the op waits for, or None."""
-        if kind == "W":
-            return ("B", i, b, c), 0.0
-        if dual:  # c: the direction, 0 from rank 0 to p - 1, 1 back
-            step = 1 if c == 0 else -1
-            if kind == "F":
-                prev = i - step
-                return (("F", prev, b, c), p2p) if 0 <= prev < p else None
-            nxt = i + step
-            return (("B", nxt, b, c), p2p) if 0 <= nxt < p else (("F", i, b, c), 0.0)
-        if kind == "F":
-            if i > 0:
-                return ("F", i - 1, b, c), p2p
-            if c > 0:
-                return ("F", p - 1, b, c - 1), p2p
-            return None
-        if i < p - 1:
-            return ("B", i + 1, b, c), p2p
-        if c < v - 1:
-            return ("B", 0, b, c + 1), p2p
-        return ("F", i, b, c), 0.0
-
-    def ready_at(i, kind, b, c):
-        d = dep(i, kind, b, c)
-        if d is None:
-            return 0.0
-        key, delay = d
-        return done[key] + delay if key in done else None
+        order = _StaticOrder([[(*o, False) for o in _static_order(schedule, i, p, m, v, group)] for i in range(p)])
 
     def duration(i, kind, defer):
         if kind == "F":
@@ -338,38 +413,15 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
             return bwd[i] / v * ((1 - wgrad_fraction) if (zb or defer) else 1.0)
         return bwd[i] / v * wgrad_fraction * (1 if dual else v)
 
-    def candidates(i):
-        if not zb:
-            return [orders[i][pos[i]]] if pos[i] < len(orders[i]) else []
-        out = []
-        if nb[i] < nf[i]:
-            out.append(("B", nb[i], 0, True))
-        # 1F1B's order for F and B; weight gradients wait for idle time. ZB-H1 keeps every
-        # stage within 1F1B's peak, the p micro-batches of stage 0 (Qi et al. 2024 §3.1).
-        outstanding = nf[i] - (nb[i] - len(pending_w[i]))  # forwards whose W is not done
-        if nf[i] < m and nf[i] - nb[i] < p - i and outstanding < p:
-            out.append(("F", nf[i], 0, False))
-        if pending_w[i]:
-            out.append(("W", pending_w[i][0], 0, False))
-        return out
+    def dependency(kind, i, b, c):
+        return _dependency(kind, i, b, c, p=p, v=v, dual=dual, p2p=p2p)
 
-    remaining = sum(len(o) for o in orders) if orders else 3 * m * p
-    priority = {"B": 0, "F": 1, "W": 2}
-    while remaining:
-        best = None
-        for i in range(p):
-            cands = []
-            for kind, b, c, defer in candidates(i):
-                r = ready_at(i, kind, b, c)
-                if r is not None:
-                    cands.append((max(free[i], r), priority[kind], kind, b, c, defer))
-            if not cands:
-                continue
-            start = min(x[0] for x in cands)
-            # among ops that could start by then, the schedule's priority decides
-            pick = min((x for x in cands if x[0] <= start), key=lambda x: (x[1], x[0]))
-            if best is None or pick[0] < best[0][0]:
-                best = (pick, i)
+    done: dict[tuple, float] = {}
+    ops: list[PipeOp] = []
+    free, busy = [0.0] * p, [0.0] * p
+    live, peak = [0.0] * p, [0.0] * p  # micro-batch chunks alive (activations held) per stage
+    for _ in range(order.total):
+        best = _next_op(order, free, done, dependency)
         if best is None:
             raise RuntimeError(f"pipeline schedule {schedule} deadlocked (p={p}, m={m}, v={v})")
         (start, _, kind, b, c, defer), i = best
@@ -378,25 +430,8 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
         done[(kind, i, b, c)] = end
         free[i] = end
         busy[i] += end - start
-        remaining -= 1
-        if kind == "F":
-            live[i] += 1
-            peak[i] = max(peak[i], live[i])
-        if not zb:
-            pos[i] += 1
-            if kind == "B" and defer:
-                deferred.add((i, b, c))
-            elif kind == "B" or (kind == "W" and (i, b, c) in deferred):
-                live[i] -= 1
-        else:
-            if kind == "F":
-                nf[i] += 1
-            elif kind == "B":
-                nb[i] += 1
-                pending_w[i].append(b)
-            else:
-                pending_w[i].pop(0)
-                live[i] -= 1
+        live[i] += order.done(i, kind, b, c, defer)
+        peak[i] = max(peak[i], live[i])
     step = max(op.end for op in ops)
     return Timeline(schedule, p, m, v, ops, step, busy, [x / v for x in peak])
 
