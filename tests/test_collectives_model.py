@@ -80,6 +80,34 @@ def test_ll128_crosses_nodes_where_the_gpu_and_its_nic_share_a_pcie_switch():
     assert np.all(np.isfinite(times[protos == comm.LL128]))
 
 
+def test_calls_across_nodes_keep_to_nccls_per_channel_ceilings():
+    """A channel that crosses nodes runs at one NIC's speed, the highest of NCCL's search speeds
+    the NIC reaches (search.cc: 48 GB/s for 400 Gb/s, 24 for 200 Gb/s), and NCCL caps what a
+    channel carries (tuning.cc): ring LL128 36.7 GB/s on Hopper, 20 on Ampere; the tree 36.0 on
+    Hopper beyond two nodes (41.4 at two), tree LL128 29.0. So across H100 nodes ring LL128 gets
+    36.7 / 48 of the bus bandwidth, not 0.92; on A100 with 200 Gb/s NICs 20 / 24; in a node 0.92."""
+    t = nccl_tuning("H100-SXM", 400.0)
+    assert t.ring_ll128_cap == pytest.approx(36.7 / 48)
+    assert t.tree_cap == pytest.approx((41.4 / 48, 36.0 / 48))
+    assert t.tree_ll128_cap == pytest.approx((36.7 / 48, 29.0 / 48))
+    assert nccl_tuning("A100-80GB-SXM", 200.0).ring_ll128_cap == pytest.approx(20.0 / 24)
+    bw = 360e9
+    times, lats, algos, protos = comm.nccl_candidates(comm.ALL_GATHER, 1e8, 64, 8, 8, bw, t)
+    ll128 = int(np.flatnonzero((algos == comm.RING) & (protos == comm.LL128))[0])
+    assert float(times[ll128]) == pytest.approx(float(lats[ll128]) + 63 / 64 * 1e8 / (bw * 36.7 / 48), rel=1e-12)
+    times, lats, algos, protos = comm.nccl_candidates(comm.ALL_GATHER, 1e8, 8, 1, 8, bw, t)
+    ll128 = int(np.flatnonzero((algos == comm.RING) & (protos == comm.LL128))[0])
+    assert float(times[ll128]) == pytest.approx(float(lats[ll128]) + 7 / 8 * 1e8 / (bw * 0.92), rel=1e-12)
+    # the tree's Simple all-reduce of 256 MB (no size correction left: 0.9) over 1,024 nodes,
+    # one NIC each: 0.75 of the bus bandwidth each way instead of NCCL's 0.92 share
+    times, lats, algos, protos = comm.nccl_candidates(comm.ALL_REDUCE, 2.0 ** 28, 1024, 1024, 1, 45e9, t)
+    tree = int(np.flatnonzero((algos == comm.TREE) & (protos == comm.SIMPLE))[0])
+    assert float(times[tree]) == pytest.approx(float(lats[tree]) + 2 * 2.0 ** 28 / (45e9 * 0.75 * 0.9), rel=1e-12)
+    # no NIC, or an accelerator NCCL does not tune for: no ceiling
+    assert nccl_tuning("H100-SXM").ring_ll128_cap == np.inf
+    assert nccl_tuning("MI300X", 400.0).ring_ll128_cap == np.inf
+
+
 def test_array_and_scalar_agree():
     """Search evaluates millions of layouts through the same code: arrays of group sizes give,
     element by element, what each scalar gives."""

@@ -124,6 +124,11 @@ class NcclTuning:
     pat_share: float
     nvls: float  # NVLS (in-network reduction) step, and its tree's network step
     nvls_tree_net: float
+    # across nodes, what NCCL's per-channel ceilings leave of a channel's network speed: ring
+    # LL128, and the tree's and tree LL128's at two nodes and at more (inf: no ceiling)
+    ring_ll128_cap: float = float("inf")
+    tree_cap: tuple = (float("inf"), float("inf"))
+    tree_ll128_cap: tuple = (float("inf"), float("inf"))
 
 
 def _log2i(x):
@@ -140,9 +145,12 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
       between nodes at the network latency (the tree's when one rank sits on each node), the
       others at the NVLink one, at least the network's post overhead; a multi-node all-reduce's
       Simple latency x1.4 (its "plateau"). LL moves half the bytes per line, capped at NCCL's LL
-      ceiling; LL128 120 of 128 (across nodes only where `ll128_across_nodes`).
+      ceiling; LL128 120 of 128 (across nodes only where `ll128_across_nodes`, and no more than
+      NCCL's per-channel LL128 ceiling leaves of a network channel: `ring_ll128_cap`).
     * tree (all-reduce only): 2 x (a chain through the node's ranks + log2(nodes) network hops),
-      half the bus bandwidth each way (x0.92, NCCL's tree share), with its medium-size correction.
+      half the bus bandwidth each way (x0.92, NCCL's tree share, across nodes at most its
+      per-channel ceiling's share, `tree_cap`; LL128 x120/128 at most `tree_ll128_cap`), with its
+      medium-size correction.
     * PAT (all-gather / reduce-scatter with one rank per node): log2(nodes) network steps at a
       3.5th of their latency, 2.8 us per rank, 0.75 of the bandwidth.
     * NVLS (all-reduce done in the network, `sharp`): one NVLink SHARP step and its tree across
@@ -180,7 +188,7 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
             if p == SIMPLE:
                 secs = lat + wire
             elif p == LL128:
-                secs = lat + wire / t.ll128_share
+                secs = lat + wire / np.where(multi, min(t.ll128_share, t.ring_ll128_cap), t.ll128_share)
                 if not t.ll128_across_nodes:
                     secs = np.where(multi, np.inf, secs)
             else:
@@ -189,12 +197,15 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
     if ar:
         size_class = np.minimum(_log2i(np.maximum(nbytes, 64.0) / 64), len(t.tree_correction[0])).astype(int)
         log_nodes = _log2i(nodes)
-        tree_bw = t.tree_share * busbw
+        two = nodes <= 2  # NCCL's ceilings at two nodes, else at more
+        tree_bw = busbw * np.where(multi, np.minimum(t.tree_share, np.where(two, *t.tree_cap)), t.tree_share)
+        tree_ll128_max = busbw * np.where(multi, np.where(two, *t.tree_ll128_cap), np.inf)
         for p in (LL, LL128, SIMPLE):
             corr = np.append(np.asarray(t.tree_correction[p], dtype=float), 1.0)[size_class]
             lat = t.tree_base[p] + 2 * ((per_node - 1) * t.tree_nvlink[p] + log_nodes * t.tree_net[p])
             bw = {LL: np.minimum(tree_bw * t.tree_ll_share, ll_max),
-                  LL128: tree_bw * (7.0 / 9.0 + multi * (t.tree_ll128_share - 7.0 / 9.0)), SIMPLE: tree_bw}[p]
+                  LL128: np.minimum(tree_bw * (7.0 / 9.0 + multi * (t.tree_ll128_share - 7.0 / 9.0)), tree_ll128_max),
+                  SIMPLE: tree_bw}[p]
             secs = lat + 2 * nbytes / (bw * corr)  # the tree's algorithm bandwidth: half its bus bandwidth
             if p == LL128 and not t.ll128_across_nodes:
                 secs = np.where(multi, np.inf, secs)

@@ -36,7 +36,7 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
                          for k in ("base", "nvlink_step", "net_step", "nvls", "nvls_tree_net_step")),
         "flash_head_dim_multiple": eff["flash_head_dim_multiple"],
         "overlap_slowdown": eff["overlap_compute_slowdown"],
-        "nccl": nccl_tuning(name),
+        "nccl": nccl_tuning(name, float(layout.gpu.nic_gbps or 0.0)),
         "a2a_nvlink": eff["all_to_all"]["nvlink"],
     }
     if profile:
@@ -68,9 +68,10 @@ def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
 
 
 @lru_cache(maxsize=64)
-def nccl_tuning(gpu_name: str) -> comm.NcclTuning:
+def nccl_tuning(gpu_name: str, nic_gbps: float = 0.0) -> comm.NcclTuning:
     """NCCL's tuning constants for this accelerator (conventions.toml [efficiency.nccl] and
-    [efficiency.nccl_latency_us]), in seconds and bytes/s."""
+    [efficiency.nccl_latency_us]), in seconds and bytes/s; `nic_gbps`, its NIC's line rate, sets
+    the per-channel ceilings of calls that cross nodes (`channel_caps`)."""
     eff = conventions()["efficiency"]
     c, lat = eff["nccl"], eff["nccl_latency_us"]
     us = lambda key: tuple(x * 1e-6 for x in c[key])  # noqa: E731
@@ -85,7 +86,24 @@ def nccl_tuning(gpu_name: str) -> comm.NcclTuning:
         tree_ll128_share=c["tree_ll128_share"], tree_correction=tuple(tuple(r) for r in c["tree_correction"]),
         pat_base=c["pat_base_us"] * 1e-6, pat_per_rank=c["pat_per_rank_us"] * 1e-6,
         pat_net_divisor=c["pat_net_divisor"], pat_share=c["pat_share"], nvls=lat["nvls"] * 1e-6,
-        nvls_tree_net=lat["nvls_tree_net_step"] * 1e-6)
+        nvls_tree_net=lat["nvls_tree_net_step"] * 1e-6, **channel_caps(c, gpu_name, nic_gbps))
+
+
+def channel_caps(c: dict, gpu_name: str, nic_gbps: float) -> dict:
+    """The shares of a channel's network speed NCCL's per-channel ceilings leave ring LL128, the
+    tree and tree LL128 on calls that cross nodes (conventions.toml [efficiency.nccl]
+    *_channel_max_gbs): each ceiling over the speed NCCL's search gives a channel through one
+    NIC, the highest of its speeds the NIC's line rate reaches; the tree's at two nodes and at
+    more. None where the accelerator has no NCCL generation or no NIC (no ceiling)."""
+    gen = c["generation"].get(gpu_name)
+    if gen is None or nic_gbps <= 0:
+        return {}
+    speeds = c["net_channel_speeds_gbs"].get(gen, c["net_channel_speeds_gbs"]["default"])
+    line = nic_gbps / 8
+    speed = max((s for s in speeds if s <= line), default=min(speeds))
+    return {"ring_ll128_cap": c["ring_ll128_channel_max_gbs"][gen] / speed,
+            "tree_cap": tuple(x / speed for x in c["tree_channel_max_gbs"][gen]),
+            "tree_ll128_cap": tuple(x / speed for x in c["tree_ll128_channel_max_gbs"][gen])}
 
 
 @dataclass(frozen=True)
