@@ -351,11 +351,13 @@ def _torchtitan(data: list[dict]) -> str:
     eager = [v for k, v in e.items() if k.endswith("FSDP, 8 GPUs, s 8,192") or k.endswith("FSDP, 128 GPUs, s 8,192")]
     return ("The held-out torchtitan rows are all predicted too fast "
             f"({min(e.values()):+.0%} to {max(e.values()):+.0%}): they ran on H100s with 96 GB of HBM2e at a\n"
-            "500 W power limit, whose peak its authors put between the SXM's and the NVL's, priced here as the\n"
-            "catalog's 700 W H100 SXM; without torch.compile (eager elementwise kernels, which the model does not\n"
-            f"price) the 8B rows are {min(eager):+.0%} and {max(eager):+.0%}, and torch.compile, which the model does not\n"
-            "price either, makes the published rows 14-16% faster. Being another part than the catalog's, they are\n"
-            "left out of the error `plan` reports for the H100 SXM.\n")
+            "500 W power limit, priced on the catalog's H100-SXM-96GB: its 2.4 TB/s of HBM2e (the benchmark's own\n"
+            "figure) but the 700 W SXM's peak FLOP/s, since its authors put the peak only \"between SXM and NVL\" and no\n"
+            "source gives the clocks a 500 W limit sustains. Without torch.compile (eager elementwise kernels, which\n"
+            f"the model does not price) the 8B rows are {min(eager):+.0%} and {max(eager):+.0%}, and torch.compile, which the model\n"
+            "does not price either, makes the published rows 14-16% faster. Their selective checkpointing is\n"
+            "torchtitan's per-op policy, priced as such (`--recompute selective-op`). Being another part than the\n"
+            "catalog's H100 SXM, they are left out of the error `plan` reports for it.\n")
 
 
 def _torchtitan_memory(cfg: dict) -> str:

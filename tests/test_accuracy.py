@@ -412,12 +412,14 @@ def test_held_out_bloom_and_opt_rows(published):
 
 
 def test_held_out_torchtitan_rows(published):
-    """torchtitan's Llama 3.1 tables (H100 96GB HBM2e at 500 W, priced as the 700 W H100 SXM): all
-    12 rows predicted too fast, 38.8% mean and 69.6% worst (8B at 262,144 tokens, CP 8) in
-    docs/accuracy.md; held within half a point."""
+    """torchtitan's Llama 3.1 tables (H100 96GB HBM2e at 500 W), priced on the catalog's
+    H100-SXM-96GB (2.4 TB/s of HBM2e, as the benchmark states; the SXM's peak FLOP/s): all 12 rows
+    predicted too fast, 34.5% mean and 68.8% worst (8B at 262,144 tokens, CP 8) in docs/accuracy.md
+    (38.8% and 69.6% at the H100 SXM's 3.35 TB/s); held within half a point."""
     e = errors(published, "torchtitan_h100")
-    assert len(e) == 12 and np.all(e > 0.15)
-    assert np.abs(e).mean() == pytest.approx(0.388, abs=0.005) and np.abs(e).max() == pytest.approx(0.696, abs=0.005)
+    assert len(e) == 12 and np.all(e > 0.14)
+    assert {r["gpu"] for r in published if r["source"] == "torchtitan_h100"} == {"H100-SXM-96GB"}
+    assert np.abs(e).mean() == pytest.approx(0.345, abs=0.005) and np.abs(e).max() == pytest.approx(0.688, abs=0.005)
 
 
 def test_pipeline_engine_is_deepspeeds_for_its_1f1b_schedule():

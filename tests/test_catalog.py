@@ -87,6 +87,7 @@ def test_exact_counts_of_well_known_models():
     ("H100-SXM", 80, 989, 3.35),  # NVIDIA H100 SXM datasheet (989.4 TF bf16 dense, 3.35 TB/s)
     ("A100-80GB-SXM", 80, 312, 2.039),  # NVIDIA A100 datasheet
     ("H200-SXM", 141, 989, 4.8),
+    ("H100-SXM-96GB", 96, 989, 2.4),  # torchtitan's Grand Teton H100s: 96GB HBM2e, 2.4 TB/s (SXM peak kept)
     ("B200", 180, 2250, 8.0),
     ("MI300X", 192, 1307, 5.3),
 ])

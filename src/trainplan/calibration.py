@@ -76,12 +76,12 @@ not give are chosen by one rule for all rows, never fitted per row:
   mixed_precision_reduce float32), bf16 or, for its Float8 rows, fp8 linears (torchao's
   Float8Linear, priced as the fp8 convention); PyTorch's SDPA (FlashAttention-2 on H100) and
   fp32 cross-entropy; torch.optim.AdamW without --optimizer.fused (foreach), max_norm 1.0;
-  selective per-op checkpointing priced as selective recomputation; torch.compile as fused
+  selective per-op checkpointing priced as such (selective-op); torch.compile as fused
   kernels (which the time model does not price; the rows with and without it are predicted
   alike); sequence parallelism with TP, AsyncTP as overlapped TP collectives; context
   parallelism all-gathering K/V (its default rotate method); every row priced on the
-  catalog's H100 SXM (700 W, HBM3): the runs' 500 W HBM2e parts are slower, which the catalog
-  cannot say.
+  catalog's H100-SXM-96GB (the runs' part: 2.4 TB/s of HBM2e, as the benchmark states) at the
+  700 W SXM's peak FLOP/s: the clocks a 500 W limit sustains are published nowhere.
 
 Each source is compared on the figure it measured (throughput per GPU, or iteration time),
 counted its way: FLOP rates with the source's own FLOP formula (Narayanan et al.'s 96-count,
@@ -164,9 +164,9 @@ def rows(path: str | Path, profiles: dict[str, str] | None = None, attention: st
 SELECTIONS = ("mosaicml_h100", "mosaicml_a100")
 # tables a training ratio is fitted on (conventions.toml [efficiency]); every other one is held out
 FITTED = ("narayanan2021", "megatron_core_h100")
-# tables run on a part its catalog accelerator only approximates (torchtitan's H100s: 96 GB of
-# HBM2e at a 500 W power limit, priced as the 700 W H100 SXM): shown in docs/accuracy.md, not
-# counted in the error `plan` reports for the catalog's accelerator
+# tables run on a part the catalog only approximates (torchtitan's H100s, H100-SXM-96GB: 96 GB of
+# HBM2e at 2.4 TB/s and a 500 W power limit, at the SXM's peak FLOP/s, which no source gives for
+# that limit): shown in docs/accuracy.md, not counted in the error `plan` reports
 OTHER_PARTS = ("torchtitan_h100",)
 
 
@@ -179,6 +179,8 @@ def errors_by_gpu(data: list[dict]) -> dict:
     out = {}
     for gpu in sorted({r["gpu"] for r in data}):
         mine = [r for r in data if r["gpu"] == gpu and r["source"] not in SELECTIONS + OTHER_PARTS]
+        if not mine:
+            continue
         e = np.abs([r["predicted"] / r["published"] - 1 for r in mine])
         out[catalog.gpu(gpu).name] = {"runs": int(e.size), "fitted_runs": sum(r["source"] in FITTED for r in mine),
                                       "moe_runs": sum(bool(r.get("moe")) for r in mine),
