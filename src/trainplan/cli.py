@@ -90,6 +90,53 @@ app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True,
                   pretty_exceptions_enable=False, help="Plan and measure large-language-model training on GPUs.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"trainplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _top(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print trainplan's version and exit")] = False) -> None:
+    """Plan and measure large-language-model training on GPUs."""
+
+
+FROM_HELP = ("A configuration to plan: a Megatron-LM launch script or arguments file, a DeepSpeed JSON (with "
+             "--model or --hf-config: it names no model) or a torchtitan job (0.3's --module/--config command "
+             "line, or a TOML job file). Options given alongside override the file's settings; what the file sets "
+             "that trainplan does not understand is listed on stderr (docs/imports.md)")
+HF_CONFIG_HELP = "The model's Hugging Face config.json (as --model PATH does), e.g. beside a DeepSpeed --from"
+
+
+def _given_options(ctx, options: dict) -> dict:
+    """The plan options set on the command line (not the defaults)."""
+    def given(name):
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name == "COMMANDLINE"
+
+    return {k: v for k, v in options.items() if given(k)}
+
+
+def _options_from(ctx, options: dict, from_file: str | None, hf_config: str | None) -> tuple[dict, dict | None]:
+    """The plan options: as given, or a configuration file's with those given on top; the
+    file's notes and what it did not understand on stderr."""
+    from .api import plan_options
+
+    if from_file is None and hf_config is None:
+        return options, None
+    messages: list[str] = []
+    given = _given_options(ctx, options)
+    if not from_file:  # --hf-config alone: every option as given or defaulted, the model from the file
+        given = {**{k: v for k, v in options.items() if k != "model"}, **given}
+    merged, report = plan_options(given, from_file, hf_config, messages)
+    for line in messages:
+        typer.echo(line, err=True)
+    return merged, report
+
+
 def _fail(err: PlanError) -> None:
     typer.echo(f"error: {_one_line(err)}", err=True)
     raise typer.Exit(EXIT_BAD_INPUT)
@@ -259,7 +306,10 @@ def with_plan_options(fn):
 @app.command()
 @with_plan_options
 def plan(
+    ctx: typer.Context,
     options: dict,
+    from_file: Annotated[str | None, typer.Option("--from", help=FROM_HELP)] = None,
+    hf_config: Annotated[str | None, typer.Option("--hf-config", help=HF_CONFIG_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="Print each term's formula with numbers")] = False,
     timeline: Annotated[str | None, typer.Option(help="Draw the simulated pipeline schedule to a .png or .svg file")] = None,
@@ -272,8 +322,11 @@ def plan(
     try:
         if timeline is not None:
             check_output_path(timeline, "timeline")  # before any work
+        options, imported = _options_from(ctx, options, from_file, hf_config)
         result = evaluate(make_plan(**options))
         data = to_json(result)
+        if imported is not None:
+            data["import"] = imported
     except PlanError as err:
         _fail(err)
     if timeline:
@@ -385,6 +438,8 @@ def search(
     days: Annotated[float | None, typer.Option(help=f"Deadline for --min-gpus, in days (more than 0, at most {MAX_DAYS:,})")] = None,
     compare_gpus: Annotated[str | None, typer.Option(help="Compare accelerators instead of --gpu: the best layout on each of these (comma-separated, or all), ranked by --objective; with --min-gpus, the fewest of each that meet --days")] = None,
     export_to: Annotated[str | None, typer.Option("--export", help="Print the best layout's megatron / deepspeed / torchtitan config")] = None,
+    from_file: Annotated[str | None, typer.Option("--from", help=FROM_HELP + "; its model, batch, precision and optimizer are kept, its layout searched unless given alongside")] = None,
+    hf_config: Annotated[str | None, typer.Option("--hf-config", help=HF_CONFIG_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON")] = False,
 ) -> None:
     """Find the fastest (or cheapest) layout that fits: layout options you give stay fixed,
@@ -408,6 +463,7 @@ def search(
             raise PlanError("max_tp", f"must be an integer from 1 to {MAX_GPUS:,} (got {max_tp})")
         if export_to is not None and export_to not in EXPORT_TARGETS:
             raise PlanError("export", f"must be one of {', '.join(EXPORT_TARGETS)} (got {export_to!r:.40})")
+        options, imported = _options_from(ctx, options, from_file, hf_config)
         plan_ = make_plan(**options)
         _read_inputs(plan_)
         if compare_gpus is not None:
@@ -434,6 +490,8 @@ def search(
         typer.echo(text, nl=False)
         return
     if as_json:
+        if imported is not None:
+            data["import"] = imported
         _echo_json(data)
         return
     from .render import render_search

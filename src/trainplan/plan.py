@@ -47,7 +47,7 @@ from .plan_types import (
     RecomputeModule,
     Schedule,
 )
-from .specs import catalog, hf
+from .specs import catalog, hf, hf_cache
 from .specs.hardware import GPUSpec
 from .specs.model import LORA_TARGETS, ModelSpec
 
@@ -345,10 +345,25 @@ def _model_from_path(path: str) -> ModelSpec:
     return _model_from_file(path, st.st_mtime_ns, st.st_size)
 
 
+def _model_from_hub_cache(repo_id: str) -> ModelSpec:
+    path = hf_cache.config_path(repo_id)
+    st = path.stat()
+    return _model_from_cached_config(repo_id, str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=64)
+def _model_from_cached_config(repo_id: str, path: str, mtime_ns: int, size: int) -> ModelSpec:
+    from .files import read_json_file
+
+    return hf.from_dict(read_json_file(path, "model"), name=repo_id, source=f"Hugging Face config.json at {path}")
+
+
 def load_model(plan: Plan) -> ModelSpec:
     if plan.hf_config is not None:
         return hf.from_dict(plan.hf_config, name=plan.hf_config.get("_name_or_path") or "custom")
     name = plan.model
+    if hf_cache.is_repo_id(name):  # a Hugging Face model id: its config.json in the local cache
+        return _model_from_hub_cache(name)
     if looks_like_path(name):  # never a file that merely shares a catalog name
         return _model_from_path(name)
     try:
@@ -795,3 +810,9 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         stage_dense_layers=stage_dense, stage_moe_layers=stage_moe,
         vocab_padded=vocab_padded, warnings=warnings, warning_details=details,
     )
+
+
+# `from trainplan import plan` is also the Python API's function (trainplan/api.py)
+from .api import make_callable  # noqa: E402
+
+make_callable(__name__)

@@ -822,3 +822,9 @@ def max_model(plan: Plan, strategies: dict | None = None, hidden_step: int = 128
         best = family_model(lo * hidden_step)
         out.append({"strategy": name, "params": best.params, "hidden": best.hidden, "layers": best.layers})
     return {"gpus": gpus, "gpu": plan.gpu, "results": out}
+
+
+# `from trainplan import search` is also the Python API's function (trainplan/api.py)
+from .api import make_callable  # noqa: E402
+
+make_callable(__name__)

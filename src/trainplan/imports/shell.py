@@ -1,0 +1,222 @@
+"""The words of a launch script's training command, read without running it.
+
+A Megatron-LM launch script is bash: variables (`TP=8`, `${TP:-8}`, `$((A*B))`), arrays
+(`ARGS=( --a 1 )`, `ARGS+=(...)`, `"${ARGS[@]}"`), backslash continuations, comments and
+`if [[ "$X" == "y" ]]; then ... else ... fi` around some of them. `command_words` follows
+that much of bash (assignments in order, the branch whose test it can decide) and returns the
+words after the Python script of the `torchrun`/`python` line; what it cannot decide is
+reported in `unsure`, never guessed silently.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from ..errors import PlanError
+
+_ASSIGN = re.compile(r"^(?:export\s+|declare\s+(?:-\w+\s+)*|local\s+)?([A-Za-z_]\w*)(\+?)=(.*)$", re.S)
+_VAR = re.compile(r"\$\{([A-Za-z_]\w*)(\[@\]|\[\*\])?(?::?([-=])((?:[^{}]|\{[^{}]*\})*))?\}|\$([A-Za-z_]\w*|\d)")
+_ARITH = re.compile(r"\$\(\(([^()]*)\)\)")
+_COMMAND_SUB = re.compile(r"\$\([^()]*\)|`[^`]*`")
+_TEST = re.compile(r"""^\[\[?\s*(?P<a>"[^"]*"|'[^']*'|\S+)\s*(?P<op>==|=|!=)\s*(?P<b>"[^"]*"|'[^']*'|\S+)\s*\]?\]$""")
+_TEST_FILE = re.compile(r"""^\[\[?\s*(?P<neg>!\s+)?-[fde]\s+\S+\s*\]?\]$""")
+_TEST_EMPTY = re.compile(r"""^\[\[?\s*(?P<op>-n|-z)\s+(?P<a>"[^"]*"|'[^']*'|\S+)\s*\]?\]$""")
+
+
+@dataclass
+class ShellRead:
+    """What a script runs: its command's words, and what could not be decided."""
+
+    words: list[str]
+    script: str | None  # the Python script the words are passed to (pretrain_gpt.py), if any
+    unsure: list[str] = field(default_factory=list)
+    launcher: list[str] = field(default_factory=list)  # the words before the script (torchrun and its flags)
+
+
+def _statements(text: str) -> list[str]:
+    """The script as statements: continuations joined, comments dropped, arrays kept whole."""
+    text = re.sub(r"\\\r?\n", " ", text)
+    out, pending, depth = [], "", 0
+    for raw in text.splitlines():
+        line = _strip_comment(raw).strip()
+        if not line:
+            continue
+        pending = f"{pending} {line}" if pending else line
+        depth += line.count("(") - line.count(")")
+        if depth > 0:
+            continue
+        depth = 0
+        out += [s.strip() for s in _split_semicolons(pending) if s.strip()]
+        pending = ""
+    if pending:
+        out.append(pending)
+    return out
+
+
+def _strip_comment(line: str) -> str:
+    """The line without its comment: a `#` that starts a word outside quotes."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t(") and not line[i - 1:i + 1] == "$#":
+            return line[:i]
+    return line
+
+
+def _split_semicolons(s: str) -> list[str]:
+    parts, quote, cur = [], None, ""
+    for ch in s:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == ";":
+            parts.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return parts + [cur]
+
+
+class _Shell:
+    def __init__(self, positional: list[str] | None = None):
+        self.vars: dict[str, list[str] | str] = {}
+        self.positional = positional or []
+        self.unsure: list[str] = []
+
+    def value(self, name: str) -> str:
+        if name.isdigit():
+            i = int(name)
+            return self.positional[i - 1] if 0 < i <= len(self.positional) else ""
+        v = self.vars.get(name, "")
+        return " ".join(v) if isinstance(v, list) else v
+
+    def expand(self, s: str) -> str:
+        """Variables, defaults (${X:-d}), arithmetic ($((...))); command substitutions become empty."""
+        def arith(m):
+            expr = self.expand(m.group(1).replace("$", ""))
+            expr = re.sub(r"[A-Za-z_]\w*", lambda v: self.value(v.group(0)) or "0", expr)
+            if re.fullmatch(r"[\d\s+\-*/%()]+", expr):
+                try:
+                    return str(int(eval(expr.replace("/", "//"), {"__builtins__": {}})))  # digits and operators only
+                except (SyntaxError, ZeroDivisionError):
+                    pass
+            self.unsure.append(f"$(({m.group(1)}))")
+            return ""
+
+        def var(m):
+            name = m.group(1) or m.group(5)
+            v = self.value(name)
+            if m.group(3) and not v:
+                v = self.expand(m.group(4) or "")
+                if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+                    v = v[1:-1]
+                if m.group(3) == "=":
+                    self.vars[name] = v
+            return v
+
+        s = _ARITH.sub(arith, s)
+        s = _COMMAND_SUB.sub("", s)
+        return _VAR.sub(var, s)
+
+    def words(self, s: str) -> list[str]:
+        """Expanded, then split as bash splits unquoted expansions (quotes respected)."""
+        try:
+            return shlex.split(self.expand(s), comments=False)
+        except ValueError as exc:
+            raise PlanError("from", f"cannot read the shell words {s[:80]!r} ({exc})") from None
+
+    def test(self, cond: str) -> bool | None:
+        """A test bash would run: [[ "$A" == "b" ]], [ -n "$X" ], joined by || or &&; None if undecidable."""
+        cond = cond.strip()
+        for op in ("||", "&&"):
+            if op in cond:
+                parts = [self.test(c) for c in cond.split(op)]
+                if None in parts:
+                    return None
+                return any(parts) if op == "||" else all(parts)
+        m = _TEST.match(cond)
+        if m:
+            a, b = (self.words(m.group(k)) for k in ("a", "b"))
+            equal = " ".join(a) == " ".join(b)
+            return equal if m.group("op") != "!=" else not equal
+        m = _TEST_FILE.match(cond)
+        if m:  # a guard that the script's files exist: read as a script run where it belongs
+            return not m.group("neg")
+        m = _TEST_EMPTY.match(cond)
+        if m:
+            empty = not " ".join(self.words(m.group("a")))
+            return empty if m.group("op") == "-z" else not empty
+        return None
+
+
+def command_words(text: str, positional: list[str] | None = None) -> ShellRead:
+    """The words given to the script's Python program (after `pretrain_gpt.py`), or, for a
+    plain arguments file, every word of its statements that start with an option."""
+    sh = _Shell(positional)
+    stack: list[bool] = []  # the state of each enclosing if: are we in the branch taken?
+    taken: list[bool] = []  # has a branch of each enclosing if been taken?
+    found: ShellRead | None = None
+    plain: list[str] = []
+    for st in _statements(text):
+        head = st.split(None, 1)[0]
+        rest = st[len(head):].strip()
+        if head in ("if", "elif"):
+            cond = rest.removesuffix("then").strip()
+            outer = all(stack[:-1]) if head == "elif" else all(stack)
+            decided = sh.test(cond) if outer else False
+            if decided is None:
+                sh.unsure.append(f"the condition {cond!r} (its branch was read)")
+                decided = True
+            if head == "if":
+                stack.append(decided)
+                taken.append(decided)
+            else:
+                stack[-1] = decided and not taken[-1]
+                taken[-1] = taken[-1] or decided
+            continue
+        if head == "then":
+            if rest:
+                st, head = rest, rest.split(None, 1)[0]
+            else:
+                continue
+        if head == "else" and stack:
+            stack[-1] = not taken[-1]
+            taken[-1] = True
+            if not rest:
+                continue
+            st, head = rest, rest.split(None, 1)[0]
+        if head == "fi" and stack:
+            stack.pop()
+            taken.pop()
+            continue
+        if not all(stack):
+            continue
+        m = _ASSIGN.match(st)
+        if m:
+            name, append, value = m.groups()
+            value = value.strip()
+            if value.startswith("(") and value.endswith(")"):
+                items = sh.words(value[1:-1])
+                old = sh.vars.get(name, []) if append else []
+                sh.vars[name] = (old if isinstance(old, list) else [old]) + items
+            else:
+                words = sh.words(value) if value else [""]
+                sh.vars[name] = (sh.value(name) if append else "") + " ".join(words)
+            continue
+        words = sh.words(st)
+        script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
+        if script is not None and any(w.startswith("--") for w in words[script + 1:]):
+            found = ShellRead(words[script + 1:], words[script], [], words[:script])
+        elif words and words[0].startswith("--"):
+            plain += words
+    if found is None:
+        found = ShellRead(plain, None, [])
+    found.unsure = sh.unsure
+    return found

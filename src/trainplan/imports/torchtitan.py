@@ -1,0 +1,397 @@
+"""torchtitan jobs as plans: 0.3's command line (`--module llama3 --config llama3_8b` and dotted
+overrides such as `--parallelism.tensor_parallel_degree 8`), and the TOML job files of
+earlier releases ([model], [training], [parallelism], [activation_checkpoint] ...).
+
+0.3 builds its job from a Python function of the module's config_registry: the reader calls
+that function (torchtitan is then needed: the `frameworks` extra) and applies the overrides.
+Both forms become the same sections, read by one function, with torchtitan's meaning
+(torchtitan/trainer.py: the global batch is local_batch_size x the data-parallel degree unless
+global_batch_size says otherwise, the rest is gradient accumulation;
+distributed/pipeline_parallel.py: multi-stage schedules run 2 stages per rank unless
+pipeline_parallel_layers_per_stage sets them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import tomllib
+from pathlib import Path
+
+from ..errors import PlanError
+from . import Imported, bad
+from .shell import _Shell, _statements
+
+# torchtitan's (model name, flavor) -> the catalog's model of the same configuration
+# (torchtitan/models/*/__init__.py model_registry; the Llama 3 flavors are Llama 3.1's, with its
+# 131,072-token context and assets)
+FLAVORS = {
+    ("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b", ("llama3", "405B"): "llama-3.1-405b",
+    ("llama2", "7B"): "llama-2-7b", ("llama2", "13B"): "llama-2-13b", ("llama2", "70B"): "llama-2-70b",
+    ("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+}
+# torch.distributed.pipelining schedule names (schedules.py get_schedule_class) -> the planner's
+SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved", "interleavedzerobubble": "zb",
+             "loopedbfs": "looped_bfs", "zbvzerobubble": "zbv", "dualpipev": "dualpipev"}
+MULTI_STAGE = ("interleaved", "looped_bfs", "zbv", "dualpipev", "zb")
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+# read, and not part of a plan
+NOT_PLANNED_SECTIONS = {"job", "profiling", "profiler", "metrics", "lr_scheduler", "checkpoint", "validation",
+                        "validator", "comm", "debug", "fault_tolerance", "experimental", "memory_estimation",
+                        "dataloader", "tokenizer"}
+NOT_PLANNED_KEYS = {
+    "model": {"tokenizer_path", "hf_assets_path", "print_after_conversion", "converters"},
+    "training": {"steps", "dataset", "dataset_path", "compile", "gc_freq", "gc_debug", "seed", "deterministic",
+                 "warmup_steps", "disable_cuda_graphs", "dtype"},
+    "optimizer": {"lr", "eps", "weight_decay", "beta1", "beta2", "early_step_in_backward", "implementation"},
+    "parallelism": {"enable_compiled_autograd", "spmd_backend", "context_parallel_load_balancer",
+                    "context_parallel_ptrr_mask_key", "pipeline_parallel_schedule_csv", "pipeline_parallel_split_points",
+                    "module_fqns_per_model_part", "enable_fsdp_symm_mem", "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage"},
+    "activation_checkpoint": {"selective_ac_option", "preserve_rng_state", "determinism_check", "debug",
+                              "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop"},
+    "compile": {"enable", "components", "backend"},
+    "float8": {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp", "filter_fqns",
+               "recipe_name", "emulate", "force_recompute_fp8_weight_in_bwd"},
+}
+
+
+def _toml_sections(text: str, path: Path) -> dict:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError("from", f"{path} is not valid TOML ({exc})") from None
+    # [quantize.linear.float8] (later TOML files) is [float8] of earlier ones
+    float8 = data.get("quantize", {}).get("linear", {}).get("float8") if isinstance(data.get("quantize"), dict) else None
+    if float8 is not None:
+        data["float8"] = float8
+        data.pop("quantize")
+    return data
+
+
+def _value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _command(text: str) -> tuple[str | None, str | None, list[tuple[str, object]], int | None, list[str]]:
+    """--module, --config, the dotted overrides, the GPU count (NGPU or --nproc_per_node) and stray words."""
+    sh = _Shell()
+    module = config = None
+    overrides: list[tuple[str, object]] = []
+    stray: list[str] = []
+    gpus = None
+    for st in _statements(text):
+        m = re.match(r"^(?:export\s+)?([A-Za-z_]\w*)=(\S*)$", st)
+        if m:
+            sh.vars[m.group(1)] = " ".join(sh.words(m.group(2))) if m.group(2) else ""
+            continue
+        words = sh.words(st)
+        # NAME=value words before a command set its environment (MODULE=llama3 ./run_train.sh ...)
+        env = {}
+        while words and re.match(r"^[A-Za-z_]\w*=", words[0]):
+            k, _, v = words.pop(0).partition("=")
+            env[k] = v
+        if "--module" not in " ".join(words) and "MODULE" not in env and "CONFIG" not in env:
+            continue
+        module, config = env.get("MODULE", module), env.get("CONFIG", config)
+        gpus = int(env["NGPU"]) if env.get("NGPU", "").isdigit() else gpus
+        i = 0
+        while i < len(words):
+            w = words[i]
+            key, eq, val = w.partition("=")
+            if key.startswith("--nproc_per_node") or key.startswith("--nproc-per-node"):
+                val = val if eq else (words[i + 1] if i + 1 < len(words) else "")
+                i += 0 if eq else 1
+                gpus = int(val) if val.isdigit() else gpus
+            elif key in ("--module", "--config"):
+                val = val if eq else (words[i + 1] if i + 1 < len(words) else "")
+                i += 0 if eq else 1
+                module, config = (val, config) if key == "--module" else (module, val)
+            elif key.startswith("--") and "." in key:
+                name = key[2:]
+                section, _, field = name.partition(".")
+                field = field.replace("-", "_")
+                if field.startswith("no_") and not eq and (i + 1 >= len(words) or words[i + 1].startswith("--")):
+                    overrides.append((f"{section}.{field[3:]}", False))
+                elif not eq and (i + 1 >= len(words) or words[i + 1].startswith("--")):
+                    overrides.append((f"{section}.{field}", True))
+                else:
+                    if not eq:
+                        val = words[i + 1]
+                        i += 1
+                    overrides.append((f"{section}.{field}", _value(val)))
+            elif w.startswith("-") and w not in ("-m",):
+                pass  # torchrun's own flags
+            elif i > 0 and words[i - 1] == "-m" or w in ("-m",) or w.endswith((".sh", ".py")) or w in (
+                    "torchrun", "python", "python3"):
+                pass
+            else:
+                stray.append(w)
+            i += 1
+    if gpus is None and sh.vars.get("NGPU", "").isdigit():
+        gpus = int(sh.vars["NGPU"])
+    return module, config, overrides, gpus, stray
+
+
+def _registry_sections(module: str, config: str) -> dict:
+    """The sections of torchtitan 0.3's config function `module.config_registry.config`."""
+    import importlib
+
+    # as torchtitan's ConfigManager._load_config: a short name under torchtitan.models (or
+    # .experiments), else an importable module path, with or without .config_registry
+    candidates = [f"torchtitan.models.{module}.config_registry", f"torchtitan.experiments.{module}.config_registry",
+                  f"{module}.config_registry", module]
+    registry = None
+    for name in candidates:
+        try:
+            registry = importlib.import_module(name)
+            break
+        except ModuleNotFoundError as exc:
+            if exc.name == "torchtitan":
+                raise PlanError("from", "reading torchtitan's --module/--config needs torchtitan installed (pip "
+                                "install 'trainplan[frameworks]')") from None
+            continue
+        except ImportError as exc:
+            raise PlanError("from", f"torchtitan's {module} needs a package that is not installed ({exc})") from None
+    if registry is None:
+        raise bad("module", f"torchtitan has no config module {module!r:.60} (tried {', '.join(candidates)})")
+    fn = getattr(registry, config, None)
+    if not callable(fn):
+        raise bad("config", f"torchtitan's {module} module has no config {config!r:.60}")
+    try:
+        job = fn()
+    except ImportError as exc:
+        raise PlanError("from", f"torchtitan's {config} needs a package that is not installed ({exc})") from None
+    spec = job.model_spec
+    sections = {
+        "model": {"name": spec.name, "flavor": spec.flavor},
+        "training": dataclasses.asdict(job.training),
+        "parallelism": {f.name: getattr(job.parallelism, f.name) for f in dataclasses.fields(job.parallelism)},
+        "compile": {"enable_async_tensor_parallel": job.compile.enable_async_tensor_parallel},
+    }
+    ac = type(job.activation_checkpoint).__qualname__ if job.activation_checkpoint is not None else "None"
+    sections["activation_checkpoint"] = {"mode": "full" if ac.startswith("FullAC") else
+                                         "selective" if ac.startswith("SelectiveAC") else "none"}
+    groups = getattr(job.optimizer, "param_groups", None) or []
+    names = {g.optimizer_name for g in groups}
+    if len(names) == 1:
+        sections["optimizer"] = {"name": names.pop()}
+    spec_text = repr(spec.model)
+    if "Float8" in spec_text:
+        sections["model"]["converters"] = ["float8"]
+    elif "MXFP8" in spec_text or "NVFP4" in spec_text:
+        sections["model"]["converters"] = ["mx" if "MXFP8" in spec_text else "nvfp4"]
+    return sections
+
+
+def read_torchtitan(text: str, path: Path) -> Imported:
+    notes: list[str] = []
+    gpus = None
+    if path.suffix == ".toml":
+        sections = _toml_sections(text, path)
+        overrides: list = []
+        stray: list[str] = []
+    else:
+        module, config, overrides, gpus, stray = _command(text)
+        if not module or not config:
+            raise bad("", f"{path} names no torchtitan job: it needs --module and --config (torchtitan 0.3)")
+        sections = _registry_sections(module, config)
+        notes.append(f"torchtitan {module}.config_registry.{config}" + (f" with {len(overrides)} overrides"
+                                                                         if overrides else ""))
+    unknown: list[str] = [f"stray word {w!r}" for w in stray[:5]]
+    for key, value in overrides:
+        section, _, field = key.partition(".")
+        sections.setdefault(section, {})
+        if not isinstance(sections[section], dict):
+            unknown.append(f"--{key}")
+            continue
+        sections[section][field] = value
+    out, ignored = _options(sections, unknown, notes)
+    if gpus:
+        out["gpus"] = gpus
+        notes.append(f"{gpus} GPUs from the launcher; give --gpus for another count")
+    return Imported("torchtitan", out, ignored=ignored, unknown=unknown, notes=notes)
+
+
+def _get(sections: dict, section: str, key: str, default=None, used: set | None = None):
+    sec = sections.get(section) or {}
+    if used is not None:
+        used.add((section, key))
+    v = sec.get(key, default) if isinstance(sec, dict) else default
+    return default if v is None else v
+
+
+def _int(v, field: str, low: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise bad(field, f"must be an integer >= {low} (got {v!r:.40})")
+    return v
+
+
+def _options(sections: dict, unknown: list[str], notes: list[str]) -> tuple[dict, list[str]]:
+    used: set = set()
+
+    def get(section, key, default=None):
+        return _get(sections, section, key, default, used)
+
+    out: dict = {"framework": "fsdp"}
+    name, flavor = get("model", "name"), get("model", "flavor")
+    if name is None or flavor is None:
+        raise bad("model", "the job names no model ([model] name and flavor)")
+    model = FLAVORS.get((str(name), str(flavor)))
+    if model is None:
+        raise bad("model.flavor", f"torchtitan's {name} {flavor!r} is not a model trainplan knows; known: "
+                  f"{', '.join(f'{n} {f}' for n, f in FLAVORS)}")
+    out["model"] = model
+    notes.append(f"torchtitan's {name} {flavor} is {model}")
+    converters = get("model", "converters", [])
+    converters = [converters] if isinstance(converters, str) else list(converters)
+    if "float8" in converters:
+        out["precision"] = "fp8"
+    else:
+        out["precision"] = "fp32" if get("training", "mixed_precision_param", "bfloat16") == "float32" else "bf16"
+    for c in converters:
+        if c != "float8":
+            unknown.append(f"model.converters {c}")
+    reduce = get("training", "mixed_precision_reduce", "float32")
+    if reduce not in DTYPES:
+        raise bad("training.mixed_precision_reduce", f"must be float32 or bfloat16 (got {reduce!r:.40})")
+    out["reduce_dtype"] = DTYPES[reduce]
+    out["grad_clip"] = float(get("training", "max_norm", 1.0))
+    if get("training", "enable_cpu_offload", False):
+        out["offload_optimizer"] = out["offload_params"] = True
+    seq = get("training", "seq_len", 2048)
+    out["seq_len"] = _int(seq, "training.seq_len")
+    local = get("training", "local_batch_size", None)
+    if local is None:
+        local = get("training", "batch_size", 8)  # the key's name before torchtitan 0.2
+    local = _int(local, "training.local_batch_size")
+    global_batch = get("training", "global_batch_size", -1)
+    tp, pp = (_int(get("parallelism", k, 1), f"parallelism.{k}") for k in
+              ("tensor_parallel_degree", "pipeline_parallel_degree"))
+    cp = _int(get("parallelism", "context_parallel_degree", 1), "parallelism.context_parallel_degree")
+    ep = _int(get("parallelism", "expert_parallel_degree", 1), "parallelism.expert_parallel_degree")
+    replicate = _int(get("parallelism", "data_parallel_replicate_degree", 1),
+                     "parallelism.data_parallel_replicate_degree")
+    shard = get("parallelism", "data_parallel_shard_degree", -1)
+    if shard != -1:
+        shard = _int(shard, "parallelism.data_parallel_shard_degree")
+    out.update(tp=tp, pp=pp, cp=cp, ep=ep, sp=tp > 1 and bool(get("parallelism", "enable_sequence_parallel", True)))
+    reshard = get("parallelism", "fsdp_reshard_after_forward", "default")
+    if shard == 1:
+        out["zero"] = 0  # replicated: DDP
+    else:
+        out["zero"] = 2 if reshard == "never" else 3
+        if replicate > 1 and shard != -1:
+            out["dp_shard"] = shard
+    out["_dp"] = (replicate, shard)
+    sched = str(get("parallelism", "pipeline_parallel_schedule", "1F1B"))  # read with PP only
+    pp_mbs = get("parallelism", "pipeline_parallel_microbatch_size", 1)
+    if pp > 1:
+        if sched.lower() not in SCHEDULES:
+            raise bad("parallelism.pipeline_parallel_schedule", f"{sched!r:.40} is not planned; planned: "
+                      "GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, LoopedBFS, ZBVZeroBubble, DualPipeV")
+        out["schedule"] = SCHEDULES[sched.lower()]
+        mbs = _int(pp_mbs, "parallelism.pipeline_parallel_microbatch_size")
+        if out["schedule"] in MULTI_STAGE:
+            out["_virtual"] = (get("parallelism", "pipeline_parallel_layers_per_stage", None),
+                               get("parallelism", "pipeline_parallel_first_stage_less_layers", 1),
+                               get("parallelism", "pipeline_parallel_last_stage_less_layers", 1))
+    else:
+        mbs = local  # without PP the local batch is one forward pass
+    out["mbs"] = mbs
+    out["_batch"] = (local, global_batch)
+    out["overlap_tp"] = bool(get("compile", "enable_async_tensor_parallel", False)
+                             or get("parallelism", "enable_async_tensor_parallel", False))
+    if cp > 1:
+        rotate = get("parallelism", "context_parallel_rotate_method", "allgather")
+        out["cp_comm"] = "allgather" if rotate == "allgather" else "ring"
+    mode = get("activation_checkpoint", "mode", "selective")
+    if mode not in ("none", "selective", "full"):
+        raise bad("activation_checkpoint.mode", f"must be none, selective or full (got {mode!r:.40})")
+    out["recompute"] = mode
+    if mode == "selective" and str(get("activation_checkpoint", "selective_ac_option", "op")) != "op":
+        unknown.append(f"activation_checkpoint.selective_ac_option {get('activation_checkpoint', 'selective_ac_option')}"
+                       " (every Nth layer; planned as op-level selective)")
+    opt = str(get("optimizer", "name", "AdamW"))
+    if opt not in ("AdamW", "Adam"):
+        raise bad("optimizer.name", f"{opt!r:.40} is not planned; planned: AdamW, Adam")
+    out["optimizer"] = opt.lower()
+    ignored = []
+    for section, body in sections.items():
+        if section in NOT_PLANNED_SECTIONS:
+            ignored.append(f"[{section}]")
+            continue
+        if not isinstance(body, dict):
+            unknown.append(section)
+            continue
+        for key in body:
+            if (section, key) in used or key in NOT_PLANNED_KEYS.get(section, ()):
+                continue
+            if section in ("training", "parallelism") and isinstance(body[key], bool | int | float | str | None) \
+                    and _is_default(section, key, body[key]):
+                continue
+            unknown.append(f"{section}.{key}")
+    return out, ignored
+
+
+# values of the 0.3 dataclasses' fields that plan nothing (their defaults): not reported as not understood
+_DEFAULTS = {("training", "enable_cpu_offload"): False, ("parallelism", "context_parallel_rotate_method"): "allgather",
+             ("parallelism", "enable_async_tensor_parallel"): False}
+
+
+def _is_default(section: str, key: str, value) -> bool:
+    if (section, key) in _DEFAULTS:
+        return _DEFAULTS[(section, key)] == value
+    return value in (None, False, "", -1) or (section, key) in {("parallelism", "enable_sequence_parallel")}
+
+
+def finish(options: dict, notes: list[str]) -> dict:
+    """The batch and data-parallel degree once the GPU count is known (torchtitan derives
+    data_parallel_shard_degree -1 and the global batch from it)."""
+    replicate, shard = options.pop("_dp", (1, -1))
+    local, global_batch = options.pop("_batch", (None, -1))
+    virtual = options.pop("_virtual", None)
+    tp, pp, cp = options.get("tp", 1), options.get("pp", 1), options.get("cp", 1)
+    gpus = options.get("gpus")
+    if gpus is None:
+        if shard != -1:
+            gpus = replicate * shard * tp * pp * cp
+        else:
+            gpus = 8
+            notes.append("the job fills data_parallel_shard_degree (-1) from the GPUs it runs on: planned on 8 "
+                         "(run_train.sh's NGPU default); give --gpus")
+        options["gpus"] = gpus
+    if gpus % (tp * pp * cp):
+        raise bad("parallelism", f"{gpus} GPUs are not a multiple of TP {tp} x PP {pp} x CP {cp}")
+    dp = gpus // (tp * pp * cp)
+    if shard != -1 and replicate * shard != dp:
+        raise bad("parallelism.data_parallel_shard_degree", f"replicate {replicate} x shard {shard} is not the "
+                  f"{dp} data-parallel ranks of {gpus} GPUs / (TP x PP x CP)")
+    if local is not None:
+        gbs = global_batch if global_batch and global_batch > 0 else local * dp
+        if gbs % (local * dp):
+            raise bad("training.global_batch_size", f"{gbs} is not a multiple of local_batch_size {local} x the "
+                      f"{dp} data-parallel ranks (torchtitan's rule)")
+        options.setdefault("gbs", gbs)
+        if options.get("pp", 1) > 1 and local % options.get("mbs", 1):
+            raise bad("parallelism.pipeline_parallel_microbatch_size", f"must divide local_batch_size {local}")
+    if virtual is not None:
+        per, first, last = virtual
+        from ..specs import catalog
+
+        layers = catalog.model(options["model"]).layers
+        stages = math.ceil((layers + first + last) / per) if per else 2 * pp
+        if stages % pp:
+            raise bad("parallelism.pipeline_parallel_layers_per_stage", f"{stages} virtual stages do not divide "
+                      f"over PP {pp}")
+        options["vpp"] = stages // pp
+    return options

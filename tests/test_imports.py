@@ -1,0 +1,212 @@
+"""`plan --from` / `search --from`: real Megatron-LM, DeepSpeed and torchtitan configurations
+(tests/data/imports/SOURCE names each one's repository, path and commit) plan exactly the run
+they describe: the same plan as the same settings given as options, read off the file by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trainplan import plan
+from trainplan.cli import app
+from trainplan.errors import PlanError
+from trainplan.imports import read_config
+
+RUNNER = CliRunner()
+
+
+def same_plan(got: dict, want: dict) -> None:
+    got = {k: v for k, v in got.items() if k != "import"}
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+
+
+def test_megatron_gpt3_175b(data_dir):
+    """examples/gpt3/train_gpt3_175b_distributed.sh: TP 8 x PP 16, fp16, global batch 1,536 of
+    2,048 tokens, GPT-2's vocabulary padded by Megatron to 51,200 (128 x TP 8): the catalog's
+    megatron-175b. Its launcher starts one node; the run is planned on 1,024 GPUs given alongside."""
+    f = data_dir / "imports/megatron_train_gpt3_175b_distributed.sh"
+    imp = read_config(f)
+    assert imp.options["model"] == "megatron-175b"
+    assert imp.options["gpus"] == 8  # --nproc_per_node 8 x --nnodes 1
+    assert any("--step-batch-size-schedule" in n for n in imp.notes)  # the batch ramp, said so
+    want = plan(model="megatron-175b", framework="megatron", gpus=1024, tp=8, pp=16, mbs=1, gbs=1536, seq_len=2048,
+                precision="fp16", zero=0, dropout=0.1, overlap_dp=False, grad_clip=1.0)
+    same_plan(plan(from_file=str(f), gpus=1024), want)
+    assert want["parallel"]["dp"] == 8 and want["model"]["name"] == "megatron-175b"
+
+
+def test_megatron_gpt3_175b_on_its_launcher_gpus_is_refused(data_dir):
+    """As written (8 GPUs) the script cannot hold TP 8 x PP 16: one error naming the GPU count."""
+    res = RUNNER.invoke(app, ["plan", "--from", str(data_dir / "imports/megatron_train_gpt3_175b_distributed.sh")])
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("error: gpus:")
+
+
+def test_megatron_llama3_8b_fp8(data_dir):
+    """examples/llama/train_llama3_8b_h100_fp8.sh: the script's if-branches decided (DTYPE=fp8,
+    mock data), its arrays expanded; Llama 3 8B in FP8 with bf16 gradient reduction, the
+    distributed optimizer, overlapped reduction, cuDNN ("fused") attention and the fused loss."""
+    f = data_dir / "imports/megatron_train_llama3_8b_h100_fp8.sh"
+    imp = read_config(f)
+    assert imp.options["model"] == "llama-3-8b"
+    assert "--fp8-param-gather (planned: parameters gathered in 16 bits)" in imp.unknown
+    assert "--lr" in imp.ignored and "--rotary-base" in imp.ignored
+    want = plan(model="llama-3-8b", framework="megatron", gpus=8, tp=1, cp=1, sp=True, mbs=1, gbs=128, seq_len=8192,
+                precision="fp8", grad_dtype="bf16", zero=1, overlap_dp=True, attention="cudnn", fused_loss=True,
+                dropout=0.0, grad_clip=1.0)
+    same_plan(plan(from_file=str(f), gpu="H100-SXM"), want)
+
+
+def test_megatron_mixtral_8x7b_with_overrides(data_dir):
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh: PP 4, EP 8, SP, the distributed
+    optimizer; options given alongside (64 GPUs, micro-batch 2) override the file."""
+    f = data_dir / "imports/megatron_train_mixtral_8x7b_distributed.sh"
+    imp = read_config(f)
+    assert imp.options["model"] == "mixtral-8x7b"  # Llama2Tokenizer's 32,000 tokens, the catalog's
+    want = plan(model="mixtral-8x7b", framework="megatron", gpus=64, tp=1, pp=4, ep=8, sp=True, mbs=2, gbs=256,
+                seq_len=4096, precision="bf16", zero=1, overlap_dp=True, dropout=0.0)
+    same_plan(plan(from_file=str(f), gpus=64, mbs=2), want)
+    assert want["parallel"]["pp"] == 4 and want["parallel"]["mbs"] == 2
+
+
+def test_megatron_args_file_uneven_split_and_custom_model(tmp_path):
+    """A plain arguments file (comments, continuations) with an uneven pipeline split and a model
+    in no catalog entry (vocabulary fixed by --vocab-size): planned from its flags."""
+    f = tmp_path / "args.sh"
+    f.write_text("# my run\n--num-layers 30 --hidden-size 2048 --num-attention-heads 16 \\\n"
+                 "--group-query-attention --num-query-groups 4 --ffn-hidden-size 5632 --swiglu \\\n"
+                 "--normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights \\\n"
+                 "--disable-bias-linear --vocab-size 32000 --seq-length 4096 --max-position-embeddings 4096 \\\n"
+                 "--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 "
+                 "--decoder-last-pipeline-num-layers 6 --micro-batch-size 1 --global-batch-size 64 --bf16\n")
+    imp = read_config(f)
+    assert imp.options["stage_layers"] == [6, 9, 9, 6]
+    cfg = imp.options["hf_config"]
+    assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["num_key_value_heads"], cfg["vocab_size"]) == \
+        ("llama", 30, 4, 32000)  # 32,000 is a multiple of 128: Megatron's padding keeps it
+    got = plan(from_file=str(f), gpus=16)
+    assert [s["layers"] for s in got["memory"]["stages"]] == [6, 9, 9, 6]
+    # 30 x (4 x 2048^2 x (1 + 2 x 4/16) ... ): the exact count of a Llama-style layer stack
+    h, f_, kv = 2048, 5632, 2048 * 4 // 16
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f_ + 2 * h
+    assert got["model"]["params"] == 30 * per_layer + 2 * 32000 * h + h
+
+
+def test_megatron_model_flag_not_understood_is_refused(tmp_path):
+    f = tmp_path / "args.txt"
+    f.write_text("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --vocab-size 32000 --mtp-num-layers 1\n")
+    with pytest.raises(PlanError) as err:
+        read_config(f)
+    assert err.value.field == "from.mtp-num-layers" and "--mtp-num-layers" in err.value.rule
+    res = RUNNER.invoke(app, ["plan", "--from", str(f)])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "mtp-num-layers" in res.stderr
+
+
+def test_megatron_flags_not_understood_listed_on_stderr(tmp_path):
+    f = tmp_path / "args.txt"
+    f.write_text("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 11008 --swiglu "
+                 "--normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights "
+                 "--disable-bias-linear --vocab-size 32000 --max-position-embeddings 4096 --bf16 "
+                 "--frobnicate 3 --lr 3e-4\n")
+    res = RUNNER.invoke(app, ["plan", "--from", str(f), "--json"])
+    assert res.exit_code == 0, res.output
+    assert "megatron: the arguments' model is llama-2-7b" in res.stderr
+    assert "megatron: not understood, not planned: --frobnicate" in res.stderr
+    assert "megatron: read, not part of a plan: --lr" in res.stderr
+    data = json.loads(res.stdout)
+    assert data["import"]["not_understood"] == ["--frobnicate"] and data["model"]["name"] == "llama-2-7b"
+
+
+def test_torchtitan_toml_jobs(data_dir):
+    """torchtitan's last TOML job files: 8B (FSDP, selective AC), 70B (TP 8, full AC), 405B
+    (TP 8, float8 converters, async TP); the data-parallel degree (-1) filled from the GPUs."""
+    d = data_dir / "imports"
+    want = plan(model="llama-3.1-70b", framework="fsdp", gpus=64, tp=8, sp=True, zero=3, mbs=8, gbs=64, seq_len=8192,
+                recompute="full", precision="bf16", reduce_dtype="fp32", optimizer="adamw")
+    same_plan(plan(from_file=str(d / "torchtitan_llama3_70b.toml"), gpus=64), want)
+    o405 = read_config(d / "torchtitan_llama3_405b.toml").options
+    assert (o405["model"], o405["precision"], o405["overlap_tp"], o405["tp"], o405["mbs"]) == \
+        ("llama-3.1-405b", "fp8", True, 8, 2)
+    o8 = read_config(d / "torchtitan_llama3_8b.toml").options  # `batch_size`, the key before local_batch_size
+    assert (o8["model"], o8["recompute"], o8["mbs"], o8["zero"]) == ("llama-3.1-8b", "selective", 1, 3)
+
+
+def test_torchtitan_global_batch_is_local_times_dp(data_dir):
+    """torchtitan (trainer.py): without global_batch_size the step's batch is local_batch_size x
+    the data-parallel degree: 8 x 8 on 64 GPUs at TP 8 (70B)."""
+    got = plan(from_file=str(data_dir / "imports/torchtitan_llama3_70b.toml"), gpus=64)
+    assert (got["parallel"]["dp"], got["parallel"]["gbs"], got["parallel"]["mbs"]) == (8, 64, 8)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="needs the frameworks extra (torchtitan)")
+def test_torchtitan_03_command_line(data_dir, tmp_path):
+    """torchtitan 0.3: the README's `MODULE=llama3 CONFIG=llama3_8b ./run_train.sh` is read through
+    torchtitan's own config_registry.llama3_8b (local batch 1, seq 8,192, selective AC), and a
+    dotted override on the command line applies."""
+    got = plan(from_file=str(data_dir / "imports/torchtitan_readme_llama3_8b.sh"))
+    want = plan(model="llama-3.1-8b", framework="fsdp", gpus=8, zero=3, mbs=1, gbs=8, seq_len=8192,
+                recompute="selective", precision="bf16", reduce_dtype="fp32")
+    same_plan(got, want)
+    f = tmp_path / "run.sh"
+    f.write_text("NGPU=16 MODULE=llama3 CONFIG=llama3_8b ./run_train.sh --parallelism.tensor_parallel_degree 2 "
+                 "--training.local_batch_size=2\n")
+    o = read_config(f).options
+    assert (o["tp"], o["sp"], o["mbs"], o["gpus"]) == (2, True, 2, 16)
+
+
+def test_deepspeed_configs_with_model(data_dir):
+    """DeepSpeedExamples: ZenFlow's ZeRO-2 with the optimizer on the host (train_batch_size 8,
+    accumulation 1: micro-batch 1 on 8 GPUs; its zenflow block listed as not understood), the
+    autotuner's fp16 ZeRO-3 and the AutoTP example (TP 4, "auto" batch sizes)."""
+    d = data_dir / "imports"
+    zf = read_config(d / "deepspeed_zf_config.json", model_given=True)
+    assert zf.unknown == ["zero_optimization.zenflow"]
+    want = plan(model="llama-2-7b", framework="deepspeed", gpus=8, gbs=8, mbs=1, zero=2, offload_optimizer=True,
+                overlap_dp=False, precision="bf16", grad_clip=1.0)
+    same_plan(plan(from_file=str(d / "deepspeed_zf_config.json"), model="llama-2-7b", gpus=8), want)
+    z3 = read_config(d / "deepspeed_ds_config_fp16_z3.json", model_given=True).options
+    assert (z3["zero"], z3["precision"], z3["overlap_dp"], z3["grad_clip"]) == (3, "fp16", True, 0.0)
+    tp = read_config(d / "deepspeed_autotp_ds_config.json", model_given=True)
+    assert (tp.options["tp"], tp.options["zero"]) == (4, 2)
+    assert any('"auto"' in n for n in tp.notes)
+
+
+def test_deepspeed_needs_a_model_and_takes_hf_config(data_dir):
+    f = str(data_dir / "imports/deepspeed_zf_config.json")
+    res = RUNNER.invoke(app, ["plan", "--from", f, "--gpus", "8"])
+    assert res.exit_code == 2 and res.stderr.startswith("error: model:") and res.stderr.count("\n") == 1
+    got = plan(from_file=f, hf_config=str(data_dir / "hf/llama-3-8b.json"), gpus=8)
+    assert got["model"]["params"] == plan(model="llama-3-8b")["model"]["params"]
+
+
+@pytest.mark.parametrize("text, field", [
+    ("{not json", "from"),
+    ('{"zero_optimization": {"stage": 5}}', "from.zero_optimization.stage"),
+    ('{"optimizer": {"type": "Adagrad"}}', "from.optimizer.type"),
+    ('{"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}',
+     "from.train_batch_size"),
+])
+def test_bad_deepspeed_files(tmp_path, text, field):
+    f = tmp_path / "ds.json"
+    f.write_text(text)
+    res = RUNNER.invoke(app, ["plan", "--from", str(f), "--model", "llama-3-8b"])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
+    assert res.stderr.startswith(f"error: {field}:"), res.stderr
+
+
+def test_missing_file_is_one_error(tmp_path):
+    res = RUNNER.invoke(app, ["plan", "--from", str(tmp_path / "nope.sh")])
+    assert res.exit_code == 2 and res.stderr.startswith("error: from:") and res.stderr.count("\n") == 1
+
+
+def test_search_from_keeps_the_model_and_searches_the_layout(data_dir):
+    res = RUNNER.invoke(app, ["search", "--from", str(data_dir / "imports/torchtitan_llama3_70b.toml"),
+                              "--gpus", "64", "--top", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    best = data["best"][0]
+    assert best["model"]["name"] == "llama-3.1-70b" and best["parallel"]["gbs"] == 64
+    assert data["import"]["format"] == "torchtitan"
