@@ -125,7 +125,7 @@ def test_torchtitan_toml_jobs(data_dir):
     (TP 8, float8 converters, async TP); the data-parallel degree (-1) filled from the GPUs."""
     d = data_dir / "imports"
     want = plan(model="llama-3.1-70b", framework="fsdp", gpus=64, tp=8, sp=True, zero=3, mbs=8, gbs=64, seq_len=8192,
-                recompute="full", precision="bf16", reduce_dtype="fp32", optimizer="adamw")
+                recompute="full", precision="bf16", optimizer="adamw")
     same_plan(plan(from_file=str(d / "torchtitan_llama3_70b.toml"), gpus=64), want)
     o405 = read_config(d / "torchtitan_llama3_405b.toml").options
     assert (o405["model"], o405["precision"], o405["overlap_tp"], o405["tp"], o405["mbs"]) == \
@@ -148,7 +148,7 @@ def test_torchtitan_03_command_line(data_dir, tmp_path):
     dotted override on the command line applies."""
     got = plan(from_file=str(data_dir / "imports/torchtitan_readme_llama3_8b.sh"))
     want = plan(model="llama-3.1-8b", framework="fsdp", gpus=8, zero=3, mbs=1, gbs=8, seq_len=8192,
-                recompute="selective", precision="bf16", reduce_dtype="fp32")
+                recompute="selective", precision="bf16")
     same_plan(got, want)
     f = tmp_path / "run.sh"
     f.write_text("NGPU=16 MODULE=llama3 CONFIG=llama3_8b ./run_train.sh --parallelism.tensor_parallel_degree 2 "

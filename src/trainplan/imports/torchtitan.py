@@ -264,7 +264,8 @@ def _options(sections: dict, unknown: list[str], notes: list[str]) -> tuple[dict
     reduce = get("training", "mixed_precision_reduce", "float32")
     if reduce not in DTYPES:
         raise bad("training.mixed_precision_reduce", f"must be float32 or bfloat16 (got {reduce!r:.40})")
-    out["reduce_dtype"] = DTYPES[reduce]
+    if reduce != "float32":  # float32: FSDP2's reduction of the fsdp convention, the plan's default
+        out["reduce_dtype"] = DTYPES[reduce]
     out["grad_clip"] = float(get("training", "max_norm", 1.0))
     if get("training", "enable_cpu_offload", False):
         out["offload_optimizer"] = out["offload_params"] = True
