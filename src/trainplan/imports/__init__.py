@@ -76,7 +76,11 @@ def merge(imported: Imported, given: dict) -> dict:
     """The plan options: the file's, with those given alongside it on top (`given`: only the
     options the user set), then what the file leaves to the GPU count (torchtitan's derived
     data-parallel degree and global batch, DeepSpeed's accumulation) worked out."""
-    out = {**imported.options, **{k: v for k, v in given.items() if v is not None}}
+    given = {k: v for k, v in given.items() if v is not None}
+    for k, v in given.items():
+        if k in imported.options and imported.options[k] != v:
+            imported.notes.append(f"--{k.replace('_', '-')} {v} given alongside: replaces the file's {imported.options[k]}")
+    out = {**imported.options, **given}
     if "hf_config" in out and ("model" in given or "hf_config" in given):
         if "hf_config" not in given:
             out.pop("hf_config")  # a model named alongside replaces the one the file describes

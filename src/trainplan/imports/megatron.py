@@ -483,9 +483,10 @@ def read_megatron(text: str, path: Path, model_given: bool = False) -> Imported:
         else:
             unknown.append(name)
     if refused and not model_given:
-        raise PlanError(f"from.{refused[0].lstrip('-')}", f"{', '.join(refused)}: change the model and are not "
-                        "understood; trainplan cannot plan this model from the arguments (name it with --model or "
-                        "--hf-config to plan it anyway)")
+        raise PlanError(f"from.{refused[0].lstrip('-')}", f"{', '.join(refused)} shape{'s' if len(refused) == 1 else ''} "
+                        "the model and trainplan does not understand "
+                        f"{'it' if len(refused) == 1 else 'them'}: the plan would be of another model (name the model "
+                        "with --model or --hf-config to plan it anyway)")
     unknown += refused
     return Imported("megatron", out, ignored=ignored, unknown=unknown, notes=notes)
 
