@@ -210,3 +210,73 @@ def test_search_from_keeps_the_model_and_searches_the_layout(data_dir):
     best = data["best"][0]
     assert best["model"]["name"] == "llama-3.1-70b" and best["parallel"]["gbs"] == 64
     assert data["import"]["format"] == "torchtitan"
+
+
+def test_shell_reading(tmp_path):
+    """Bash as launch scripts write it: defaults, arithmetic, arrays appended to, quoted words
+    split by an unquoted expansion, decided and undecidable tests (the latter reported)."""
+    from trainplan.imports.shell import command_words
+
+    script = """#!/bin/bash
+NODES=${NNODES:-2}
+PER_NODE=8
+WORLD=$((PER_NODE*NODES))
+PRECISION="bf16"
+ARGS=(
+    --tensor-model-parallel-size 4   # a comment (with parentheses)
+)
+ARGS+=("--micro-batch-size 2")
+if [[ "$PRECISION" == "fp8" ]]; then
+    ARGS+=(--fp8-format hybrid)
+elif [ "$PRECISION" = "bf16" ]; then
+    ARGS+=(--bf16)
+else
+    ARGS+=(--fp16)
+fi
+if some_command; then ARGS+=(--seed 1); fi
+torchrun --nproc_per_node $PER_NODE --nnodes $NODES pretrain_gpt.py ${ARGS[@]} \\
+    --world $WORLD
+"""
+    read = command_words(script)
+    assert read.words == ["--tensor-model-parallel-size", "4", "--micro-batch-size", "2", "--bf16", "--seed", "1",
+                          "--world", "16"]
+    assert read.script == "pretrain_gpt.py" and read.launcher[-4:] == ["--nproc_per_node", "8", "--nnodes", "2"]
+    assert read.unsure == ["the condition 'some_command' (its branch was read)"]
+
+
+def test_megatron_interleaved_and_block_recompute(tmp_path):
+    """--num-layers-per-virtual-pipeline-stage 4 on 80 layers / PP 4 is 5 virtual stages per GPU;
+    --recompute-method block --recompute-num-layers 3 recomputes 3 layers per virtual stage."""
+    f = tmp_path / "args.sh"
+    f.write_text("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --group-query-attention "
+                 "--num-query-groups 8 --ffn-hidden-size 28672 --swiglu --normalization RMSNorm "
+                 "--position-embedding-type rope --untie-embeddings-and-output-weights --disable-bias-linear "
+                 "--max-position-embeddings 8192 --seq-length 8192 --tensor-model-parallel-size 8 "
+                 "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 4 --sequence-parallel "
+                 "--micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer "
+                 "--recompute-granularity full --recompute-method block --recompute-num-layers 3\n")
+    imp = read_config(f)
+    assert imp.options["model"] == "llama-3-70b"
+    want = plan(model="llama-3-70b", framework="megatron", gpus=64, tp=8, pp=4, sp=True, schedule="interleaved", vpp=5,
+                mbs=1, gbs=64, seq_len=8192, zero=1, recompute="full", recompute_layers=3, overlap_dp=False,
+                dropout=0.1)
+    same_plan(plan(from_file=str(f), gpus=64), want)
+
+
+@pytest.mark.parametrize("name, text, field", [
+    ("job.toml", "[model\nname = 1", "from"),
+    ("job.toml", '[model]\nname = "llama3"\nflavor = "7B"\n', "from.model.flavor"),
+    ("job.toml", '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 0\n',
+     "from.training.local_batch_size"),
+    ("job.toml", '[model]\nname = "llama3"\nflavor = "8B"\n[optimizer]\nname = "Muon"\n', "from.optimizer.name"),
+    ("run.sh", "echo hello\n", "from"),
+    ("run.sh", "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --vocab-size 32000 --normalization Foo\n",
+     "from.normalization"),
+    ("run.sh", "--num-layers x\n", "from.num-layers"),
+])
+def test_bad_files_are_one_error(tmp_path, name, text, field):
+    f = tmp_path / name
+    f.write_text(text)
+    res = RUNNER.invoke(app, ["plan", "--from", str(f)])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
+    assert res.stderr.startswith(f"error: {field}:"), res.stderr
