@@ -106,20 +106,10 @@ def _zero(cfg: dict, out: dict, unknown: list[str], ignored: list[str]) -> None:
         (ignored if key in ZERO_NOT_PLANNED else unknown).append(f"zero_optimization.{key}")
 
 
-def read_deepspeed(text: str, path: Path, model_given: bool = False) -> Imported:
-    try:
-        cfg = json.loads(text, parse_constant=lambda c: math.nan)
-    except json.JSONDecodeError as exc:
-        raise PlanError("from", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(cfg, dict):
-        raise PlanError("from", f"{path}: a DeepSpeed configuration is a JSON object")
-    if not model_given:
-        raise PlanError("model", "a DeepSpeed configuration does not name the model: give --model (a catalog name, "
-                        "or a Hugging Face org/name in the local cache) or --hf-config config.json")
-    out: dict = {"framework": "deepspeed"}
-    notes: list[str] = []
-    unknown: list[str] = []
-    ignored: list[str] = []
+def _batch(cfg: dict, out: dict, notes: list[str]) -> list[str]:
+    """The batch keys (DeepSpeed's rule: train_batch_size = micro-batch x accumulation x data-
+    parallel ranks; what is missing is derived once the GPU count is known, imports.merge), and
+    those left "auto"."""
     gbs, mbs, ga = (_int(cfg, k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                            "gradient_accumulation_steps"))
     autos = [k for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -138,6 +128,24 @@ def read_deepspeed(text: str, path: Path, model_given: bool = False) -> Imported
         out["_ga"] = ga
     elif gbs and not mbs:  # DeepSpeed derives the micro-batch: train_batch_size / (accumulation x ranks)
         out["_micro_from"] = ga or 1
+    return autos
+
+
+def read_deepspeed(text: str, path: Path, model_given: bool = False) -> Imported:
+    try:
+        cfg = json.loads(text, parse_constant=lambda c: math.nan)
+    except json.JSONDecodeError as exc:
+        raise PlanError("from", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(cfg, dict):
+        raise PlanError("from", f"{path}: a DeepSpeed configuration is a JSON object")
+    if not model_given:
+        raise PlanError("model", "a DeepSpeed configuration does not name the model: give --model (a catalog name, "
+                        "or a Hugging Face org/name in the local cache) or --hf-config config.json")
+    out: dict = {"framework": "deepspeed"}
+    notes: list[str] = []
+    unknown: list[str] = []
+    ignored: list[str] = []
+    autos = _batch(cfg, out, notes)
     clip = cfg.get("gradient_clipping")
     if clip is not None and not _auto(clip):
         if isinstance(clip, bool) or not isinstance(clip, int | float) or not math.isfinite(clip) or clip < 0:

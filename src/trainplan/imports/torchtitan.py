@@ -237,12 +237,20 @@ def _int(v, field: str, low: int = 1) -> int:
 
 
 def _options(sections: dict, unknown: list[str], notes: list[str]) -> tuple[dict, list[str]]:
+    """The plan options of a job's sections, and the sections read but not planned."""
     used: set = set()
 
     def get(section, key, default=None):
         return _get(sections, section, key, default, used)
 
     out: dict = {"framework": "fsdp"}
+    _model_numerics(get, out, unknown, notes)
+    _layout(get, out)
+    _training_choices(get, out, unknown)
+    return out, _leftovers(sections, used, unknown)
+
+
+def _model_numerics(get, out: dict, unknown: list[str], notes: list[str]) -> None:
     name, flavor = get("model", "name"), get("model", "flavor")
     if name is None or flavor is None:
         raise bad("model", "the job names no model ([model] name and flavor)")
@@ -269,6 +277,11 @@ def _options(sections: dict, unknown: list[str], notes: list[str]) -> tuple[dict
     out["grad_clip"] = float(get("training", "max_norm", 1.0))
     if get("training", "enable_cpu_offload", False):
         out["offload_optimizer"] = out["offload_params"] = True
+
+
+def _layout(get, out: dict) -> None:
+    """Batch and parallel degrees (the data-parallel degree and global batch wait for the GPU
+    count: `finish`)."""
     seq = get("training", "seq_len", 2048)
     out["seq_len"] = _int(seq, "training.seq_len")
     local = get("training", "local_batch_size", None)
@@ -315,6 +328,9 @@ def _options(sections: dict, unknown: list[str], notes: list[str]) -> tuple[dict
     if cp > 1:
         rotate = get("parallelism", "context_parallel_rotate_method", "allgather")
         out["cp_comm"] = "allgather" if rotate == "allgather" else "ring"
+
+
+def _training_choices(get, out: dict, unknown: list[str]) -> None:
     mode = get("activation_checkpoint", "mode", "selective")
     if mode not in ("none", "selective", "full"):
         raise bad("activation_checkpoint.mode", f"must be none, selective or full (got {mode!r:.40})")
@@ -326,6 +342,10 @@ def _options(sections: dict, unknown: list[str], notes: list[str]) -> tuple[dict
     if opt not in ("AdamW", "Adam"):
         raise bad("optimizer.name", f"{opt!r:.40} is not planned; planned: AdamW, Adam")
     out["optimizer"] = opt.lower()
+
+
+def _leftovers(sections: dict, used: set, unknown: list[str]) -> list[str]:
+    """Sections read and not planned; keys not understood go to `unknown`."""
     ignored = []
     for section, body in sections.items():
         if section in NOT_PLANNED_SECTIONS:
@@ -341,7 +361,7 @@ def _options(sections: dict, unknown: list[str], notes: list[str]) -> tuple[dict
                     and _is_default(section, key, body[key]):
                 continue
             unknown.append(f"{section}.{key}")
-    return out, ignored
+    return ignored
 
 
 # values of the 0.3 dataclasses' fields that plan nothing (their defaults): not reported as not understood
