@@ -50,7 +50,9 @@ NOT_PLANNED_PREFIXES = (
     "--bias-gelu-fusion", "--bias-swiglu-fusion", "--masked-softmax-fusion", "--async-save", "--no-save-",
     "--ddp-bucket-size", "--ddp-average-in-collective", "--tp-comm-", "--record-memory-history", "--memory-snapshot",
     "--log", "--wandb", "--enable-", "--use-pytorch-profiler", "--straggler-", "--rerun-", "--full-validation",
-    "--mid-level-dataset-surplus", "--per-split-data-args-path",
+    "--mid-level-dataset-surplus", "--per-split-data-args-path", "--moe-router-num-groups", "--moe-router-group-topk",
+    "--moe-shared-expert-overlap", "--moe-router-fusion", "--moe-token-drop-policy", "--moe-pad-expert-input-to-capacity",
+    "--mscale", "--rope-type", "--beta-fast", "--beta-slow", "--original-max-position-embeddings", "--rope-scaling-factor",
 )
 # flags whose names say they shape the model: refused when not understood (the plan would be of
 # another model)
@@ -280,6 +282,9 @@ def read_megatron(text: str, path: Path, model_given: bool = False) -> Imported:
         notes.append(f"attention dropout {attn:g} and hidden dropout {hidden:g}: planned with {hidden:g} for both")
     out["dropout"] = hidden
     out["grad_clip"] = f.float("--clip-grad", 1.0)
+    capacity = f.str("--moe-expert-capacity-factor")
+    if capacity is not None:
+        unknown.append(f"--moe-expert-capacity-factor {capacity} (planned without a capacity: no token dropped)")
     if f.has("--fp8-param-gather"):
         unknown.append("--fp8-param-gather (planned: parameters gathered in 16 bits)")
     ramps = [k for k in ("--rampup-batch-size", "--step-batch-size-schedule") if f.has(k)]

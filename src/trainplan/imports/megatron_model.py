@@ -179,6 +179,10 @@ def model_options(f: Flags, tp: int, path: Path, notes: list[str]) -> dict:
         m = found[0]
         if d["vocab"] is not None and m.vocab != d["padded_vocab"]:
             notes.append(f"Megatron-LM pads the vocabulary to {d['padded_vocab']:,}; planned with {m.name}'s {m.vocab:,}")
+        base = (f.flags.get("--rotary-base") or ["10000"])[0]  # Megatron's default base; read, not planned
+        rope = float(base) if d["position"] == "rotary" and base.replace(".", "", 1).isdigit() else None
+        if rope is not None and getattr(m, "rope_theta", None) not in (None, rope):
+            notes.append(f"RoPE base {rope:g} (--rotary-base; {m.name} has {m.rope_theta:g}): the same memory and time")
         if len(found) > 1:
             notes.append(f"the arguments' model is {m.name} (also {', '.join(x.name for x in found[1:])}: the same shape)")
         else:
