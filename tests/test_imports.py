@@ -121,17 +121,18 @@ def test_megatron_flags_not_understood_listed_on_stderr(tmp_path):
 
 
 def test_torchtitan_toml_jobs(data_dir):
-    """torchtitan's last TOML job files: 8B (FSDP, selective AC), 70B (TP 8, full AC), 405B
-    (TP 8, float8 converters, async TP); the data-parallel degree (-1) filled from the GPUs."""
+    """torchtitan's last TOML job files: 8B (FSDP, per-op selective AC: selective_ac_option 'op'),
+    70B (TP 8, full AC), 405B (TP 8, float8 converters, async TP, compiled: fused norms and
+    SwiGLU); the data-parallel degree (-1) filled from the GPUs."""
     d = data_dir / "imports"
     want = plan(model="llama-3.1-70b", framework="fsdp", gpus=64, tp=8, sp=True, zero=3, mbs=8, gbs=64, seq_len=8192,
                 recompute="full", precision="bf16", optimizer="adamw")
     same_plan(plan(from_file=str(d / "torchtitan_llama3_70b.toml"), gpus=64), want)
     o405 = read_config(d / "torchtitan_llama3_405b.toml").options
-    assert (o405["model"], o405["precision"], o405["overlap_tp"], o405["tp"], o405["mbs"]) == \
-        ("llama-3.1-405b", "fp8", True, 8, 2)
+    assert (o405["model"], o405["precision"], o405["overlap_tp"], o405["tp"], o405["mbs"], o405["fused_kernels"]) == \
+        ("llama-3.1-405b", "fp8", True, 8, 2, True)
     o8 = read_config(d / "torchtitan_llama3_8b.toml").options  # `batch_size`, the key before local_batch_size
-    assert (o8["model"], o8["recompute"], o8["mbs"], o8["zero"]) == ("llama-3.1-8b", "selective", 1, 3)
+    assert (o8["model"], o8["recompute"], o8["mbs"], o8["zero"]) == ("llama-3.1-8b", "selective-op", 1, 3)
 
 
 def test_torchtitan_global_batch_is_local_times_dp(data_dir):
@@ -144,11 +145,12 @@ def test_torchtitan_global_batch_is_local_times_dp(data_dir):
 @pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="needs the frameworks extra (torchtitan)")
 def test_torchtitan_03_command_line(data_dir, tmp_path):
     """torchtitan 0.3: the README's `MODULE=llama3 CONFIG=llama3_8b ./run_train.sh` is read through
-    torchtitan's own config_registry.llama3_8b (local batch 1, seq 8,192, selective AC), and a
+    torchtitan's own config_registry.llama3_8b (local batch 1, seq 8,192, per-op selective AC,
+    the fused AdamW), and a
     dotted override on the command line applies."""
     got = plan(from_file=str(data_dir / "imports/torchtitan_readme_llama3_8b.sh"))
     want = plan(model="llama-3.1-8b", framework="fsdp", gpus=8, zero=3, mbs=1, gbs=8, seq_len=8192,
-                recompute="selective", precision="bf16")
+                recompute="selective-op", precision="bf16", optimizer_impl="fused")
     same_plan(got, want)
     f = tmp_path / "run.sh"
     f.write_text("NGPU=16 MODULE=llama3 CONFIG=llama3_8b ./run_train.sh --parallelism.tensor_parallel_degree 2 "
@@ -280,3 +282,15 @@ def test_bad_files_are_one_error(tmp_path, name, text, field):
     res = RUNNER.invoke(app, ["plan", "--from", str(f)])
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
     assert res.stderr.startswith(f"error: {field}:"), res.stderr
+
+
+def test_torchtitan_ac_every_nth_layer(tmp_path):
+    """selective_ac_option = "2" (earlier torchtitan): every second block checkpointed whole, 16
+    of Llama 3.1 8B's 32 layers: planned as full recompute of 16 layers."""
+    f = tmp_path / "job.toml"
+    f.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\nseq_len = 4096\n'
+                 '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n')
+    got = plan(from_file=str(f), gpus=8)
+    want = plan(model="llama-3.1-8b", framework="fsdp", gpus=8, zero=3, mbs=2, gbs=16, seq_len=4096, recompute="full",
+                recompute_layers=16)
+    same_plan(got, want)

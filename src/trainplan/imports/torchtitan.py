@@ -44,14 +44,14 @@ NOT_PLANNED_KEYS = {
     "model": {"tokenizer_path", "hf_assets_path", "print_after_conversion", "converters"},
     "training": {"steps", "dataset", "dataset_path", "compile", "gc_freq", "gc_debug", "seed", "deterministic",
                  "warmup_steps", "disable_cuda_graphs", "dtype"},
-    "optimizer": {"lr", "eps", "weight_decay", "beta1", "beta2", "early_step_in_backward", "implementation"},
+    "optimizer": {"lr", "eps", "weight_decay", "beta1", "beta2", "early_step_in_backward"},
     "parallelism": {"enable_compiled_autograd", "spmd_backend", "context_parallel_load_balancer",
                     "context_parallel_ptrr_mask_key", "pipeline_parallel_schedule_csv", "pipeline_parallel_split_points",
                     "module_fqns_per_model_part", "enable_fsdp_symm_mem", "pipeline_parallel_first_stage_less_layers",
                     "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage"},
     "activation_checkpoint": {"selective_ac_option", "preserve_rng_state", "determinism_check", "debug",
                               "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop"},
-    "compile": {"enable", "components", "backend"},
+    "compile": {"components", "backend"},
     "float8": {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp", "filter_fqns",
                "recipe_name", "emulate", "force_recompute_fp8_weight_in_bwd"},
 }
@@ -176,7 +176,7 @@ def _registry_sections(module: str, config: str) -> dict:
         "model": {"name": spec.name, "flavor": spec.flavor},
         "training": dataclasses.asdict(job.training),
         "parallelism": {f.name: getattr(job.parallelism, f.name) for f in dataclasses.fields(job.parallelism)},
-        "compile": {"enable_async_tensor_parallel": job.compile.enable_async_tensor_parallel},
+        "compile": {"enable": job.compile.enable, "enable_async_tensor_parallel": job.compile.enable_async_tensor_parallel},
     }
     ac = type(job.activation_checkpoint).__qualname__ if job.activation_checkpoint is not None else "None"
     sections["activation_checkpoint"] = {"mode": "full" if ac.startswith("FullAC") else
@@ -184,7 +184,7 @@ def _registry_sections(module: str, config: str) -> dict:
     groups = getattr(job.optimizer, "param_groups", None) or []
     names = {g.optimizer_name for g in groups}
     if len(names) == 1:
-        sections["optimizer"] = {"name": names.pop()}
+        sections["optimizer"] = {"name": names.pop(), "implementation": job.optimizer.implementation}
     spec_text = repr(spec.model)
     if "Float8" in spec_text:
         sections["model"]["converters"] = ["float8"]
@@ -246,7 +246,7 @@ def _options(sections: dict, unknown: list[str], notes: list[str]) -> tuple[dict
     out: dict = {"framework": "fsdp"}
     _model_numerics(get, out, unknown, notes)
     _layout(get, out)
-    _training_choices(get, out, unknown)
+    _training_choices(get, out, notes)
     return out, _leftovers(sections, used, unknown)
 
 
@@ -330,18 +330,41 @@ def _layout(get, out: dict) -> None:
         out["cp_comm"] = "allgather" if rotate == "allgather" else "ring"
 
 
-def _training_choices(get, out: dict, unknown: list[str]) -> None:
+def _training_choices(get, out: dict, notes: list[str]) -> None:
     mode = get("activation_checkpoint", "mode", "selective")
     if mode not in ("none", "selective", "full"):
         raise bad("activation_checkpoint.mode", f"must be none, selective or full (got {mode!r:.40})")
     out["recompute"] = mode
-    if mode == "selective" and str(get("activation_checkpoint", "selective_ac_option", "op")) != "op":
-        unknown.append(f"activation_checkpoint.selective_ac_option {get('activation_checkpoint', 'selective_ac_option')}"
-                       " (every Nth layer; planned as op-level selective)")
+    if mode == "selective":
+        option = str(get("activation_checkpoint", "selective_ac_option", "op"))
+        if option == "op":  # per-op selective checkpointing (0.3's SelectiveAC has no other)
+            from ..specs import catalog
+
+            model = catalog.model(out["model"])
+            if model.is_moe or model.is_mla:
+                notes.append("per-op selective checkpointing is modelled for dense layers: planned as Megatron's "
+                             "selective recompute (the attention core)")
+            else:
+                out["recompute"] = "selective-op"
+        elif option.isdigit() and int(option) > 0:
+            # an integer N: every N-th block checkpointed whole (torchtitan's ac_freq)
+            out.update(recompute="full", _ac_every=int(option))
+        else:
+            raise bad("activation_checkpoint.selective_ac_option", f"must be 'op' or a positive integer "
+                      f"(got {option!r:.40})")
     opt = str(get("optimizer", "name", "AdamW"))
     if opt not in ("AdamW", "Adam"):
         raise bad("optimizer.name", f"{opt!r:.40} is not planned; planned: AdamW, Adam")
     out["optimizer"] = opt.lower()
+    impl = get("optimizer", "implementation", None)
+    if impl is not None:
+        if impl not in ("fused", "foreach", "for-loop"):
+            raise bad("optimizer.implementation", f"must be fused, foreach or for-loop (got {impl!r:.40})")
+        out["optimizer_impl"] = impl
+    compiled = get("compile", "enable", False)
+    legacy = get("training", "compile", False)  # [training] compile before the [compile] section
+    if compiled is True or legacy is True:
+        out["fused_kernels"] = True  # torch.compile fuses the norms and SwiGLU (calibration.py's rule)
 
 
 def _leftovers(sections: dict, used: set, unknown: list[str]) -> list[str]:
@@ -405,6 +428,14 @@ def finish(options: dict, notes: list[str]) -> dict:
         options.setdefault("gbs", gbs)
         if options.get("pp", 1) > 1 and local % options.get("mbs", 1):
             raise bad("parallelism.pipeline_parallel_microbatch_size", f"must divide local_batch_size {local}")
+    every = options.pop("_ac_every", None)
+    if every is not None and options.get("recompute") == "full":
+        from ..specs import catalog
+
+        stage = -(-catalog.model(options["model"]).layers // pp)
+        options["recompute_layers"] = stage // every
+        notes.append(f"selective_ac_option {every}: every {every}th block checkpointed whole, planned as full "
+                     f"recompute of {stage // every} of the {stage} layers of a stage")
     if virtual is not None:
         per, first, last = virtual
         from ..specs import catalog
