@@ -294,3 +294,15 @@ def test_torchtitan_ac_every_nth_layer(tmp_path):
     want = plan(model="llama-3.1-8b", framework="fsdp", gpus=8, zero=3, mbs=2, gbs=16, seq_len=4096, recompute="full",
                 recompute_layers=16)
     same_plan(got, want)
+
+
+def test_megatron_model_named_alongside(data_dir):
+    """--model beside a script replaces its model: its model flags are said to be replaced, the
+    layout and batch still the script's (here the Llama 3 8B FP8 script run with Mistral 7B)."""
+    f = data_dir / "imports/megatron_train_llama3_8b_h100_fp8.sh"
+    imp = read_config(f, model_given=True)
+    assert "model" not in imp.options and not [u for u in imp.unknown if u.startswith("--num-")]
+    assert any(n.startswith("the model named alongside replaces the file's: --hidden-size, --ffn-hidden-size")
+               for n in imp.notes)
+    got = plan(from_file=str(f), model="mistral-7b")
+    assert (got["model"]["name"], got["parallel"]["gbs"], got["parallel"]["seq_len"]) == ("mistral-7b", 128, 8192)

@@ -28,6 +28,10 @@ SWITCHES = {
     "--no-position-embedding", "--use-rotary-position-embeddings", "--moe-router-enable-expert-bias",
     "--moe-shared-expert-gate", "--fp8-param-gather", "--overlap-moe-expert-parallel-comm",
 }
+# switches that shape the model (replaced by a model named alongside)
+MODEL_SWITCHES = {"--swiglu", "--group-query-attention", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                  "--add-qkv-bias", "--qk-layernorm", "--multi-latent-attention", "--no-position-embedding",
+                  "--use-rotary-position-embeddings", "--moe-router-enable-expert-bias", "--moe-shared-expert-gate"}
 # flags read but not part of a plan: data, tokenizer files, schedule of the learning rate,
 # logging, checkpoints, initialisation, numerics that change no byte or FLOP trainplan counts
 NOT_PLANNED_PREFIXES = (
@@ -251,10 +255,6 @@ def read_megatron(text: str, path: Path, model_given: bool = False) -> Imported:
     _layout(f, out, f.int("--num-layers"), unknown)
     if not model_given:
         out.update(model_options(f, out.get("tp", 1), path, notes))
-    else:  # the model named alongside; the file's model flags are read for the split only
-        for k in list(flags):
-            if k.startswith(("--num-layers", "--hidden-size", "--num-attention-heads")):
-                f.used.add(k)
     _precision(f, out)
     _recompute(f, out, unknown)
     opt = f.str("--optimizer", "adam")
@@ -301,11 +301,15 @@ def read_megatron(text: str, path: Path, model_given: bool = False) -> Imported:
             unknown.append(f"--num-distributed-optimizer-instances {instances} (the data-parallel size is not known)")
         else:
             out["dp_shard"] = dp // instances
-    ignored, refused = [], []
+    ignored, refused, replaced = [], [], []
     for name in flags:
         if name in f.used:
             continue
-        if name.startswith(NOT_PLANNED_PREFIXES) or name in SWITCHES:
+        if name.startswith(NOT_PLANNED_PREFIXES):
+            ignored.append(name)
+        elif model_given and (name.startswith(MODEL_PREFIXES) or name in MODEL_SWITCHES):
+            replaced.append(name)
+        elif name in SWITCHES:
             ignored.append(name)
         elif name.startswith(MODEL_PREFIXES):
             refused.append(name)
@@ -316,7 +320,8 @@ def read_megatron(text: str, path: Path, model_given: bool = False) -> Imported:
                         "the model and trainplan does not understand "
                         f"{'it' if len(refused) == 1 else 'them'}: the plan would be of another model (name the model "
                         "with --model or --hf-config to plan it anyway)")
-    unknown += refused
+    if replaced:
+        notes.append(f"the model named alongside replaces the file's: {', '.join(replaced)}")
     return Imported("megatron", out, ignored=ignored, unknown=unknown, notes=notes)
 
 
