@@ -50,8 +50,13 @@ def test_modules_stay_modules():
 
 
 def test_version():
+    """`trainplan --version` prints the package's version, the one pyproject.toml declares."""
+    import tomllib
+    from pathlib import Path
+
+    declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
     res = RUNNER.invoke(app, ["--version"])
-    assert res.exit_code == 0 and res.stdout == f"trainplan {trainplan.__version__}\n"
+    assert res.exit_code == 0 and res.stdout == f"trainplan {declared}\n" == f"trainplan {trainplan.__version__}\n"
 
 
 def _cache(root, repo_id, data_dir, commit="0123abcd"):
