@@ -271,6 +271,7 @@ def test_megatron_interleaved_and_block_recompute(tmp_path):
     ("job.toml", '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 0\n',
      "from.training.local_batch_size"),
     ("job.toml", '[model]\nname = "llama3"\nflavor = "8B"\n[optimizer]\nname = "Muon"\n', "from.optimizer.name"),
+    ("job.toml", '[model]\nname = "llama3"\nflavor = "8B"\nnorm_type = "layernorm"\n', "from.model.norm_type"),
     ("run.sh", "echo hello\n", "from"),
     ("run.sh", "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --vocab-size 32000 --normalization Foo\n",
      "from.normalization"),
@@ -306,3 +307,17 @@ def test_megatron_model_named_alongside(data_dir):
                for n in imp.notes)
     got = plan(from_file=str(f), model="mistral-7b")
     assert (got["model"]["name"], got["parallel"]["gbs"], got["parallel"]["seq_len"]) == ("mistral-7b", 128, 8192)
+
+
+def test_cli_from_equals_cli_options(data_dir):
+    """On the command line: `plan --from FILE --gpus 64 --json` prints what the same settings
+    given as options print (Megatron-LM's Mixtral 8x7B example)."""
+    f = str(data_dir / "imports/megatron_train_mixtral_8x7b_distributed.sh")
+    a = RUNNER.invoke(app, ["plan", "--from", f, "--gpus", "64", "--json"])
+    b = RUNNER.invoke(app, ["plan", "--model", "mixtral-8x7b", "--framework", "megatron", "--gpus", "64", "--pp", "4",
+                            "--ep", "8", "--sp", "--mbs", "1", "--gbs", "256", "--seq-len", "4096", "--zero", "1",
+                            "--dropout", "0", "--json"])
+    assert a.exit_code == b.exit_code == 0, a.output + b.output
+    got = json.loads(a.stdout)
+    assert got.pop("import")["format"] == "megatron"
+    assert json.dumps(got, sort_keys=True) == json.dumps(json.loads(b.stdout), sort_keys=True)

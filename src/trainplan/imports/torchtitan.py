@@ -383,6 +383,10 @@ def _leftovers(sections: dict, used: set, unknown: list[str]) -> list[str]:
             if section in ("training", "parallelism") and isinstance(body[key], bool | int | float | str | None) \
                     and _is_default(section, key, body[key]):
                 continue
+            if section == "model" and not (key == "norm_type" and body[key] == "rmsnorm"):
+                # [model] keys shape the model: one not understood would plan another
+                raise bad(f"model.{key}", f"[model] {key} = {body[key]!r:.40} shapes the model and trainplan does "
+                          "not understand it: the plan would be of another model")
             unknown.append(f"{section}.{key}")
     return ignored
 
