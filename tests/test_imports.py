@@ -321,3 +321,17 @@ def test_cli_from_equals_cli_options(data_dir):
     got = json.loads(a.stdout)
     assert got.pop("import")["format"] == "megatron"
     assert json.dumps(got, sort_keys=True) == json.dumps(json.loads(b.stdout), sort_keys=True)
+
+
+def test_import_defaults_name_catalog_models():
+    """catalog/imports.toml: every torchtitan flavor maps to a catalog model, and the tokenizer
+    vocabularies are the catalog's GPT-2 and Llama 2 ones."""
+    from trainplan.imports import defaults
+    from trainplan.specs import catalog
+
+    d = defaults()
+    assert all(catalog.model(name) for name in d["torchtitan"]["flavors"].values())
+    vocab = d["megatron"]["tokenizer_vocab"]
+    assert (vocab["GPT2BPETokenizer"], vocab["Llama2Tokenizer"]) == (catalog.model("gpt2").vocab,
+                                                                      catalog.model("llama-2-7b").vocab)
+    assert all(t.get("source") for t in (d["megatron"], d["deepspeed"], d["torchtitan"], d["megatron"]["tokenizer_vocab"]))

@@ -10,13 +10,25 @@ did not understand. A setting that would change the model and is not understood 
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from ..errors import PlanError
 from ..files import read_text_file
 
 FORMATS = ("megatron", "deepspeed", "torchtitan")
+
+
+@lru_cache(maxsize=1)
+def defaults() -> dict:
+    """The frameworks' defaults and names the readers rely on (catalog/imports.toml, each table
+    citing its source)."""
+    from ..specs.catalog import CATALOG_DIR
+
+    with open(CATALOG_DIR / "imports.toml", "rb") as fh:
+        return tomllib.load(fh)
 
 
 @dataclass

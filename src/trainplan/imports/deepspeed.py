@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from ..errors import PlanError
-from . import Imported, bad
+from . import Imported, bad, defaults
 
 NOT_PLANNED = {
     "steps_per_print", "wall_clock_breakdown", "scheduler", "zero_allow_untested_optimizer", "prescale_gradients",
@@ -67,7 +67,8 @@ def _optimizer(cfg: dict, out: dict, notes: list[str]) -> None:
     params = opt.get("params") or {}
     kind = opt["type"].lower()
     # DeepSpeed's "Adam" runs FusedAdam / DeepSpeedCPUAdam with adam_w_mode true by default
-    table = {"adamw": "adamw", "adam": "adamw" if params.get("adam_w_mode", True) else "adam", "lion": "lion",
+    w_mode = params.get("adam_w_mode", defaults()["deepspeed"]["adam_w_mode"])
+    table = {"adamw": "adamw", "adam": "adamw" if w_mode else "adam", "lion": "lion",
              "fusedadam": "adamw", "cpuadam": "adamw", "sgd": "sgd-momentum" if params.get("momentum") else "sgd"}
     if kind not in table:
         raise bad("optimizer.type", f"{opt['type']!r:.40} is not planned; planned: Adam, AdamW, Lion, SGD "
@@ -84,7 +85,9 @@ def _zero(cfg: dict, out: dict, unknown: list[str], ignored: list[str]) -> None:
         raise bad("zero_optimization.stage", f"must be 0, 1, 2 or 3 (got {stage!r:.40})")
     out["zero"] = stage
     overlap = z.get("overlap_comm")
-    out["overlap_dp"] = bool(overlap) if isinstance(overlap, bool) else stage == 3  # DeepSpeed's default
+    ds = defaults()["deepspeed"]  # DeepSpeed's default: on for ZeRO-3 only
+    out["overlap_dp"] = overlap if isinstance(overlap, bool) else ds["overlap_comm_stage3" if stage == 3 else
+                                                                    "overlap_comm_other"]
     for key, option in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
         section = z.get(key)
         if section is None:
@@ -152,7 +155,7 @@ def read_deepspeed(text: str, path: Path, model_given: bool = False) -> Imported
             raise bad("gradient_clipping", f"must be a finite number >= 0 (got {clip!r:.40})")
         out["grad_clip"] = float(clip)
     elif clip is None:
-        out["grad_clip"] = 0.0  # DeepSpeed's default: no clipping
+        out["grad_clip"] = float(defaults()["deepspeed"]["gradient_clipping"])  # DeepSpeed's default: none
     bf16, fp16 = _enabled(cfg.get("bf16") or cfg.get("bfloat16")), _enabled(cfg.get("fp16"))
     if bf16 is None or fp16 is None:
         autos.append("bf16.enabled" if bf16 is None else "fp16.enabled")

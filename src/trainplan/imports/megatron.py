@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import PlanError
 from ..plan_types import RecomputeModule
-from . import Imported, bad
+from . import Imported, bad, defaults
 from .megatron_model import model_options
 from .shell import command_words
 
@@ -277,11 +277,12 @@ def read_megatron(text: str, path: Path, model_given: bool = False) -> Imported:
     if backends.get(backend):
         out["attention"] = backends[backend]
     f.has("--use-flash-attn")
-    attn, hidden = f.float("--attention-dropout", 0.1), f.float("--hidden-dropout", 0.1)  # Megatron's defaults
+    meg = defaults()["megatron"]
+    attn, hidden = f.float("--attention-dropout", meg["dropout"]), f.float("--hidden-dropout", meg["dropout"])
     if attn != hidden:
         notes.append(f"attention dropout {attn:g} and hidden dropout {hidden:g}: planned with {hidden:g} for both")
     out["dropout"] = hidden
-    out["grad_clip"] = f.float("--clip-grad", 1.0)
+    out["grad_clip"] = f.float("--clip-grad", meg["clip_grad"])
     capacity = f.str("--moe-expert-capacity-factor")
     if capacity is not None:
         unknown.append(f"--moe-expert-capacity-factor {capacity} (planned without a capacity: no token dropped)")

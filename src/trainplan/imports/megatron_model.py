@@ -13,15 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..specs import catalog
-from . import bad
+from . import bad, defaults
 
 if TYPE_CHECKING:
     from .megatron import Flags
 
-TOKENIZER_VOCAB = {  # vocabularies of tokenizers Megatron-LM names, before its padding
-    "GPT2BPETokenizer": 50257,  # GPT-2's BPE (gpt2-vocab.json)
-    "Llama2Tokenizer": 32000,  # Llama 2's SentencePiece model
-}
 # the architecture fields compared with the catalog
 ARCH = ("layers", "hidden", "heads", "n_kv_heads", "dim_head", "ffn", "mlp", "tied_embeddings", "norm", "position",
         "qkv_bias", "bias", "qk_norm", "parallel_residual", "experts", "top_k", "shared_experts", "first_dense_layers",
@@ -58,6 +54,7 @@ def _moe_layer_freq(text: str | None, layers: int) -> tuple[int, int]:
 
 def model_fields(f: Flags, tp: int, notes: list[str]) -> dict:
     """The model the flags describe, as ModelSpec fields (vocab None when the flags do not fix it)."""
+    meg = defaults()["megatron"]
     layers, hidden, heads = (f.int(k) for k in ("--num-layers", "--hidden-size", "--num-attention-heads"))
     missing = [k for k, v in (("--num-layers", layers), ("--hidden-size", hidden), ("--num-attention-heads", heads))
                if v is None]
@@ -91,25 +88,29 @@ def model_fields(f: Flags, tp: int, notes: list[str]) -> dict:
     if experts:
         first, freq = _moe_layer_freq(f.str("--moe-layer-freq"), layers)
         shared = f.int("--moe-shared-expert-intermediate-size")
-        d.update(experts=experts, top_k=f.int("--moe-router-topk", 2),
+        d.update(experts=experts, top_k=f.int("--moe-router-topk", meg["moe_router_topk"]),
                  expert_ffn=f.int("--moe-ffn-hidden-size") or d["ffn"], first_dense_layers=first, moe_layer_freq=freq,
                  shared_experts=1 if shared else 0, shared_expert_ffn=shared or None,
                  shared_expert_gate=f.has("--moe-shared-expert-gate"),
                  router_bias=f.has("--moe-router-enable-expert-bias"))
     if f.has("--multi-latent-attention"):
         d.update(kv_heads=None, head_dim=None, q_lora_rank=f.int("--q-lora-rank"),
-                 kv_lora_rank=f.int("--kv-lora-rank", 32), qk_nope_head_dim=f.int("--qk-head-dim", 128),
-                 qk_rope_head_dim=f.int("--qk-pos-emb-head-dim", 64), v_head_dim=f.int("--v-head-dim", 128))
+                 kv_lora_rank=f.int("--kv-lora-rank", meg["kv_lora_rank"]),
+                 qk_nope_head_dim=f.int("--qk-head-dim", meg["qk_head_dim"]),
+                 qk_rope_head_dim=f.int("--qk-pos-emb-head-dim", meg["qk_pos_emb_head_dim"]),
+                 v_head_dim=f.int("--v-head-dim", meg["v_head_dim"]))
     vocab = f.int("--vocab-size")
     tokenizer = f.str("--tokenizer-type")
     if vocab is None and tokenizer is None and f.has("--vocab-file") and f.has("--merge-file"):
         tokenizer = "GPT2BPETokenizer"  # a BPE vocabulary and merges: GPT-2's tokenizer
-    if vocab is None and tokenizer in TOKENIZER_VOCAB:
-        vocab = TOKENIZER_VOCAB[tokenizer]
+    known = {k: v for k, v in meg["tokenizer_vocab"].items() if k != "source"}
+    if vocab is None and tokenizer in known:
+        vocab = known[tokenizer]
         notes.append(f"vocabulary {vocab:,} ({tokenizer})")
     d["vocab"] = vocab
     if vocab is not None:
-        d["padded_vocab"] = padded_vocab(vocab, f.int("--make-vocab-size-divisible-by", 128), tp)
+        d["padded_vocab"] = padded_vocab(vocab, f.int("--make-vocab-size-divisible-by",
+                                                      meg["make_vocab_size_divisible_by"]), tp)
     return d
 
 
@@ -179,7 +180,7 @@ def model_options(f: Flags, tp: int, path: Path, notes: list[str]) -> dict:
         m = found[0]
         if d["vocab"] is not None and m.vocab != d["padded_vocab"]:
             notes.append(f"Megatron-LM pads the vocabulary to {d['padded_vocab']:,}; planned with {m.name}'s {m.vocab:,}")
-        base = (f.flags.get("--rotary-base") or ["10000"])[0]  # Megatron's default base; read, not planned
+        base = (f.flags.get("--rotary-base") or [str(defaults()["megatron"]["rotary_base"])])[0]  # read, not planned
         rope = float(base) if d["position"] == "rotary" and base.replace(".", "", 1).isdigit() else None
         if rope is not None and getattr(m, "rope_theta", None) not in (None, rope):
             notes.append(f"RoPE base {rope:g} (--rotary-base; {m.name} has {m.rope_theta:g}): the same memory and time")

@@ -20,17 +20,9 @@ import tomllib
 from pathlib import Path
 
 from ..errors import PlanError
-from . import Imported, bad
+from . import Imported, bad, defaults
 from .shell import _Shell, _statements
 
-# torchtitan's (model name, flavor) -> the catalog's model of the same configuration
-# (torchtitan/models/*/__init__.py model_registry; the Llama 3 flavors are Llama 3.1's, with its
-# 131,072-token context and assets)
-FLAVORS = {
-    ("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b", ("llama3", "405B"): "llama-3.1-405b",
-    ("llama2", "7B"): "llama-2-7b", ("llama2", "13B"): "llama-2-13b", ("llama2", "70B"): "llama-2-70b",
-    ("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
-}
 # torch.distributed.pipelining schedule names (schedules.py get_schedule_class) -> the planner's
 SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved", "interleavedzerobubble": "zb",
              "loopedbfs": "looped_bfs", "zbvzerobubble": "zbv", "dualpipev": "dualpipev"}
@@ -254,10 +246,11 @@ def _model_numerics(get, out: dict, unknown: list[str], notes: list[str]) -> Non
     name, flavor = get("model", "name"), get("model", "flavor")
     if name is None or flavor is None:
         raise bad("model", "the job names no model ([model] name and flavor)")
-    model = FLAVORS.get((str(name), str(flavor)))
+    flavors = defaults()["torchtitan"]["flavors"]  # catalog/imports.toml
+    model = flavors.get(f"{name}/{flavor}")
     if model is None:
         raise bad("model.flavor", f"torchtitan's {name} {flavor!r} is not a model trainplan knows; known: "
-                  f"{', '.join(f'{n} {f}' for n, f in FLAVORS)}")
+                  f"{', '.join(k.replace('/', ' ') for k in flavors)}")
     out["model"] = model
     notes.append(f"torchtitan's {name} {flavor} is {model}")
     converters = get("model", "converters", [])
@@ -414,8 +407,8 @@ def finish(options: dict, notes: list[str]) -> dict:
         if shard != -1:
             gpus = replicate * shard * tp * pp * cp
         else:
-            gpus = 8
-            notes.append("the job fills data_parallel_shard_degree (-1) from the GPUs it runs on: planned on 8 "
+            gpus = defaults()["torchtitan"]["ngpu"]
+            notes.append(f"the job fills data_parallel_shard_degree (-1) from the GPUs it runs on: planned on {gpus} "
                          "(run_train.sh's NGPU default); give --gpus")
         options["gpus"] = gpus
     if gpus % (tp * pp * cp):
