@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -65,7 +66,10 @@ def _cache(root, repo_id, data_dir, commit="0123abcd"):
     (folder / "refs" / "main").write_text(commit)
     snap = folder / "snapshots" / commit
     snap.mkdir(parents=True)
-    shutil.copy(data_dir / "hf/llama-3-8b.json", snap / "config.json")
+    (folder / "blobs").mkdir()
+    shutil.copy(data_dir / "hf/llama-3-8b.json", folder / "blobs" / "5b1f6a0c")
+    # huggingface_hub links each snapshot file to its blob
+    (snap / "config.json").symlink_to(Path("..", "..", "blobs", "5b1f6a0c"))
     return snap / "config.json"
 
 
