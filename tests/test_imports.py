@@ -335,3 +335,34 @@ def test_import_defaults_name_catalog_models():
     assert (vocab["GPT2BPETokenizer"], vocab["Llama2Tokenizer"]) == (catalog.model("gpt2").vocab,
                                                                       catalog.model("llama-2-7b").vocab)
     assert all(t.get("source") for t in (d["megatron"], d["deepspeed"], d["torchtitan"], d["megatron"]["tokenizer_vocab"]))
+
+
+def test_megatron_deepseek_v3_megatron_fsdp(data_dir, tmp_path):
+    """examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh: its flags describe the catalog's
+    DeepSeek-V3 exactly (MLA ranks, 256 routed experts of 2,048 plus a shared one, the first 3
+    layers dense, the expert bias), but it trains a multi-token-prediction layer too, which
+    trainplan does not model: refused by name. Named alongside, the model is planned with the
+    script's run: Megatron-FSDP optim_grads_params (ZeRO-3) with EP 8, gradients kept and reduced
+    in bf16, MLA up-projections and norms recomputed."""
+    f = data_dir / "imports/megatron_sbatch_mfsdp_deepseek_v3.sh"
+    with pytest.raises(PlanError) as err:
+        read_config(f)
+    assert err.value.field == "from.mtp-num-layers"
+    no_mtp = tmp_path / "no_mtp.sh"
+    no_mtp.write_text(f.read_text().replace("--mtp-num-layers 1", ""))
+    assert read_config(no_mtp).options["model"] == "deepseek-v3"
+    imp = read_config(f, model_given=True)
+    assert "--recompute-modules mlp" in imp.unknown and "--recompute-modules moe" in imp.unknown
+    want = plan(model="deepseek-v3", framework="megatron", gpus=256, tp=1, cp=1, ep=8, sp=True, mbs=4, gbs=2048,
+                seq_len=4096, zero=3, grad_dtype="bf16", reduce_dtype="bf16", recompute="selective",
+                recompute_modules="mla_up_proj,layernorm", overlap_dp=True, dropout=0.0)
+    same_plan(plan(from_file=str(f), model="deepseek-v3", gpus=256), want)
+
+
+def test_megatron_settings_file_without_command(data_dir):
+    """examples/post_training/modelopt/conf/Qwen/Qwen3-30B-A3B.sh sets MODEL_ARGS for a launcher
+    to source: its flags describe the catalog's Qwen3-30B-A3B (128 experts of 768, top 8, QK norm)."""
+    imp = read_config(data_dir / "imports/megatron_modelopt_Qwen3-30B-A3B.sh")
+    assert imp.options["model"] == "qwen3-30b-a3b"
+    assert imp.notes[0] == "no training command: read the flags of $MODEL_ARGS"
+    assert (imp.options["mbs"], imp.options["precision"], imp.options["seq_len"]) == (1, "bf16", 4096)

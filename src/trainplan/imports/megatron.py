@@ -56,7 +56,8 @@ NOT_PLANNED_PREFIXES = (
     "--log", "--wandb", "--enable-", "--use-pytorch-profiler", "--straggler-", "--rerun-", "--full-validation",
     "--mid-level-dataset-surplus", "--per-split-data-args-path", "--moe-router-num-groups", "--moe-router-group-topk",
     "--moe-shared-expert-overlap", "--moe-router-fusion", "--moe-token-drop-policy", "--moe-pad-expert-input-to-capacity",
-    "--mscale", "--rope-type", "--beta-fast", "--beta-slow", "--original-max-position-embeddings", "--rope-scaling-factor",
+    "--moe-flex-dispatcher-backend", "--moe-router-force-load-balancing", "--moe-enable-deepep", "--moe-deepep-num-sms",
+    "--mtp-loss-scaling-factor", "--mscale", "--rope-type", "--beta-fast", "--beta-slow", "--original-max-position-embeddings", "--rope-scaling-factor",
 )
 # flags whose names say they shape the model: refused when not understood (the plan would be of
 # another model)
@@ -188,6 +189,14 @@ def _precision(f: Flags, out: dict) -> None:
         out["precision"] = "fp8"
     if f.has("--grad-reduce-in-bf16"):
         out["grad_dtype"] = "bf16"
+    dtypes = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+    for flag, key in (("--megatron-fsdp-main-grads-dtype", "grad_dtype"), ("--megatron-fsdp-grad-comm-dtype",
+                                                                             "reduce_dtype")):
+        value = f.str(flag)
+        if value is not None:
+            if value not in dtypes:
+                raise bad(flag.lstrip("-"), f"{flag} must be fp32, bf16 or fp16 (got {value!r:.40})")
+            out[key] = dtypes[value]
     if f.has("--use-precision-aware-optimizer"):
         dt = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
               "torch.float32": "fp32"}
@@ -225,6 +234,7 @@ def _layout(f: Flags, out: dict, layers: int | None, unknown: list[str]) -> None
         vpp = stage // per_virtual
     if vpp and vpp > 1:
         out.update(schedule="interleaved", vpp=vpp)
+    distributed_optimizer = f.has("--use-distributed-optimizer")
     if f.has("--use-torch-fsdp2"):
         out["zero"] = 3
     elif f.has("--use-megatron-fsdp"):
@@ -233,7 +243,7 @@ def _layout(f: Flags, out: dict, layers: int | None, unknown: list[str]) -> None
         if strategy not in stages:
             raise bad("data-parallel-sharding-strategy", f"must be one of {', '.join(stages)} (got {strategy!r:.40})")
         out["zero"] = stages[strategy]
-    elif f.has("--use-distributed-optimizer"):
+    elif distributed_optimizer:
         out["zero"] = 1
     else:
         out["zero"] = 0
@@ -248,8 +258,14 @@ def read_megatron(text: str, path: Path, model_given: bool = False) -> Imported:
     if not flags:
         raise bad("", f"{path} has no Megatron-LM arguments (a `torchrun ... pretrain_gpt.py --num-layers ...` line, "
                   "or --flags one after another)")
+    script = Path(read.script).name if read.script else None
+    if script and script.startswith("pretrain_") and not script.startswith("pretrain_gpt"):
+        raise bad("", f"{path} runs {script}: trainplan plans decoder-only GPT-style models (pretrain_gpt.py), "
+                  f"not the model {script} trains")
     f = Flags(flags)
     notes: list[str] = [f"read the arguments of {read.script}"] if read.script else []
+    if read.from_vars:
+        notes.append(f"no training command: read the flags of ${', $'.join(read.from_vars)}")
     unknown = [f"{u}" for u in read.unsure] + [f"stray word {w!r}" for w in stray[:5]]
     out: dict = {"framework": "megatron"}
     _layout(f, out, f.int("--num-layers"), unknown)

@@ -82,7 +82,9 @@ def model_fields(f: Flags, tp: int, notes: list[str]) -> dict:
              ffn=f.int("--ffn-hidden-size") or _ffn_default(hidden, swiglu), mlp="swiglu" if swiglu else "gelu",
              tied_embeddings=not f.has("--untie-embeddings-and-output-weights"),
              norm="rmsnorm" if norm == "RMSNorm" else "layernorm", position=positions[position],
-             bias=bias, qkv_bias=bias or f.has("--add-qkv-bias"), qk_norm=f.has("--qk-layernorm"),
+             bias=bias, qkv_bias=bias or f.has("--add-qkv-bias"),
+             # with MLA, --qk-layernorm is the norms of its latent q and kv, part of MLA itself
+             qk_norm=f.has("--qk-layernorm") and not f.has("--multi-latent-attention"),
              max_position=f.int("--max-position-embeddings") or f.int("--seq-length") or 4096)
     experts = f.int("--num-experts")
     if experts:
@@ -99,7 +101,7 @@ def model_fields(f: Flags, tp: int, notes: list[str]) -> dict:
                  qk_nope_head_dim=f.int("--qk-head-dim", meg["qk_head_dim"]),
                  qk_rope_head_dim=f.int("--qk-pos-emb-head-dim", meg["qk_pos_emb_head_dim"]),
                  v_head_dim=f.int("--v-head-dim", meg["v_head_dim"]))
-    vocab = f.int("--vocab-size")
+    vocab = f.int("--vocab-size") or f.int("--padded-vocab-size")
     tokenizer = f.str("--tokenizer-type")
     if vocab is None and tokenizer is None and f.has("--vocab-file") and f.has("--merge-file"):
         tokenizer = "GPT2BPETokenizer"  # a BPE vocabulary and merges: GPT-2's tokenizer
@@ -184,7 +186,12 @@ def model_options(f: Flags, tp: int, path: Path, notes: list[str]) -> dict:
         rope = float(base) if d["position"] == "rotary" and base.replace(".", "", 1).isdigit() else None
         if rope is not None and getattr(m, "rope_theta", None) not in (None, rope):
             notes.append(f"RoPE base {rope:g} (--rotary-base; {m.name} has {m.rope_theta:g}): the same memory and time")
-        if len(found) > 1:
+        others = [x for x in found[1:] if x.vocab != m.vocab]
+        if d["vocab"] is None and others:  # the choice decides the vocabulary: said, with how to make another
+            notes.append(f"the arguments fix no vocabulary: planned as {m.name} ({m.vocab:,} tokens); the same shape "
+                         f"with another vocabulary: {', '.join(f'{x.name} ({x.vocab:,})' for x in others)}: give "
+                         "--vocab-size in the file or --model")
+        elif len(found) > 1:
             notes.append(f"the arguments' model is {m.name} (also {', '.join(x.name for x in found[1:])}: the same shape)")
         else:
             notes.append(f"the arguments' model is {m.name}")

@@ -33,6 +33,7 @@ class ShellRead:
     script: str | None  # the Python script the words are passed to (pretrain_gpt.py), if any
     unsure: list[str] = field(default_factory=list)
     launcher: list[str] = field(default_factory=list)  # the words before the script (torchrun and its flags)
+    from_vars: list[str] = field(default_factory=list)  # no command: the variables whose flags were read
 
 
 def _statements(text: str) -> list[str]:
@@ -40,10 +41,12 @@ def _statements(text: str) -> list[str]:
     text = re.sub(r"\\\r?\n", " ", text)
     out, pending, depth = [], "", 0
     for raw in text.splitlines():
-        line = _strip_comment(raw).strip()
+        line = raw.strip() if _open_quote(pending) else _strip_comment(raw).strip()
         if not line:
             continue
         pending = f"{pending} {line}" if pending else line
+        if _open_quote(pending):  # a quoted string that goes on over lines
+            continue
         depth += line.count("(") - line.count(")")
         if depth > 0:
             continue
@@ -53,6 +56,22 @@ def _statements(text: str) -> list[str]:
     if pending:
         out.append(pending)
     return out
+
+
+def _open_quote(s: str) -> str | None:
+    """The quote character left open at the end of `s`, if any."""
+    quote = None
+    escaped = False
+    for ch in s:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+    return quote
 
 
 def _strip_comment(line: str) -> str:
@@ -89,6 +108,7 @@ class _Shell:
         self.vars: dict[str, list[str] | str] = {}
         self.positional = positional or []
         self.unsure: list[str] = []
+        self.order: list[str] = []  # variables in the order they were first set
 
     def value(self, name: str) -> str:
         if name.isdigit():
@@ -126,7 +146,13 @@ class _Shell:
         return _VAR.sub(var, s)
 
     def words(self, s: str) -> list[str]:
-        """Expanded, then split as bash splits unquoted expansions (quotes respected)."""
+        """Expanded, then split as bash splits unquoted expansions (quotes respected); "${A[@]}"
+        is each element of A as a word."""
+        def elements(m):
+            v = self.vars.get(m.group(1), "")
+            return " ".join(shlex.quote(x) for x in (v if isinstance(v, list) else [v]))
+
+        s = re.sub(r'"\$\{([A-Za-z_]\w*)\[@\]\}"', elements, s)
         try:
             return shlex.split(self.expand(s), comments=False)
         except ValueError as exc:
@@ -202,6 +228,8 @@ def command_words(text: str, positional: list[str] | None = None) -> ShellRead:
         if m:
             name, append, value = m.groups()
             value = value.strip()
+            if name not in sh.order:
+                sh.order.append(name)
             if value.startswith("(") and value.endswith(")"):
                 items = sh.words(value[1:-1])
                 old = sh.vars.get(name, []) if append else []
@@ -216,7 +244,16 @@ def command_words(text: str, positional: list[str] | None = None) -> ShellRead:
             found = ShellRead(words[script + 1:], words[script], [], words[:script])
         elif words and words[0].startswith("--"):
             plain += words
+    from_vars: list[str] = []
+    if found is None and not plain:
+        # no command: a file of settings (sourced by a launcher) whose variables hold the flags
+        for name in sh.order:
+            words = sh.vars[name] if isinstance(sh.vars[name], list) else sh.words(sh.vars[name])
+            if words and words[0].startswith("--"):
+                plain += words
+                from_vars.append(name)
     if found is None:
         found = ShellRead(plain, None, [])
     found.unsure = sh.unsure
+    found.from_vars = from_vars
     return found
