@@ -366,3 +366,17 @@ def test_megatron_settings_file_without_command(data_dir):
     assert imp.options["model"] == "qwen3-30b-a3b"
     assert imp.notes[0] == "no training command: read the flags of $MODEL_ARGS"
     assert (imp.options["mbs"], imp.options["precision"], imp.options["seq_len"]) == (1, "bf16", 4096)
+
+
+def test_torchtitan_deepseek_v3_job(data_dir):
+    """torchtitan's DeepSeek-V3 671B TOML job: FSDP over all ranks, local batch 4 of 4,096 tokens;
+    per-op selective checkpointing is modelled for dense layers only, so it is planned (and said)
+    as Megatron's selective recompute; compile covers the loss only, so no fused kernels; the
+    float8 recipe's sections are read and not planned (no converter enables them)."""
+    f = data_dir / "imports/torchtitan_deepseek_v3_671b.toml"
+    imp = read_config(f)
+    assert "[quantize]" in imp.ignored and not imp.unknown
+    assert any("planned as Megatron's selective recompute" in n for n in imp.notes)
+    want = plan(model="deepseek-v3", framework="fsdp", gpus=256, zero=3, mbs=4, gbs=1024, seq_len=4096,
+                recompute="selective")
+    same_plan(plan(from_file=str(f), gpus=256), want)

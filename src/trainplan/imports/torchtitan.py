@@ -31,7 +31,9 @@ DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 # read, and not part of a plan
 NOT_PLANNED_SECTIONS = {"job", "profiling", "profiler", "metrics", "lr_scheduler", "checkpoint", "validation",
                         "validator", "comm", "debug", "fault_tolerance", "experimental", "memory_estimation",
-                        "dataloader", "tokenizer"}
+                        "dataloader", "tokenizer",
+                        # the float8 recipe's options ([float8], later [quantize.*]): model.converters decides
+                        "float8", "quantize"}
 NOT_PLANNED_KEYS = {
     "model": {"tokenizer_path", "hf_assets_path", "print_after_conversion", "converters"},
     "training": {"steps", "dataset", "dataset_path", "compile", "gc_freq", "gc_debug", "seed", "deterministic",
@@ -43,7 +45,7 @@ NOT_PLANNED_KEYS = {
                     "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage"},
     "activation_checkpoint": {"selective_ac_option", "preserve_rng_state", "determinism_check", "debug",
                               "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop"},
-    "compile": {"components", "backend"},
+    "compile": {"backend"},
     "float8": {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp", "filter_fqns",
                "recipe_name", "emulate", "force_recompute_fp8_weight_in_bwd"},
 }
@@ -54,11 +56,6 @@ def _toml_sections(text: str, path: Path) -> dict:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PlanError("from", f"{path} is not valid TOML ({exc})") from None
-    # [quantize.linear.float8] (later TOML files) is [float8] of earlier ones
-    float8 = data.get("quantize", {}).get("linear", {}).get("float8") if isinstance(data.get("quantize"), dict) else None
-    if float8 is not None:
-        data["float8"] = float8
-        data.pop("quantize")
     return data
 
 
@@ -292,6 +289,10 @@ def _layout(get, out: dict) -> None:
     if shard != -1:
         shard = _int(shard, "parallelism.data_parallel_shard_degree")
     out.update(tp=tp, pp=pp, cp=cp, ep=ep, sp=tp > 1 and bool(get("parallelism", "enable_sequence_parallel", True)))
+    etp = get("parallelism", "expert_tensor_parallel_degree", None)
+    if etp not in (None, 1, tp) and tp > 1:
+        raise bad("parallelism.expert_tensor_parallel_degree", f"{etp} is not planned: experts are split by the "
+                  f"tensor-parallel degree ({tp}) or not at all")
     reshard = get("parallelism", "fsdp_reshard_after_forward", "default")
     if shard == 1:
         out["zero"] = 0  # replicated: DDP
@@ -354,9 +355,9 @@ def _training_choices(get, out: dict, notes: list[str]) -> None:
         if impl not in ("fused", "foreach", "for-loop"):
             raise bad("optimizer.implementation", f"must be fused, foreach or for-loop (got {impl!r:.40})")
         out["optimizer_impl"] = impl
-    compiled = get("compile", "enable", False)
+    compiled = get("compile", "enable", False) is True and "model" in get("compile", "components", ["model", "loss"])
     legacy = get("training", "compile", False)  # [training] compile before the [compile] section
-    if compiled is True or legacy is True:
+    if compiled or legacy is True:
         out["fused_kernels"] = True  # torch.compile fuses the norms and SwiGLU (calibration.py's rule)
 
 
