@@ -20,7 +20,7 @@ from . import Imported, bad, defaults
 NOT_PLANNED = {
     "steps_per_print", "wall_clock_breakdown", "scheduler", "zero_allow_untested_optimizer", "prescale_gradients",
     "gradient_predivide_factor", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger",
-    "dump_state", "memory_breakdown", "checkpoint", "data_efficiency", "data_types", "seed", "elasticity",
+    "dump_state", "memory_breakdown", "checkpoint", "data_efficiency", "seed", "elasticity",
     "monitor_config", "train_micro_batch_size_per_gpu_auto", "aio", "nebula", "amp", "sparse_gradients",
     "zero_force_ds_cpu_optimizer",
 }
@@ -69,9 +69,10 @@ def _optimizer(cfg: dict, out: dict, notes: list[str]) -> None:
     # DeepSpeed's "Adam" runs FusedAdam / DeepSpeedCPUAdam with adam_w_mode true by default
     w_mode = params.get("adam_w_mode", defaults()["deepspeed"]["adam_w_mode"])
     table = {"adamw": "adamw", "adam": "adamw" if w_mode else "adam", "lion": "lion",
-             "fusedadam": "adamw", "cpuadam": "adamw", "sgd": "sgd-momentum" if params.get("momentum") else "sgd"}
+             "fusedadam": "adamw", "cpuadam": "adamw", "sgd": "sgd-momentum" if params.get("momentum") else "sgd",
+             "adafactor": "adafactor"}
     if kind not in table:
-        raise bad("optimizer.type", f"{opt['type']!r:.40} is not planned; planned: Adam, AdamW, Lion, SGD "
+        raise bad("optimizer.type", f"{opt['type']!r:.40} is not planned; planned: Adam, AdamW, Lion, SGD, Adafactor "
                   "(its state is what a plan counts)")
     out["optimizer"] = table[kind]
 
@@ -176,6 +177,14 @@ def read_deepspeed(text: str, path: Path, model_given: bool = False) -> Imported
     tp = cfg.get("tensor_parallel")
     if isinstance(tp, dict) and tp.get("autotp_size") not in (None, 1):
         out["tp"] = _int(tp, "autotp_size", "tensor_parallel.")
+    ep = cfg.get("expert_parallel")  # AutoEP
+    if isinstance(ep, dict) and ep.get("enabled", True) and ep.get("autoep_size") not in (None, 1):
+        out["ep"] = _int(ep, "autoep_size", "expert_parallel.")
+    types = cfg.get("data_types")
+    if isinstance(types, dict) and types.get("grad_accum_dtype") is not None:
+        if types["grad_accum_dtype"] not in DTYPES:
+            raise bad("data_types.grad_accum_dtype", f"must be fp32, fp16 or bf16 (got {types['grad_accum_dtype']!r:.40})")
+        out["grad_dtype"] = DTYPES[types["grad_accum_dtype"]]
     for key in ("sequence_parallel_size", "pipeline", "zenflow", "compression_training", "curriculum_learning",
                 "progressive_layer_drop", "moe", "hybrid_engine"):
         if key in cfg:
@@ -192,9 +201,9 @@ def read_deepspeed(text: str, path: Path, model_given: bool = False) -> Imported
         notes.append(f"\"auto\" (filled by the trainer): {', '.join(autos)}: planned with trainplan's defaults")
     known = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
              "bf16", "bfloat16", "fp16", "communication_data_type", "optimizer", "zero_optimization",
-             "activation_checkpointing", "tensor_parallel"}
+             "activation_checkpointing", "tensor_parallel", "expert_parallel", "data_types"}
     for key in cfg:
-        if key in NOT_PLANNED:
+        if key in NOT_PLANNED or key.startswith("_"):  # "_..." keys: comments to the reader
             ignored.append(key)
         elif key not in known and key not in unknown:
             unknown.append(key)

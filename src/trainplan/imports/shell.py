@@ -34,6 +34,8 @@ class ShellRead:
     unsure: list[str] = field(default_factory=list)
     launcher: list[str] = field(default_factory=list)  # the words before the script (torchrun and its flags)
     from_vars: list[str] = field(default_factory=list)  # no command: the variables whose flags were read
+    env: dict = field(default_factory=dict)  # NAME=value words before the command
+    variables: dict = field(default_factory=dict)  # the script's string variables at its end
 
 
 def _statements(text: str) -> list[str]:
@@ -182,9 +184,38 @@ class _Shell:
         return None
 
 
-def command_words(text: str, positional: list[str] | None = None) -> ShellRead:
-    """The words given to the script's Python program (after `pretrain_gpt.py`), or, for a
-    plain arguments file, every word of its statements that start with an option."""
+def python_script(words: list[str], env: dict) -> int | None:
+    """Where a Megatron-LM command's arguments start: after its Python script (pretrain_gpt.py)."""
+    script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
+    if script is not None and any(w.startswith("--") for w in words[script + 1:]):
+        return script
+    return None
+
+
+def _env_prefix(words: list[str]) -> tuple[dict, list[str]]:
+    """`A=1 B=2 cmd ...`: the environment given to the command, and the command."""
+    env = {}
+    while words and re.match(r"^[A-Za-z_]\w*=", words[0]):
+        k, _, v = words[0].partition("=")
+        env[k] = v
+        words = words[1:]
+    return env, words
+
+
+def _is_assignment(value: str) -> bool:
+    """NAME=value alone (an array, or one word), not NAME=value before a command."""
+    if value.startswith("("):
+        return True
+    try:
+        return len(shlex.split(value)) <= 1
+    except ValueError:
+        return True
+
+
+def command_words(text: str, positional: list[str] | None = None, select=python_script) -> ShellRead:
+    """The words given to the command `select` recognises (by default the Python script of a
+    `torchrun ... pretrain_gpt.py` line: the words after it), or, for a plain arguments file,
+    every word of its statements that start with an option."""
     sh = _Shell(positional)
     stack: list[bool] = []  # the state of each enclosing if: are we in the branch taken?
     taken: list[bool] = []  # has a branch of each enclosing if been taken?
@@ -225,7 +256,7 @@ def command_words(text: str, positional: list[str] | None = None) -> ShellRead:
         if not all(stack):
             continue
         m = _ASSIGN.match(st)
-        if m:
+        if m and _is_assignment(m.group(3).strip()):
             name, append, value = m.groups()
             value = value.strip()
             if name not in sh.order:
@@ -238,10 +269,10 @@ def command_words(text: str, positional: list[str] | None = None) -> ShellRead:
                 words = sh.words(value) if value else [""]
                 sh.vars[name] = (sh.value(name) if append else "") + " ".join(words)
             continue
-        words = sh.words(st)
-        script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-        if script is not None and any(w.startswith("--") for w in words[script + 1:]):
-            found = ShellRead(words[script + 1:], words[script], [], words[:script])
+        env, words = _env_prefix(sh.words(st))
+        start = select(words, env)
+        if start is not None:
+            found = ShellRead(words[start + 1:], words[start], [], words[:start], env=env)
         elif words and words[0].startswith("--"):
             plain += words
     from_vars: list[str] = []
@@ -256,4 +287,5 @@ def command_words(text: str, positional: list[str] | None = None) -> ShellRead:
         found = ShellRead(plain, None, [])
     found.unsure = sh.unsure
     found.from_vars = from_vars
+    found.variables = {k: v for k, v in sh.vars.items() if isinstance(v, str)}
     return found

@@ -21,11 +21,13 @@ from pathlib import Path
 
 from ..errors import PlanError
 from . import Imported, bad, defaults
-from .shell import _Shell, _statements
+from .shell import command_words
 
 # torch.distributed.pipelining schedule names (schedules.py get_schedule_class) -> the planner's
 SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved", "interleavedzerobubble": "zb",
              "loopedbfs": "looped_bfs", "zbvzerobubble": "zbv", "dualpipev": "dualpipev"}
+# 0.3 command-line fields read under the TOML files' names
+OVERRIDE_KEYS = {"optimizer.param_groups.0.optimizer_name": "optimizer.name"}
 MULTI_STAGE = ("interleaved", "looped_bfs", "zbv", "dualpipev", "zb")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 # read, and not part of a plan
@@ -37,7 +39,7 @@ NOT_PLANNED_SECTIONS = {"job", "profiling", "profiler", "metrics", "lr_scheduler
 NOT_PLANNED_KEYS = {
     "model": {"tokenizer_path", "hf_assets_path", "print_after_conversion", "converters"},
     "training": {"steps", "dataset", "dataset_path", "compile", "gc_freq", "gc_debug", "seed", "deterministic",
-                 "warmup_steps", "disable_cuda_graphs", "dtype"},
+                 "warmup_steps", "disable_cuda_graphs"},
     "optimizer": {"lr", "eps", "weight_decay", "beta1", "beta2", "early_step_in_backward"},
     "parallelism": {"enable_compiled_autograd", "spmd_backend", "context_parallel_load_balancer",
                     "context_parallel_ptrr_mask_key", "pipeline_parallel_schedule_csv", "pipeline_parallel_split_points",
@@ -71,64 +73,76 @@ def _value(text: str):
     return text
 
 
+def _select(words: list[str], env: dict) -> int | None:
+    """Where a torchtitan command's arguments start: after `-m torchtitan.train`, after the
+    launcher script given MODULE= and CONFIG=, or after whatever precedes --module."""
+    if "torchtitan.train" in words:
+        return words.index("torchtitan.train")
+    if words and ("MODULE" in env or "CONFIG" in env):
+        return 0
+    first = next((i for i, w in enumerate(words) if w == "--module" or w.startswith("--module=")), None)
+    return first - 1 if first else None
+
+
+def _launcher_gpus(launcher: list[str], env: dict, variables: dict) -> int | None:
+    """NGPU (run_train.sh's), or torchrun's --nproc-per-node x --nnodes."""
+    ngpu = env.get("NGPU") or variables.get("NGPU")
+    if ngpu and ngpu.isdigit():
+        return int(ngpu)
+    per, nodes = None, "1"
+    for i, w in enumerate(launcher):
+        key, eq, val = w.partition("=")
+        val = val if eq else (launcher[i + 1] if i + 1 < len(launcher) else "")
+        if key in ("--nproc-per-node", "--nproc_per_node"):
+            per = val
+        elif key == "--nnodes":
+            nodes = val
+    return int(per) * int(nodes) if per and per.isdigit() and nodes.isdigit() else None
+
+
+# tyro's subcommand for the activation checkpointing union: activation-checkpoint:<kind>
+_AC_SUBCOMMAND = re.compile(r"^activation[-_]checkpoint:([\w.-]+)$")
+
+
 def _command(text: str) -> tuple[str | None, str | None, list[tuple[str, object]], int | None, list[str]]:
-    """--module, --config, the dotted overrides, the GPU count (NGPU or --nproc_per_node) and stray words."""
-    sh = _Shell()
-    module = config = None
+    """--module, --config, the dotted overrides, the GPU count and stray words."""
+    read = command_words(text, select=_select)
+    module, config = read.env.get("MODULE"), read.env.get("CONFIG")
     overrides: list[tuple[str, object]] = []
     stray: list[str] = []
-    gpus = None
-    for st in _statements(text):
-        m = re.match(r"^(?:export\s+)?([A-Za-z_]\w*)=(\S*)$", st)
+    words = read.words
+    i = 0
+    while i < len(words):
+        w = words[i]
+        key, eq, val = w.partition("=")
+        takes_value = not eq and i + 1 < len(words) and not words[i + 1].startswith("--") \
+            and not _AC_SUBCOMMAND.match(words[i + 1])
+        m = _AC_SUBCOMMAND.match(w)
         if m:
-            sh.vars[m.group(1)] = " ".join(sh.words(m.group(2))) if m.group(2) else ""
-            continue
-        words = sh.words(st)
-        # NAME=value words before a command set its environment (MODULE=llama3 ./run_train.sh ...)
-        env = {}
-        while words and re.match(r"^[A-Za-z_]\w*=", words[0]):
-            k, _, v = words.pop(0).partition("=")
-            env[k] = v
-        if "--module" not in " ".join(words) and "MODULE" not in env and "CONFIG" not in env:
-            continue
-        module, config = env.get("MODULE", module), env.get("CONFIG", config)
-        gpus = int(env["NGPU"]) if env.get("NGPU", "").isdigit() else gpus
-        i = 0
-        while i < len(words):
-            w = words[i]
-            key, eq, val = w.partition("=")
-            if key.startswith("--nproc_per_node") or key.startswith("--nproc-per-node"):
-                val = val if eq else (words[i + 1] if i + 1 < len(words) else "")
-                i += 0 if eq else 1
-                gpus = int(val) if val.isdigit() else gpus
-            elif key in ("--module", "--config"):
-                val = val if eq else (words[i + 1] if i + 1 < len(words) else "")
-                i += 0 if eq else 1
-                module, config = (val, config) if key == "--module" else (module, val)
-            elif key.startswith("--") and "." in key:
-                name = key[2:]
-                section, _, field = name.partition(".")
-                field = field.replace("-", "_")
-                if field.startswith("no_") and not eq and (i + 1 >= len(words) or words[i + 1].startswith("--")):
-                    overrides.append((f"{section}.{field[3:]}", False))
-                elif not eq and (i + 1 >= len(words) or words[i + 1].startswith("--")):
-                    overrides.append((f"{section}.{field}", True))
-                else:
-                    if not eq:
-                        val = words[i + 1]
-                        i += 1
-                    overrides.append((f"{section}.{field}", _value(val)))
-            elif w.startswith("-") and w not in ("-m",):
-                pass  # torchrun's own flags
-            elif i > 0 and words[i - 1] == "-m" or w in ("-m",) or w.endswith((".sh", ".py")) or w in (
-                    "torchrun", "python", "python3"):
-                pass
+            kind = m.group(1).lower()
+            mode = "full" if "full" in kind else "selective" if "selective" in kind else "none" if "none" in kind \
+                else kind
+            overrides.append(("activation_checkpoint.mode", mode))
+        elif key in ("--module", "--config"):
+            val = val if eq else (words[i + 1] if i + 1 < len(words) else "")
+            i += 0 if eq else 1
+            module, config = (val, config) if key == "--module" else (module, val)
+        elif key.startswith("--") and "." in key:
+            section, _, field = key[2:].partition(".")
+            section, field = section.replace("-", "_"), field.replace("-", "_")
+            if eq or takes_value:
+                if not eq:
+                    val = words[i + 1]
+                    i += 1
+                overrides.append((f"{section}.{field}", _value(val)))
+            elif field.startswith("no_"):
+                overrides.append((f"{section}.{field[3:]}", False))
             else:
-                stray.append(w)
-            i += 1
-    if gpus is None and sh.vars.get("NGPU", "").isdigit():
-        gpus = int(sh.vars["NGPU"])
-    return module, config, overrides, gpus, stray
+                overrides.append((f"{section}.{field}", True))
+        else:
+            stray.append(w)
+        i += 1
+    return module, config, overrides, _launcher_gpus(read.launcher, read.env, read.variables), stray
 
 
 def _registry_sections(module: str, config: str) -> dict:
@@ -198,6 +212,7 @@ def read_torchtitan(text: str, path: Path) -> Imported:
                                                                          if overrides else ""))
     unknown: list[str] = [f"stray word {w!r}" for w in stray[:5]]
     for key, value in overrides:
+        key = OVERRIDE_KEYS.get(key, key)
         section, _, field = key.partition(".")
         sections.setdefault(section, {})
         if not isinstance(sections[section], dict):
@@ -259,6 +274,11 @@ def _model_numerics(get, out: dict, unknown: list[str], notes: list[str]) -> Non
     for c in converters:
         if c != "float8":
             unknown.append(f"model.converters {c}")
+    dtype = get("training", "dtype", "float32")  # the parameters' own dtype
+    if dtype not in ("float32", "bfloat16"):
+        raise bad("training.dtype", f"must be float32 or bfloat16 (got {dtype!r:.40})")
+    if dtype == "bfloat16" and out["precision"] != "fp32":
+        out["master_weights"] = False  # parameters and optimizer in bf16: no fp32 master copy
     reduce = get("training", "mixed_precision_reduce", "float32")
     if reduce not in DTYPES:
         raise bad("training.mixed_precision_reduce", f"must be float32 or bfloat16 (got {reduce!r:.40})")
@@ -351,9 +371,12 @@ def _training_choices(get, out: dict, notes: list[str]) -> None:
         raise bad("optimizer.name", f"{opt!r:.40} is not planned; planned: AdamW, Adam")
     out["optimizer"] = opt.lower()
     impl = get("optimizer", "implementation", None)
+    if impl == "fused_opt_states_bf16":  # the fused AdamW with its moments in bf16
+        impl, out["optimizer_state_dtype"] = "fused", "bf16"
     if impl is not None:
         if impl not in ("fused", "foreach", "for-loop"):
-            raise bad("optimizer.implementation", f"must be fused, foreach or for-loop (got {impl!r:.40})")
+            raise bad("optimizer.implementation", f"must be fused, foreach, for-loop or fused_opt_states_bf16 "
+                      f"(got {impl!r:.40})")
         out["optimizer_impl"] = impl
     compiled = get("compile", "enable", False) is True and "model" in get("compile", "components", ["model", "loss"])
     legacy = get("training", "compile", False)  # [training] compile before the [compile] section
