@@ -67,8 +67,9 @@ CASES = [pytest.param(t, m.name, marks=[pytest.mark.xfail(reason=f"the {t} expor
 def test_import_of_export_is_the_plan(tmp_path, target, model):
     options = dict(model=model, framework=FRAMEWORK[target], **layout(catalog.model(model)))
     want = plan(**options)
-    f = tmp_path / f"exported{SUFFIX[target]}"
-    f.write_text(export(resolve(make_plan(**options)), target))
+    text = export(resolve(make_plan(**options)), target)
+    f = tmp_path / f"exported{'.sh' if text.startswith('#!') else SUFFIX[target]}"  # a launch script
+    f.write_text(text)
     given = {"gpus": options["gpus"], **({"model": model} if target == "deepspeed" else {})}
     try:
         got = plan(from_file=str(f), **given)
@@ -83,20 +84,21 @@ def test_import_of_export_is_the_plan(tmp_path, target, model):
     ("llama-3.1-70b", dict(gpus=64, tp=8, sp=True, zero=3, mbs=1, gbs=128, recompute="full")),
     ("llama-3.1-70b", dict(gpus=64, tp=4, sp=True, pp=2, zero=3, mbs=1, gbs=64, schedule="1f1b")),
 ])
-def test_torchtitan_job_with_its_global_batch_is_the_plan(tmp_path, model, opts):
-    """What the torchtitan export is to write (torchtitan/trainer.py: local_batch_size is one
-    forward pass per rank, or with PP the pipeline's batch split into pipeline_parallel_microbatch_size;
-    global_batch_size sets the accumulation; with TP, sequence parallel, as torchtitan's
-    enable_sequence_parallel default) reads back as the planned run."""
+def test_torchtitan_toml_job_of_the_plan(tmp_path, model, opts):
+    """A TOML job of the planned run (torchtitan/trainer.py: local_batch_size is one forward pass
+    per rank, or with PP the pipeline's batch split into pipeline_parallel_microbatch_size;
+    global_batch_size sets the accumulation; with TP, sequence parallel, torchtitan's default)
+    reads back as the plan."""
     options = dict(model=model, framework="fsdp", **opts)
-    layout = resolve(make_plan(**options))
-    text = export(layout, "torchtitan")
-    local = layout.mbs * (layout.micro_batches if layout.pp > 1 else 1)
-    text = text.replace(f"local_batch_size = {layout.mbs * layout.micro_batches}",
-                        f"local_batch_size = {local}\nglobal_batch_size = {layout.gbs}")
-    text = text.replace('flavor = "71B"', 'flavor = "70B"')
+    lay = resolve(make_plan(**options))
+    local = lay.mbs * (lay.micro_batches if lay.pp > 1 else 1)
+    flavor = {"llama-3.1-8b": "8B", "llama-3.1-70b": "70B"}[model]
     f = tmp_path / "job.toml"
-    f.write_text(text)
+    f.write_text(f"""[model]\nname = "llama3"\nflavor = "{flavor}"\n
+[training]\nlocal_batch_size = {local}\nglobal_batch_size = {lay.gbs}\nseq_len = {lay.seq_len}\n
+[parallelism]\ndata_parallel_shard_degree = {lay.dp}\ntensor_parallel_degree = {lay.tp}
+pipeline_parallel_degree = {lay.pp}\npipeline_parallel_schedule = "1F1B"\npipeline_parallel_microbatch_size = {lay.mbs}\n
+[activation_checkpoint]\nmode = "{opts.get('recompute', 'none')}"\n""")
     got = plan(from_file=str(f), gpus=opts["gpus"])
     got.pop("import")
     assert json.dumps(got, sort_keys=True) == json.dumps(plan(**options), sort_keys=True)
