@@ -4,7 +4,8 @@ back as a user's file would be (with the GPU count given alongside, which no exp
 holds, and for DeepSpeed the model, which its JSON does not name).
 
 Where today's exporter drops part of the plan, the case is marked below with what it drops
-(xfail, reported by pytest -rx), not skipped: the comparison still runs."""
+(xfail, reported by pytest -rx), not skipped: the comparison still runs. A plan the target
+refuses to express (the exporter names what) has nothing to read back: xfail with the refusal."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from trainplan.specs import catalog
 FRAMEWORK = {"megatron": "megatron", "deepspeed": "deepspeed", "torchtitan": "fsdp"}
 SUFFIX = {"megatron": ".sh", "deepspeed": ".json", "torchtitan": ".toml"}
 MOE = [m.name for m in catalog.models() if m.is_moe]
-LAYER_PARALLEL = [m.name for m in catalog.models() if m.params > 4e10]  # planned with TP 8 and PP > 1 below
+LAYER_PARALLEL = [m.name for m in catalog.models() if m.params > 4e10]  # planned with TP 8 below
 
 _TT_BATCH = ("writes local_batch_size = micro-batch x accumulation and no global batch (one forward pass of all); "
              "torchtitan's llama3 8B is Llama 3.1's, so llama-3-8b reads back as llama-3.1-8b")
@@ -34,7 +35,7 @@ EXPORT_DROPS = {
     ("megatron", "qwen1.5-moe-a2.7b"): "writes neither the shared expert nor the vocabulary",
     ("megatron", "qwen3-30b-a3b"): "writes neither --qk-layernorm nor the vocabulary",
     ("megatron", "deepseek-v3"): "writes no multi-latent attention, shared expert, MoE layer frequency or vocabulary",
-    **{("deepspeed", m): "writes no tensor or pipeline parallel size" for m in LAYER_PARALLEL},
+    **{("deepspeed", m): "writes no tensor-parallel size" for m in LAYER_PARALLEL},
     **{("deepspeed", m): "writes no expert-parallel size" for m in MOE if m not in LAYER_PARALLEL},
     ("torchtitan", "llama-3-8b"): _TT_BATCH, ("torchtitan", "llama-3.1-8b"): _TT_BATCH,
     ("torchtitan", "llama-3-70b"): _TT_FLAVOR, ("torchtitan", "llama-3.1-70b"): _TT_FLAVOR,
@@ -43,15 +44,18 @@ EXPORT_DROPS = {
 }
 
 
-def layout(m) -> dict:
+def layout(m, target: str) -> dict:
     """A layout each model resolves at (fit is not asked): one node for small models, TP 8 and
-    PP for large ones, experts spread over as many data-parallel ranks as divide them."""
+    PP for large ones (no PP for DeepSpeed, whose JSON has no pipeline: that is the model
+    code's), experts spread over as many data-parallel ranks as divide them."""
     if m.params > 3e11:
         opts = dict(gpus=256, tp=8, pp=8, gbs=512)
     elif m.params > 4e10:
         opts = dict(gpus=64, tp=8, pp=2, gbs=256)
     else:
         opts = dict(gpus=8, tp=1, pp=1, gbs=64)
+    if target == "deepspeed":
+        opts["pp"] = 1
     if m.is_moe:
         dp = opts["gpus"] // (opts["tp"] * opts["pp"])
         opts["ep"] = next(e for e in (8, 4, 2, 1) if m.experts % e == 0 and dp % e == 0)
@@ -65,9 +69,12 @@ CASES = [pytest.param(t, m.name, marks=[pytest.mark.xfail(reason=f"the {t} expor
 
 @pytest.mark.parametrize("target, model", CASES)
 def test_import_of_export_is_the_plan(tmp_path, target, model):
-    options = dict(model=model, framework=FRAMEWORK[target], **layout(catalog.model(model)))
+    options = dict(model=model, framework=FRAMEWORK[target], **layout(catalog.model(model), target))
     want = plan(**options)
-    text = export(resolve(make_plan(**options)), target)
+    try:
+        text = export(resolve(make_plan(**options)), target)
+    except PlanError as err:  # what a target cannot express is refused by name: nothing to read back
+        pytest.xfail(f"the {target} export refuses this plan: {err}")
     f = tmp_path / f"exported{'.sh' if text.startswith('#!') else SUFFIX[target]}"  # a launch script
     f.write_text(text)
     given = {"gpus": options["gpus"], **({"model": model} if target == "deepspeed" else {})}
