@@ -185,7 +185,8 @@ def model_options(f: Flags, tp: int, path: Path, notes: list[str]) -> dict:
         base = (f.flags.get("--rotary-base") or [str(defaults()["megatron"]["rotary_base"])])[0]  # read, not planned
         rope = float(base) if d["position"] == "rotary" and base.replace(".", "", 1).isdigit() else None
         if rope is not None and getattr(m, "rope_theta", None) not in (None, rope):
-            notes.append(f"RoPE base {rope:g} (--rotary-base; {m.name} has {m.rope_theta:g}): the same memory and time")
+            notes.append(f"RoPE base {rope:,.0f} (--rotary-base; {m.name} has {m.rope_theta:,.0f}): the same memory "
+                         "and time")
         others = [x for x in found[1:] if x.vocab != m.vocab]
         if d["vocab"] is None and others:  # the choice decides the vocabulary: said, with how to make another
             notes.append(f"the arguments fix no vocabulary: planned as {m.name} ({m.vocab:,} tokens); the same shape "
