@@ -380,3 +380,25 @@ def test_torchtitan_deepseek_v3_job(data_dir):
     want = plan(model="deepseek-v3", framework="fsdp", gpus=256, zero=3, mbs=4, gbs=1024, seq_len=4096,
                 recompute="selective")
     same_plan(plan(from_file=str(f), gpus=256), want)
+
+
+def test_torchtitan_command_names_python_names(tmp_path):
+    from trainplan.imports import read_text
+
+    with pytest.raises(PlanError) as err:
+        read_text("--module 'a;b' --config x\n", "run.sh")
+    assert err.value.field == "from.module"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="needs the frameworks extra (torchtitan)")
+def test_torchtitan_command_names_config_functions_only(tmp_path):
+    """--module/--config name a config function of a config module: a function the module
+    imported from elsewhere, or any module but torchtitan's for untrusted text, is refused."""
+    from trainplan.imports import read_text
+
+    with pytest.raises(PlanError) as err:
+        read_text("torchrun -m torchtitan.train --module os --config getcwd\n", "run.sh")
+    assert err.value.field == "from.config"
+    with pytest.raises(PlanError) as err:
+        read_text("torchrun -m torchtitan.train --module json --config dumps\n", "run.sh", trusted=False)
+    assert err.value.field == "from.module"

@@ -69,7 +69,13 @@ def read_config(path: str | Path, model_given: bool = False) -> Imported:
     """Read a configuration file into plan options. `model_given`: the caller names the model
     (--model / --hf-config), which then overrides the file's."""
     path = Path(path)
-    text = read_text_file(path, "from")
+    return read_text(read_text_file(path, "from"), path, model_given)
+
+
+def read_text(text: str, name: str | Path = "config", model_given: bool = False, trusted: bool = True) -> Imported:
+    """Read a configuration's text (`name`: its file name, whose suffix may tell the format).
+    Untrusted text (a web request) has a torchtitan command name torchtitan's own configs only."""
+    path = Path(name)
     kind = detect(path, text)
     if kind == "deepspeed":
         from .deepspeed import read_deepspeed
@@ -78,7 +84,7 @@ def read_config(path: str | Path, model_given: bool = False) -> Imported:
     if kind == "torchtitan":
         from .torchtitan import read_torchtitan
 
-        return read_torchtitan(text, path)
+        return read_torchtitan(text, path, trusted)
     from .megatron import read_megatron
 
     return read_megatron(text, path, model_given)

@@ -145,14 +145,19 @@ def _command(text: str) -> tuple[str | None, str | None, list[tuple[str, object]
     return module, config, overrides, _launcher_gpus(read.launcher, read.env, read.variables), stray
 
 
-def _registry_sections(module: str, config: str) -> dict:
-    """The sections of torchtitan 0.3's config function `module.config_registry.config`."""
+def _registry_sections(module: str, config: str, trusted: bool = True) -> dict:
+    """The sections of torchtitan 0.3's config function `module.config_registry.config`.
+    Untrusted text (pasted into the web page) names torchtitan's own modules only."""
     import importlib
 
     # as torchtitan's ConfigManager._load_config: a short name under torchtitan.models (or
-    # .experiments), else an importable module path, with or without .config_registry
-    candidates = [f"torchtitan.models.{module}.config_registry", f"torchtitan.experiments.{module}.config_registry",
-                  f"{module}.config_registry", module]
+    # .experiments), else (a user's own configs) an importable module path, with or without
+    # .config_registry
+    if not re.fullmatch(r"[A-Za-z_][\w.]*", module) or not re.fullmatch(r"[A-Za-z_]\w*", config):
+        raise bad("module", f"--module {module!r:.60} --config {config!r:.60} name no Python module and function")
+    candidates = [f"torchtitan.models.{module}.config_registry", f"torchtitan.experiments.{module}.config_registry"]
+    if trusted:
+        candidates += [f"{module}.config_registry", module]
     registry = None
     for name in candidates:
         try:
@@ -160,20 +165,25 @@ def _registry_sections(module: str, config: str) -> dict:
             break
         except ModuleNotFoundError as exc:
             if exc.name == "torchtitan":
-                raise PlanError("from", "reading torchtitan's --module/--config needs torchtitan installed (pip "
-                                "install 'trainplan[frameworks]')") from None
+                raise PlanError("from", "reading torchtitan's --module/--config needs torchtitan installed (the "
+                                "frameworks extra)") from None
             continue
         except ImportError as exc:
             raise PlanError("from", f"torchtitan's {module} needs a package that is not installed ({exc})") from None
     if registry is None:
-        raise bad("module", f"torchtitan has no config module {module!r:.60} (tried {', '.join(candidates)})")
+        raise bad("module", f"no torchtitan config module {module!r:.60} (tried {', '.join(candidates)})")
     fn = getattr(registry, config, None)
-    if not callable(fn):
+    # a config function of that module (not one it imported), as config_registry's are
+    if not callable(fn) or getattr(fn, "__module__", None) != registry.__name__ or config.startswith("_"):
         raise bad("config", f"torchtitan's {module} module has no config {config!r:.60}")
     try:
         job = fn()
     except ImportError as exc:
         raise PlanError("from", f"torchtitan's {config} needs a package that is not installed ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - the config function's own failure, as one line
+        raise bad("config", f"torchtitan's {module}.{config}() failed ({type(exc).__name__}: {exc})") from None
+    if not hasattr(job, "model_spec") or not hasattr(job, "parallelism"):
+        raise bad("config", f"{module}.{config}() returns no torchtitan Trainer.Config")
     spec = job.model_spec
     sections = {
         "model": {"name": spec.name, "flavor": spec.flavor},
@@ -196,7 +206,7 @@ def _registry_sections(module: str, config: str) -> dict:
     return sections
 
 
-def read_torchtitan(text: str, path: Path) -> Imported:
+def read_torchtitan(text: str, path: Path, trusted: bool = True) -> Imported:
     notes: list[str] = []
     gpus = None
     if path.suffix == ".toml":
@@ -207,7 +217,7 @@ def read_torchtitan(text: str, path: Path) -> Imported:
         module, config, overrides, gpus, stray = _command(text)
         if not module or not config:
             raise bad("", f"{path} names no torchtitan job: it needs --module and --config (torchtitan 0.3)")
-        sections = _registry_sections(module, config)
+        sections = _registry_sections(module, config, trusted)
         notes.append(f"torchtitan {module}.config_registry.{config}" + (f" with {len(overrides)} overrides"
                                                                          if overrides else ""))
     unknown: list[str] = [f"stray word {w!r}" for w in stray[:5]]
