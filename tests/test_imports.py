@@ -52,11 +52,11 @@ def test_megatron_llama3_8b_fp8(data_dir):
     f = data_dir / "imports/megatron_train_llama3_8b_h100_fp8.sh"
     imp = read_config(f)
     assert imp.options["model"] == "llama-3-8b"
-    assert "--fp8-param-gather (planned: parameters gathered in 16 bits)" in imp.unknown
+    assert imp.options["fp8_params"] and not any("fp8-param-gather" in u for u in imp.unknown)
     assert "--lr" in imp.ignored and "--rotary-base" in imp.ignored
     want = plan(model="llama-3-8b", framework="megatron", gpus=8, tp=1, cp=1, sp=True, mbs=1, gbs=128, seq_len=8192,
                 precision="fp8", grad_dtype="bf16", zero=1, overlap_dp=True, attention="cudnn", fused_loss=True,
-                dropout=0.0, grad_clip=1.0)
+                dropout=0.0, grad_clip=1.0, fp8_params=True)
     same_plan(plan(from_file=str(f), gpu="H100-SXM"), want)
 
 

@@ -205,3 +205,23 @@ def test_recompute_modules_without_core_attn_do_not_rerun_attention():
 
     assert compute(["layernorm"]) == pytest.approx(1.0)
     assert compute(["core_attn", "layernorm"]) > 1.0
+
+
+def test_megatrons_llama3_8b_fp8_example_fits_with_its_fp8_parameters():
+    """Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh (tests/data/imports/SOURCE: 8 H100,
+    TP 1, distributed optimizer, FP8 with --fp8-param-gather, no recompute, 8K tokens) is published
+    to run on 80 GB H100s. Its parameters are FP8 tensors (1 byte, and the transpose cache 1 byte):
+    14.96 GiB for 8.03B parameters, where a 16-bit copy plus the FP8 weight cache would be 29.92
+    GiB and the run would not fit (94 GiB)."""
+    from pathlib import Path
+
+    from trainplan import api
+
+    script = Path(__file__).parent / "data" / "imports" / "megatron_train_llama3_8b_h100_fp8.sh"
+    out = api.plan(from_file=str(script))
+    assert out["recipe"]["precision"] == "fp8" and out["memory"]["fits"]
+    (stage,) = out["memory"]["stages"]
+    assert stage["params_bytes"] == pytest.approx(8.03e9 * 2, rel=0.001)
+    without = api.plan(from_file=str(script), fp8_params=False)
+    assert not without["memory"]["fits"] and without["memory"]["stages"][0]["params_bytes"] == pytest.approx(
+        8.03e9 * 4, rel=0.001)

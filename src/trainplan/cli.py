@@ -248,6 +248,7 @@ def _plan_options(
     offload_optimizer: Annotated[bool, typer.Option("--offload-optimizer", help="Optimizer state and master weights on CPU")] = False,
     offload_params: Annotated[bool, typer.Option("--offload-params", help="Parameters on CPU (ZeRO-3)")] = False,
     attention: Annotated[AttentionOpt, typer.Option(help="auto (what the framework runs: cuDNN for megatron on Hopper, else FlashAttention-2), flash (FlashAttention-2), sdpa (PyTorch SDPA), triton (FlashAttention in Triton, e.g. MPT attn_impl=triton), cudnn (cuDNN fused attention: Transformer Engine's choice on Hopper) or eager (materialised scores)")] = AttentionOpt("auto"),
+    fp8_params: Annotated[bool, typer.Option("--fp8-params", help="With --precision fp8: the compute weights held in FP8, no 16-bit copy, gathered in FP8 (Megatron --fp8-param-gather, torchao float8 all-gather)")] = False,
     fused_loss: Annotated[bool, typer.Option("--fused-loss", help="A fused cross-entropy kernel (flash-attn, Apex xentropy, Liger): no fp32 copy of the logits")] = False,
     dropout: Annotated[float, typer.Option(help="Dropout probability (0 = off)")] = 0.0,
     framework: Annotated[FrameworkOpt, typer.Option(help="Byte conventions: deepspeed, megatron, fsdp (FSDP2), fsdp1 (FullyShardedDataParallel) or torch (DDP + autocast)")] = FrameworkOpt("deepspeed"),

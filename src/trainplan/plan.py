@@ -147,6 +147,9 @@ class Plan(BaseModel):
     attention: Attention = Field(
         default="auto", description="attention kernel; auto: what the framework runs on the GPU (cuDNN for "
         "Megatron on Hopper, where Transformer Engine prefers it; FlashAttention-2 otherwise)")
+    fp8_params: bool = Field(default=False, description="with --precision fp8, the compute copy of the weights "
+                             "held in FP8 (Megatron --fp8-param-gather, Transformer Engine's fp8 model init; "
+                             "torchao's float8 FSDP all-gather): no 16-bit copy, gathers in FP8")
     fused_loss: bool = Field(default=False, description="a fused cross-entropy kernel (flash-attn, Apex xentropy, "
                              "Liger): the loss reads the 16-bit logits and keeps no fp32 copy")
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -713,6 +716,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         if "moe_act" in plan.recompute_modules and not model.is_moe:
             raise PlanError("recompute_modules", f"moe_act recomputes the experts' activation; {model.name} has "
                             "no experts")
+    if plan.fp8_params and (plan.precision != "fp8" or not plan.master_weights):
+        raise PlanError("fp8_params", "keeps the compute weights in FP8 beside fp32 master weights: needs "
+                        f"--precision fp8 with master weights (got {plan.precision}"
+                        f"{'' if plan.master_weights else ', --no-master-weights'})")
     if plan.fp8_cache is not None and plan.precision != "fp8":
         raise PlanError("fp8_cache", f"applies to --precision fp8 only (got {plan.precision})")
     if plan.fp8_cache is not None and "moe_act_input" in plan.fp8_cache and not model.is_moe:

@@ -164,8 +164,17 @@ def recipe(plan: Plan) -> Recipe:
         grad = float(DTYPE_BYTES[plan.grad_dtype])
     linear_in = act
     if plan.precision == "fp8":
-        weight += float(conv["fp8"]["weight_cache_bytes"])
+        cache = float(conv["fp8"]["weight_cache_bytes"])
         linear_in = float(conv["fp8"]["linear_input_bytes"])
+        if plan.fp8_params:
+            # the compute weights are FP8 tensors: a 16-bit copy beside the fp32 master becomes
+            # an FP8 one, only the transpose is cached, and gathers move FP8 ([fp8] source)
+            held16 = master > 0 and weight == compute_w
+            weight = (float(conv["fp8"]["param_bytes"]) if held16 else weight) + cache - float(
+                conv["fp8"]["param_bytes"])
+            compute_w = float(conv["fp8"]["param_bytes"])
+        else:
+            weight += cache
     if plan.finetune == "qlora":
         key = "nf4_bits" if plan.qlora_bits == 4 else "int8_bits"
         frozen = float(conv["quantized_base"][key]) / 8

@@ -302,8 +302,7 @@ def read_megatron(text: str, path: Path, model_given: bool = False) -> Imported:
     capacity = f.str("--moe-expert-capacity-factor")
     if capacity is not None:
         unknown.append(f"--moe-expert-capacity-factor {capacity} (planned without a capacity: no token dropped)")
-    if f.has("--fp8-param-gather"):
-        unknown.append("--fp8-param-gather (planned: parameters gathered in 16 bits)")
+    out["fp8_params"] = f.has("--fp8-param-gather")
     ramps = [k for k in ("--rampup-batch-size", "--step-batch-size-schedule") if f.has(k)]
     if ramps:
         notes.append(f"{', '.join(ramps)}: planned at the final global batch {out.get('gbs', '(default)')}")
