@@ -43,7 +43,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import torch_schedules
+from . import torch_orders, torch_schedules
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb", "dualpipe"]
 # A backward pass costs twice its forward (input and weight gradients: two GEMMs per forward
@@ -383,7 +383,7 @@ def _next_op(order, free: list[float], done: dict, dependency) -> tuple | None:
 
 
 def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1, p2p: float = 0.0,
-             wgrad_fraction: float = 0.5, group: int | None = None) -> Timeline:
+             wgrad_fraction: float = 0.5, group: int | None = None, framework: str | None = None) -> Timeline:
     """Event simulation of one pipeline step.
 
     fwd[i], bwd[i]: forward and backward time of stage i for one micro-batch (its whole layer
@@ -392,14 +392,22 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
     computes weight gradients, which zero-bubble ZB-H1 (Qi et al. 2024) defers into the bubbles
     while keeping 1F1B's activation memory (at most p - i micro-batches whose weight gradients
     are pending), and DualPipe defers where its step says so; group: the interleaved schedule's
-    contiguous micro-batches per chunk (default pp).
+    contiguous micro-batches per chunk (default pp); framework "torch": the order
+    torch.distributed.pipelining runs each of its schedules in (`torch_orders`, its stages
+    placed as torch places them: looped, or V-shaped for zbv and dualpipev), its split
+    backwards' weight passes at `wgrad_fraction` as ZB-H1's.
     """
     p, m = int(pp), int(micro_batches)
     v = int(vpp) if schedule == "interleaved" else (2 if schedule == "dualpipe" else 1)
     fwd = [float(x) for x in np.broadcast_to(np.asarray(fwd, dtype=float), (p,))]
     bwd = [float(x) for x in np.broadcast_to(np.asarray(bwd, dtype=float), (p,))]
-    zb, dual = schedule == "zb", schedule == "dualpipe"
-    if zb:
+    by_torch = framework == "torch" and schedule in torch_schedules.TORCH_CLASSES
+    zb, dual = schedule == "zb" and not by_torch, schedule == "dualpipe"
+    if by_torch:
+        v = torch_orders.chunks_per_rank(schedule, vpp)
+        place = torch_orders.Placement(schedule, p, v)
+        order = _StaticOrder([place.sim_order(schedule, i, p, m, v) for i in range(p)])
+    elif zb:
         order = _ZbH1Order(p, m)
     elif dual:
         order = _StaticOrder([_dualpipe_order(i, p, m) for i in range(p)])
@@ -411,9 +419,11 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
             return fwd[i] / v
         if kind == "B":
             return bwd[i] / v * ((1 - wgrad_fraction) if (zb or defer) else 1.0)
-        return bwd[i] / v * wgrad_fraction * (1 if dual else v)
+        return bwd[i] / v * wgrad_fraction
 
     def dependency(kind, i, b, c):
+        if by_torch:
+            return place.dependency(kind, i, b, c, p2p)
         return _dependency(kind, i, b, c, p=p, v=v, dual=dual, p2p=p2p)
 
     done: dict[tuple, float] = {}

@@ -1,0 +1,80 @@
+"""The planner's own copies of torch.distributed.pipelining's schedule orders
+(estimate/torch_orders.py, built without torch) against the orders torch 2.13's schedule
+classes generate, action by action, and the event simulation run on them against the torch
+convention's in-flight rules (estimate/torch_schedules.py)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from trainplan.estimate import torch_orders as to
+from trainplan.estimate import torch_schedules as ts
+from trainplan.estimate.pipeline import simulate
+
+# (schedule, chunks per rank) for every torch schedule; P = 2, 4 and m = P, 2P, 4P
+CASES = [(name, v) for name, vs in (("gpipe", (1,)), ("1f1b", (1,)), ("interleaved", (2, 3)), ("looped_bfs", (2, 3)),
+                                    ("zb", (1, 2)), ("zbv", (2,)), ("dualpipev", (2,))) for v in vs]
+GRID = [(name, p, m, v) for name, v in CASES for p in (2, 4) for m in (p, 2 * p, 4 * p)
+        if not (name == "dualpipev" and m < 2 * p)]
+IDS = [f"{n}-p{p}-m{m}-v{v}" for n, p, m, v in GRID]
+
+
+def _torch_order(name, p, m, v):
+    """Each rank's compute actions as torch's schedule class generates them (without processes):
+    (kind, stage, micro-batch), idle slots and gradient reductions dropped, an overlapped
+    forward+backward as its two sub-actions."""
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from torch.distributed.pipelining import schedules as S
+
+    cls = getattr(S, ts.TORCH_CLASSES[name])
+    ns = SimpleNamespace(pp_group_size=p, _n_microbatches=m, n_local_stages=v, num_stages=p * v,
+                         _num_stages=p, _stages=[None] * v, microbatches_per_round=m // max(1, m // p))
+    if name in ("gpipe", "1f1b"):
+        orders = cls._get_pipeline_order(ns)
+    else:
+        ns.pipeline_order = {r: cls._calculate_single_rank_operations(ns, r) for r in range(p)}
+        if name == "zb":
+            ns.pipeline_order = cls._add_bubbles_to_actions(ns, p * v)
+        orders = ns.pipeline_order
+    out = {}
+    for r, actions in orders.items():
+        flat = []
+        for a in actions:
+            if a is None:
+                continue
+            for act in a.sub_actions if a.computation_type == S.OVERLAP_F_B else (a,):
+                if act.computation_type in (S.F, S.B, S.I, S.W):
+                    flat.append((act.computation_type.value, act.stage_index, act.microbatch_index))
+        out[r] = flat
+    return out
+
+
+@pytest.mark.parametrize("name,p,m,v", GRID, ids=IDS)
+def test_orders_equal_torch_own(name, p, m, v):
+    theirs = _torch_order(name, p, m, v)
+    for rank in range(p):
+        ours = to.rank_order(name, rank, p, m, v)
+        if name == "1f1b" and rank == p - 1:
+            # Schedule1F1B._get_pipeline_order (a drawing aid) numbers the last rank's forwards
+            # 1..m, from a counter started at 0 and bumped before use; its runtime
+            # (_step_microbatches) runs min(m, p - i) forwards, then backward-forward pairs, each
+            # kind in micro-batch order 0..m-1, which is the same sequence of kinds
+            assert [k for k, _, _ in ours] == [k for k, _, _ in theirs[rank]]
+            assert [b for k, _, b in ours if k == "F"] == list(range(m))
+            assert [b for k, _, b in theirs[rank] if k == "F"] == list(range(1, m + 1))
+            continue
+        assert ours == theirs[rank], rank
+
+
+@pytest.mark.parametrize("name,p,m,v", GRID, ids=IDS)
+def test_simulated_peaks_equal_the_in_flight_rule(name, p, m, v):
+    """The simulation, run on torch's orders with the transfers priced, holds at its peak the
+    (chunk, micro-batch) pairs `chunks_in_flight` counts, on every rank: a pair is alive from its
+    forward until its full backward or its weight pass."""
+    stage_fwd = [1.0 + 0.1 * i for i in range(p)]  # unequal stages: the order, not the timing, decides
+    sim = simulate(name, p, m, stage_fwd, [2 * x for x in stage_fwd], vpp=v, p2p=0.05, framework="torch")
+    chunks = [round(x * to.chunks_per_rank(name, v)) for x in sim.peak_in_flight]
+    assert chunks == [int(ts.chunks_in_flight(name, i, p, m, v)) for i in range(p)]
+    kinds = [op.kind for op in sim.ops]
+    assert kinds.count("F") == kinds.count("B") == p * m * to.chunks_per_rank(name, v)
+    assert kinds.count("W") == sum(k == "I" for r in range(p) for k, _, _ in to.rank_order(name, r, p, m, v))
