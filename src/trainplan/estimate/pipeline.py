@@ -462,6 +462,16 @@ def pipeline_time(schedule_code, pp, micro_batches, stage_fwd_bwd_max, stage_fwd
     F = B/2 and W = B/2 a third of a chunk, (p/2 - 1)·(1 - 2w)·max/2 (the simulation, equal
     stages; DeepSeek-V3 Table 2 gives (p/2 - 1)(F&B + B - 3W) with the forward and backward of a
     pair overlapped).
+
+    torch.distributed.pipelining's schedules (framework torch, `torch_orders`; exact against
+    `simulate` on equal stages at the model's shares, forward, input and weight gradients a
+    third each): LoopedBFS fills and drains as interleaving does, m·max + (sum - max)/v;
+    InterleavedZeroBubble (`zb`, v chunks) takes ZB-H1's fill and drain divided by v;
+    DualPipeV m·max + (1 - 2w)·(sum - max)/2; ZBVZeroBubble the same once m >= (3p - 1)/2, and
+    with fewer micro-batches (its warm-up assumes 2p - 1 of them, the missing ones leave idle
+    slots) (1 - 2w)·(sum - max)·(2p - 1 - m)/(p - 1). The pipeline's first forward and last
+    backward cross 2(p - 1)·v stage boundaries under every schedule with v chunks per rank (V-
+    shaped: the bottom of the V stays on its rank).
     """
     code = np.asarray(schedule_code)
     m, p, v = (np.asarray(x, dtype=float) for x in (micro_batches, pp, vpp))
@@ -470,10 +480,13 @@ def pipeline_time(schedule_code, pp, micro_batches, stage_fwd_bwd_max, stage_fwd
     fill = tsum - tmax
     base = (m - 1) * tmax + tsum
     inter = m * tmax + fill / v
-    zb = base - fill * np.minimum(2 * np.asarray(wgrad_share, dtype=float), 1.0)
     w = np.asarray(wgrad_share, dtype=float)
+    zb = m * tmax + fill * (1 - np.minimum(2 * w, 1.0)) / v
     dual = m * tmax / 2 + (p / 2 - 1) * np.maximum(1 - 2 * w, 0.0) * tmax / 2
-    t = np.where(code == SCHEDULE_CODE["interleaved"], inter, np.where(code == SCHEDULE_CODE["zb"], zb, base))
+    vee = m * tmax + fill * np.maximum(1 - 2 * w, 0.0) / 2
+    zbv = m * tmax + fill * np.maximum(1 - 2 * w, 0.0) * np.maximum((2 * p - 1 - m) / np.maximum(p - 1, 1), 0.5)
+    looped = (code == SCHEDULE_CODE["interleaved"]) | (code == SCHEDULE_CODE.get("looped_bfs", -1))
+    t = np.where(looped, inter, np.where(code == SCHEDULE_CODE["zb"], zb, base))
     t = np.where(code == SCHEDULE_CODE["dualpipe"], dual, t)
-    hops = np.where(code == SCHEDULE_CODE["interleaved"], 2 * (p - 1) * v, 2 * (p - 1))
-    return t + hops * p2p
+    t = np.where(code == SCHEDULE_CODE.get("dualpipev", -1), vee, np.where(code == SCHEDULE_CODE.get("zbv", -1), zbv, t))
+    return t + 2 * (p - 1) * v * p2p
