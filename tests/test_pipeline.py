@@ -173,7 +173,7 @@ def test_dualpipe_holds_pp_plus_one_chunks(p):
     of one stage on every rank, which holds two stages: (PP + 1)/2 of its layers."""
     t = simulate("dualpipe", p, 2 * p, 1.0, 2.0)
     assert [x * 2 for x in t.peak_in_flight] == [p + 1] * p
-    assert {op.kind for op in t.ops} == {"F", "B", "W"}  # kinds the timeline draws
+    assert {op.kind for op in t.ops} == {"F", "B", "I", "W"}  # kinds the timeline draws
     assert sum(op.kind == "F" for op in t.ops) == 2 * p * p  # each rank runs all m = 2p micro-batches once
 
 
@@ -230,7 +230,7 @@ def test_unknown_schedule_names_the_field_and_the_choices():
 
 def test_timeline_draws_dualpipe(tmp_path):
     """The drawing and the web page's timeline take simulate()'s ops, DualPipe's W kind among
-    them (the page colours F, B and W: style.css .tl-op), at least 2 x pp micro-batches."""
+    them (the page colours F, B, I and W: style.css .tl-op), at least 2 x pp micro-batches."""
     from trainplan.report import evaluate
     from trainplan.timeline import draw_timeline
     from trainplan.web.jobs import _timeline
@@ -240,7 +240,7 @@ def test_timeline_draws_dualpipe(tmp_path):
     draw_timeline(result, str(out))
     assert out.stat().st_size > 0
     page = _timeline(result, max_micro_batches=4)
-    assert page["micro_batches"] == 8 and {op[1] for op in page["ops"]} == {"F", "B", "W"}
+    assert page["micro_batches"] == 8 and {op[1] for op in page["ops"]} == {"F", "B", "I", "W"}
 
 
 def test_exports_carry_the_schedule_or_refuse_it():

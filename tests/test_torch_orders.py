@@ -76,8 +76,9 @@ def test_simulated_peaks_equal_the_in_flight_rule(name, p, m, v):
     chunks = [round(x * to.chunks_per_rank(name, v)) for x in sim.peak_in_flight]
     assert chunks == [int(ts.chunks_in_flight(name, i, p, m, v)) for i in range(p)]
     kinds = [op.kind for op in sim.ops]
-    assert kinds.count("F") == kinds.count("B") == p * m * to.chunks_per_rank(name, v)
-    assert kinds.count("W") == sum(k == "I" for r in range(p) for k, _, _ in to.rank_order(name, r, p, m, v))
+    assert kinds.count("F") == kinds.count("B") + kinds.count("I") == p * m * to.chunks_per_rank(name, v)
+    split = sum(k == "I" for r in range(p) for k, _, _ in to.rank_order(name, r, p, m, v))
+    assert kinds.count("I") == kinds.count("W") == split
 
 
 def _formula(name, p, m, v, stage, p2p=0.0):
@@ -107,3 +108,41 @@ def test_step_formula_with_uneven_stages_and_transfers(name, v, p, m):
     f = [1.2] + [1.0] * (p - 2) + [1.4]
     sim = simulate(name, p, m, f, [2 * x for x in f], vpp=v, p2p=0.01, framework="torch")
     assert _formula(name, p, m, v, [3 * x for x in f], 0.01) == pytest.approx(sim.step_time, rel=0.005)
+
+
+def test_timeline_draws_torch_orders(tmp_path):
+    """`plan --timeline` and the web page's timeline simulate torch's own order for framework
+    torch: ZBV's split backwards (input half I, weight half W) on V-shaped ranks, DualPipeV with
+    at least its 2 x pp micro-batches, the simulated peaks the memory model's."""
+    from trainplan.plan import make_plan
+    from trainplan.report import evaluate
+    from trainplan.timeline import draw_timeline, row_labels, simulate_layout
+    from trainplan.web.jobs import _timeline
+
+    zbv = evaluate(make_plan(model="llama-3-8b", gpus=4, pp=4, gbs=16, framework="torch", schedule="zbv"))
+    page = _timeline(zbv, max_micro_batches=8)
+    assert page["micro_batches"] == 8 and {op[1] for op in page["ops"]} == {"F", "I", "W"}
+    assert row_labels(zbv.layout)[0] == "rank 0: stages 0, 7"
+    out = tmp_path / "zbv.svg"
+    draw_timeline(zbv, str(out))
+    assert out.stat().st_size > 0
+    dual = evaluate(make_plan(model="llama-3-8b", gpus=4, pp=4, gbs=16, framework="torch", schedule="dualpipev"))
+    page = _timeline(dual, max_micro_batches=4)
+    assert page["micro_batches"] == 8 and {op[1] for op in page["ops"]} == {"F", "B", "I", "W"}
+    # its overlapped pairs run forward first: every rank peaks at 2p + 1 chunks
+    sim = simulate_layout(dual.layout, 8, dual.time["per_microbatch_stage_s"])
+    assert [round(x * 2) for x in sim.peak_in_flight] == [9] * 4
+
+
+def test_plan_refuses_what_torch_refuses():
+    """torch 2.13's constructors refuse DualPipeV with fewer than 2p micro-batches and the
+    interleaved schedules with m not a multiple of their rounds; so does the plan, by field."""
+    from trainplan.errors import PlanError
+    from trainplan.plan import make_plan, resolve
+
+    with pytest.raises(PlanError) as e:
+        resolve(make_plan(model="llama-3-8b", gpus=4, pp=4, gbs=6, framework="torch", schedule="dualpipev"))
+    assert e.value.field == "gbs" and "2 x pp = 8" in e.value.rule
+    with pytest.raises(PlanError) as e:
+        resolve(make_plan(model="llama-3-8b", gpus=4, pp=4, gbs=9, framework="torch", schedule="zb"))
+    assert e.value.field == "gbs" and "rounds" in e.value.rule

@@ -488,6 +488,13 @@ def schedule_batch_rules(plan: Plan, pp: int, m: int) -> None:
             if 0 < m % n < pp:
                 raise PlanError("pp_group", f"the micro-batches per step ({m}) modulo --pp-group ({n}) must be 0 or "
                                 f"at least pp ({pp}) (Megatron-Core: otherwise the last group stalls)")
+    if plan.framework == "torch" and pp > 1:
+        # torch.distributed.pipelining 2.13 (schedules.py): the constructors refuse these
+        if plan.schedule == "dualpipev" and m < 2 * pp:
+            raise PlanError("gbs", f"torch's ScheduleDualPipeV needs micro-batches ({m}) >= its 2 x pp = {2 * pp} stages")
+        if plan.schedule in ("interleaved", "zb") and m % max(1, m // pp):
+            raise PlanError("gbs", f"torch's Schedule{'Interleaved1F1B' if plan.schedule == 'interleaved' else 'InterleavedZeroBubble'}"
+                            f" needs micro-batches ({m}) divisible by their rounds (max(1, m // pp) = {max(1, m // pp)})")
     if plan.schedule == "dualpipe" and (m < 2 * pp or m % 2):
         # DualPipe.step: "num_chunks % 2 == 0 and num_chunks >= num_ranks * 2"
         raise PlanError("gbs", f"dualpipe needs an even number of micro-batches per step, at least 2 x pp = "

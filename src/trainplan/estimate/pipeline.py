@@ -138,7 +138,7 @@ from dataclasses import dataclass, field  # noqa: E402
 @dataclass
 class PipeOp:
     stage: int
-    kind: str  # "F" forward, "B" backward (input grads; weight grads too except under ZB), "W"
+    kind: str  # "F" forward, "B" full backward, "I" its input half where the weight half "W" is split off
     mb: int
     chunk: int
     start: float = 0.0
@@ -436,7 +436,7 @@ def simulate(schedule: str, pp: int, micro_batches: int, fwd, bwd, vpp: int = 1,
             raise RuntimeError(f"pipeline schedule {schedule} deadlocked (p={p}, m={m}, v={v})")
         (start, _, kind, b, c, defer), i = best
         end = start + duration(i, kind, defer)
-        ops.append(PipeOp(i, kind, b, c, start, end))
+        ops.append(PipeOp(i, "I" if kind == "B" and (defer or zb) else kind, b, c, start, end))
         done[(kind, i, b, c)] = end
         free[i] = end
         busy[i] += end - start

@@ -54,6 +54,7 @@ from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
 from .recipe import Recipe, recipe
 from .stage import lora_arguments, model_recomputed_share, stage_times
+from .torch_schedules import V_SHAPED
 
 
 def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
@@ -376,6 +377,8 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
                     recompute_share=float(model_recomputed_share(rc, layout.recompute_layers_per_stage, stage_layers)),
                     low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
     stages = np.arange(layout.pp)
+    # torch's V-shaped schedules place the model's last stage (the output head and loss) on rank 0
+    head = 0 if plan.framework == "torch" and plan.schedule in V_SHAPED else layout.pp - 1
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
     out = step_time_core(
         model, hw, r, tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
@@ -385,7 +388,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, gpn=plan.gpus_per_node,
         stage_dense=np.asarray(layout.stage_dense_layers, dtype=float),
         stage_moe=np.asarray(layout.stage_moe_layers, dtype=float),
-        first=(stages == 0).astype(float), last=(stages == layout.pp - 1).astype(float),
+        first=(stages == 0).astype(float), last=(stages == head).astype(float),
         total_dense=sum(layout.stage_dense_layers), total_moe=sum(layout.stage_moe_layers),
         vocab_padded=layout.vocab_padded, trainable=float(np.max(mem["trainable_params"])),
         gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),

@@ -56,16 +56,13 @@ def compare_json(options: dict, accelerators: str | list[str], fixed: list[str],
 def _timeline(result, max_micro_batches: int = 16) -> dict | None:
     """The simulated schedule of the first micro-batches, for the page to draw (None where its
     simulation would cost more than trainplan.limits.MAX_TIMELINE_STEPS)."""
-    from ..estimate.pipeline import FWD_SHARE, simulate
-    from ..timeline import drawn_micro_batches
+    from ..timeline import drawn_micro_batches, simulate_layout
 
     L, t = result.layout, result.time
     m = drawn_micro_batches(L, max_micro_batches)
     if m is None:
         return None
-    stage = t["per_microbatch_stage_s"]
-    sim = simulate(L.plan.schedule, L.pp, m, [x * FWD_SHARE for x in stage], [x * (1 - FWD_SHARE) for x in stage],
-                   vpp=L.vpp, group=L.plan.pp_group)
+    sim = simulate_layout(L, m, t["per_microbatch_stage_s"])
     return {"micro_batches": m, "step_s": sim.step_time, "bubble_fraction": sim.bubble_fraction,
             "ops": [[op.stage, op.kind, op.mb, op.start, op.end] for op in sim.ops]}
 
