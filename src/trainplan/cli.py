@@ -400,27 +400,44 @@ def validate(
 @app.command()
 @with_plan_options
 def export(
+    ctx: typer.Context,
     options: dict,
-    to: Annotated[str, typer.Option("--to", help="megatron (command-line arguments), deepspeed (JSON) or torchtitan (TOML)")] = "megatron",
+    to: Annotated[str, typer.Option("--to", help="megatron (an arguments file for $(cat FILE)), deepspeed (JSON) or torchtitan (a launch script)")] = "megatron",
     output: Annotated[str | None, typer.Option("-o", "--output", help="Write to this file instead of stdout")] = None,
 ) -> None:
-    """Print a ready-to-run configuration for the plan in Megatron-LM, DeepSpeed or torchtitan."""
-    from .export import export as run_export
+    """Print a ready-to-run configuration for the plan in Megatron-LM, DeepSpeed or torchtitan.
+    The plan is made under the target's framework conventions; what the target cannot express
+    is refused (exit 2), and what is left to you is noted on stderr."""
+    from .export import check_target, export_layout, target_framework
     from .plan import make_plan, resolve
 
     try:
         if output is not None:
             check_output_path(output, "output")  # before any work
+        check_target(to)
+        options["framework"] = target_framework(to, options["framework"] if _given(ctx, "framework") else None)
         plan_ = make_plan(**options)
         _read_inputs(plan_)
-        text = run_export(resolve(plan_), to)
+        result = export_layout(resolve(plan_), to)
         if output is not None:
-            write_text_atomic(output, text, "output")  # never a partial file
+            write_text_atomic(output, result.text, "output")  # never a partial file
     except PlanError as err:
         _fail(err)
+    _emit_export(result, output)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _emit_export(result, output: str | None) -> None:
+    """The file's text on stdout (or in the file), the notes on stderr."""
     if output is None:
-        typer.echo(text, nl=False)
-    else:
+        typer.echo(result.text, nl=False)
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
+    if output is not None:
         typer.echo(f"written to {output}", err=True)
 
 
@@ -446,14 +463,13 @@ def search(
     """Find the fastest (or cheapest) layout that fits: layout options you give stay fixed,
     the others (TP, PP, CP, EP, ZeRO, micro-batch, recompute, schedule) are searched; or
     compare accelerators (--compare-gpus)."""
-    from .export import TARGETS as EXPORT_TARGETS
+    from .export import check_target, target_framework
     from .plan import MAX_GPUS, make_plan
     from .search import LAYOUT_DIMENSIONS
     from .search import search as run_search
 
     def given(name):
-        source = ctx.get_parameter_source(name)
-        return source is not None and source.name == "COMMANDLINE"
+        return _given(ctx, name)
 
     fixed = {d for d in LAYOUT_DIMENSIONS if given(d)}
     try:
@@ -462,9 +478,10 @@ def search(
         _check_number("days", days, 0, MAX_DAYS, low_open=True)
         if max_tp is not None and not 1 <= max_tp <= MAX_GPUS:
             raise PlanError("max_tp", f"must be an integer from 1 to {MAX_GPUS:,} (got {max_tp})")
-        if export_to is not None and export_to not in EXPORT_TARGETS:
-            raise PlanError("export", f"must be one of {', '.join(EXPORT_TARGETS)} (got {export_to!r:.40})")
         options, imported = _options_from(ctx, options, from_file, hf_config)
+        if export_to is not None:  # ranked under the target's own conventions
+            check_target(export_to, "export")
+            options["framework"] = target_framework(export_to, options["framework"] if given("framework") else None)
         plan_ = make_plan(**options)
         _read_inputs(plan_)
         if compare_gpus is not None:
@@ -474,21 +491,15 @@ def search(
         if pareto or max_model or min_gpus:
             _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_tp, as_json)
             return
-        data = _with_status(lambda progress: run_search(plan_, fixed, top=top, objective=objective, max_tp=max_tp,
+        data = _with_status(lambda progress: run_search(plan_, fixed, top=max(top, EXPORT_CANDIDATES) if export_to
+                                                        else top, objective=objective, max_tp=max_tp,
                                                         progress=progress), as_json, "searching…")
         if export_to:
-            from .export import export as run_export
-            from .plan import resolve
-
-            best = data["best"][0]["parallel"]
-            dims = {k: best[k] for k in ("tp", "pp", "cp", "ep", "zero", "mbs", "gbs", "recompute", "schedule", "sp")}
-            dims["vpp"] = best["vpp"] if best["schedule"] == "interleaved" else None
-            text = run_export(resolve(plan_.model_copy(update={**dims, "dp": None, "gpus": data["best"][0]["gpu"]["gpus"]})),
-                              export_to)
+            result = _export_best(plan_, data["best"], export_to)
     except PlanError as err:
         _fail(err)
     if export_to:
-        typer.echo(text, nl=False)
+        _emit_export(result, None)
         return
     if as_json:
         if imported is not None:
@@ -498,6 +509,31 @@ def search(
     from .render import render_search
 
     render_search(data)
+
+
+EXPORT_CANDIDATES = 50  # layouts `search --export` tries, fastest first, for one its target can express
+
+
+def _export_best(plan_, best: list[dict], target: str):
+    """The fastest of the ranked layouts the target can express, exported; when none is, the
+    fastest one's refusal."""
+    from .export import export_layout
+    from .plan import resolve
+
+    first = None
+    for row in best:
+        par = row["parallel"]
+        dims = {k: par[k] for k in ("tp", "pp", "cp", "ep", "zero", "mbs", "gbs", "recompute", "schedule", "sp")}
+        dims["vpp"] = par["vpp"] if par["schedule"] == "interleaved" else None
+        try:
+            return export_layout(resolve(plan_.model_copy(update={**dims, "dp": None, "gpus": row["gpu"]["gpus"]})),
+                                 target)
+        except PlanError as err:
+            first = first or err
+    if first is None:
+        raise PlanError("export", "no layout fits, so there is nothing to export")
+    raise PlanError(first.field, f"none of the {len(best)} fastest layouts exports to {target}; the fastest: "
+                    f"{first.rule}")
 
 
 def _compare_gpus(options, accelerators, fixed, gpu_given, other_variant, min_gpus, days, objective, max_tp,

@@ -266,6 +266,7 @@ def from_dict(config: dict, name: str | None = None, source: str = "Hugging Face
         raise PlanError(f"hf_config.{exc.args[0]}", f"required for model_type {model_type!r}") from None
     except TypeError as exc:
         raise PlanError("hf_config", f"malformed {model_type} config ({exc})") from None
+    fields.update(rope_norm_router(config))
     fields = {k: v for k, v in fields.items() if v is not None}
     name = name or config.get("_name_or_path") or model_type
     try:
@@ -274,6 +275,42 @@ def from_dict(config: dict, name: str | None = None, source: str = "Hugging Face
         raise from_pydantic(exc, "hf_config.") from None
     check_size(spec, model_type)
     return spec
+
+
+# Rotary base, its long-context scaling, the norm epsilon and the router, as config.json states
+# them (transformers 5 also nests the rotary keys in `rope_parameters`); absent keys stay None
+# (not stated) rather than taking a class default, so an export never repeats a guess.
+NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
+
+
+def rope_norm_router(c: dict) -> dict:
+    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
+    scaling = c.get("rope_scaling") if isinstance(c.get("rope_scaling"), dict) else rope
+    theta = c.get("rope_theta", c.get("rotary_emb_base", rope.get("rope_theta")))
+    out: dict = {"rope_theta": theta,
+                 "norm_eps": next((c[k] for k in NORM_EPS_KEYS if c.get(k) is not None), None)}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "llama3":
+        out["rope_scaling"] = {"kind": "llama3", "factor": scaling.get("factor"),
+                               "low_freq_factor": scaling.get("low_freq_factor"),
+                               "high_freq_factor": scaling.get("high_freq_factor"),
+                               "original_max_position": scaling.get("original_max_position_embeddings")}
+    elif kind == "yarn":
+        out["rope_scaling"] = {"kind": "yarn", "factor": scaling.get("factor"),
+                               "original_max_position": scaling.get("original_max_position_embeddings"),
+                               **{k: scaling.get(k) for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")}}
+    elif kind not in (None, "default"):
+        raise PlanError("hf_config.rope_scaling", f"rope type {kind!r} is not modelled; llama3 and yarn are")
+    if c.get("scoring_func") is not None:
+        out["router_score"] = c["scoring_func"]
+    if c.get("norm_topk_prob") is not None:
+        out["router_norm_topk"] = bool(c["norm_topk_prob"])
+    elif c.get("model_type") == "qwen2_moe":  # Qwen2MoeConfig's default
+        out["router_norm_topk"] = False
+    for field, key in (("router_scale", "routed_scaling_factor"), ("router_groups", "n_group"),
+                       ("router_group_topk", "topk_group")):
+        out[field] = c.get(key)
+    return out
 
 
 def from_file(path: str | Path) -> ModelSpec:

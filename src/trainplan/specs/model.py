@@ -33,6 +33,27 @@ ExpertsImpl = Literal["grouped", "eager"]
 NormKind = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rotary", "none"]
 
+RouterScore = Literal["softmax", "sigmoid"]
+
+
+class RopeScaling(BaseModel):
+    """Rotary frequencies stretched for long context: Llama 3.1's "llama3" rule (factor,
+    low/high frequency factors) or YaRN (factor, beta_fast/slow, mscale), from the original
+    context length (Hugging Face `rope_scaling`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["llama3", "yarn"]
+    factor: float = Field(gt=0, le=10_000)
+    original_max_position: int = Field(ge=1, le=100_000_000)
+    low_freq_factor: float | None = Field(default=None, gt=0)  # llama3
+    high_freq_factor: float | None = Field(default=None, gt=0)  # llama3
+    beta_fast: float | None = Field(default=None, gt=0)  # yarn
+    beta_slow: float | None = Field(default=None, gt=0)  # yarn
+    mscale: float | None = Field(default=None, ge=0)  # yarn
+    mscale_all_dim: float | None = Field(default=None, ge=0)  # yarn
+
+
 # Linear layers that LoRA can target, by the names Hugging Face PEFT users write.
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -107,6 +128,17 @@ class ModelSpec(BaseModel):
     qk_rope_head_dim: int | None = Field(default=None, ge=0)
     qk_nope_head_dim: int | None = Field(default=None, ge=0)
     v_head_dim: int | None = Field(default=None, ge=1)
+
+    # Rotary positions, norms and routing as the source configures them (what a framework's
+    # config must repeat for the exported model to be the planned one). None: not stated.
+    rope_theta: float | None = Field(default=None, gt=0, le=1e12)
+    rope_scaling: RopeScaling | None = None
+    norm_eps: float | None = Field(default=None, gt=0, lt=1)
+    router_score: RouterScore = "softmax"  # the expert-score function (DeepSeek-V3: sigmoid)
+    router_norm_topk: bool = True  # the top-k weights renormalised to sum to 1 (Qwen1.5-MoE: not)
+    router_scale: float = Field(default=1.0, gt=0, le=1000)  # DeepSeek-V3 routed_scaling_factor
+    router_groups: int | None = Field(default=None, ge=1)  # device-limited routing: expert groups
+    router_group_topk: int | None = Field(default=None, ge=1)  # ... and the groups each token picks
 
     @field_validator("layers", mode="before")
     @classmethod
