@@ -7,7 +7,8 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # The CPU build of PyTorch for the measured-activation tests; override TORCH_SPEC elsewhere.
 .venv/bin/python -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,hf,webtest,plot,triton]'
+# The frameworks the exports are checked against; DeepSpeed's CUDA ops stay unbuilt (DS_BUILD_OPS=0).
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,hf,webtest,plot,triton,frameworks]'
 # Browser tests drive Debian's Chromium (never a downloaded browser); CJK and emoji fonts make
 # the Chinese screenshots legible. Installed when missing and this user may (CI runs as root).
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

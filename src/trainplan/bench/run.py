@@ -203,47 +203,51 @@ def profile_from(results: dict) -> dict:
     return eff
 
 
+def _g6(v):
+    """A measured fraction to 6 significant digits (what a profile keeps), element-wise."""
+    if isinstance(v, dict):
+        return {k: _g6(x) for k, x in v.items()}
+    return [_g6(x) for x in v] if isinstance(v, list) else float(f"{v:.6g}") if isinstance(v, float) else v
+
+
+def _table(comment: list[str], name: str | None, values: dict) -> list[str]:
+    """Comment lines, then the table as tomli-w writes it (quoting and escaping its strings)."""
+    import tomli_w
+
+    body = tomli_w.dumps({name: _g6(values)} if name else _g6(values))
+    return [*(f"# {c}" for c in comment), body]
+
+
 def write_profile(results: dict, path: str) -> dict:
     """Write the profile TOML (atomically: a finished file or none) and return its efficiencies."""
     eff = profile_from(results)
     m = results["machine"]
-    lines = [
-        "# trainplan hardware profile: achieved fractions of the datasheet, measured by `trainplan bench`",
-        f'gpu = "{results["gpu"]}"',
-        f'measured_on = "{m["name"]} ({m["device"]}, torch {m["torch"]})"',
-        f'date = "{m["date"]}"',
-        f'source = "trainplan bench{" --quick" if results.get("quick") else ""}"',
-        "",
-        "[efficiency]",
-        *(f"{k} = {v:.6g}" for k, v in eff.items() if k not in CURVES),
-        "",
-    ]
+    lines = _table(["trainplan hardware profile: achieved fractions of the datasheet, measured by `trainplan bench`"],
+                   None, {"gpu": results["gpu"], "measured_on": f"{m['name']} ({m['device']}, torch {m['torch']})",
+                          "date": m["date"], "source": f"trainplan bench{' --quick' if results.get('quick') else ''}"})
+    lines += _table([], "efficiency", {k: v for k, v in eff.items() if k not in CURVES})
     curve = eff.get("gemm_curve")
     if curve:
-        lines += ["# square GEMMs n x n x n: the measured fraction of the dense peak at each size (the time",
-                  "# model takes from it what tile and wave quantization do not explain)",
-                  "[gemm_curve]", f'dtype = "{curve["dtype"]}"', f"n = {curve['n']}",
-                  "fraction = [" + ", ".join(f"{x:.6g}" for x in curve["fraction"]) + "]", ""]
+        lines += _table(["square GEMMs n x n x n: the measured fraction of the dense peak at each size (the time",
+                         "model takes from it what tile and wave quantization do not explain)"], "gemm_curve",
+                        {"dtype": curve["dtype"], "n": curve["n"], "fraction": curve["fraction"]})
     curve = eff.get("gemm_k_curve")
     if curve:
-        lines += [f"# bf16 {curve['m']} x k x {curve['n']}: the measured fraction of the dense peak at each inner",
-                  "# dimension k (the time model takes how it changes with k)",
-                  "[gemm_k_curve]", f"k = {curve['k']}",
-                  "fraction = [" + ", ".join(f"{x:.6g}" for x in curve["fraction"]) + "]", ""]
+        lines += _table([f"bf16 {curve['m']} x k x {curve['n']}: the measured fraction of the dense peak at each inner",
+                         "dimension k (the time model takes how it changes with k)"], "gemm_k_curve",
+                        {"k": curve["k"], "fraction": curve["fraction"]})
     shape = eff.get("gemm_shape")
     if shape:
-        lines += [f"# bf16 GEMM times over {shape['points']} shapes (both sweeps) fitted as 2mnk / R + m·n·b + t0:",
-                  "# the main loop's fraction of the dense peak, the output write-back as k0 extra inner",
-                  f"# steps, the fixed time per kernel; {100 * shape['mean_error']:.1f}% mean error. The time model",
-                  "# prices GEMMs with it.",
-                  "[gemm_shape]", f"mainloop = {shape['mainloop']:.6g}", f"k0 = {shape['k0']:.6g}",
-                  f"overhead_us = {shape['overhead_us']:.6g}", ""]
+        lines += _table([f"bf16 GEMM times over {shape['points']} shapes (both sweeps) fitted as 2mnk / R + m·n·b + t0:",
+                         "the main loop's fraction of the dense peak, the output write-back as k0 extra inner",
+                         f"steps, the fixed time per kernel; {100 * shape['mean_error']:.1f}% mean error. The time model",
+                         "prices GEMMs with it."], "gemm_shape",
+                        {k: shape[k] for k in ("mainloop", "k0", "overhead_us")})
     curve = eff.get("flash_curve")
     if curve:
-        lines += ["# SDPA (FlashAttention) forward + backward, causal: the measured fraction of the peak at",
-                  "# each sequence length (the time model interpolates in log length)",
-                  "[flash_curve]", f"seq = {curve['seq']}",
-                  "fraction = [" + ", ".join(f"{x:.6g}" for x in curve["fraction"]) + "]", ""]
+        lines += _table(["SDPA (FlashAttention) forward + backward, causal: the measured fraction of the peak at",
+                         "each sequence length (the time model interpolates in log length)"], "flash_curve",
+                        {"seq": curve["seq"], "fraction": curve["fraction"]})
     target = Path(path)
     if not target.parent.exists():
         raise PlanError("profile", f"directory {target.parent} does not exist")
