@@ -10,10 +10,13 @@ tests/data/megatron_flags.json, naming the commit.
     git clone https://github.com/NVIDIA/Megatron-LM && git -C Megatron-LM checkout <COMMIT>
     python scripts/megatron_flags.py Megatron-LM            # regenerate the table
     python scripts/megatron_flags.py Megatron-LM --check    # the table is up to date
+    python scripts/megatron_flags.py Megatron-LM --validate # Megatron-LM's own validate_args on exports
 
-Only the parser needs the source; `validate_args` itself also needs the training loop's
-globals, so the export tests check the layout and model rules it enforces through
-Megatron Core's own TransformerConfig (installed with the `frameworks` extra).
+The tests (without the source) parse the exports with this table and validate the model and
+layout with Megatron Core's TransformerConfig (installed with the `frameworks` extra);
+`--validate` also runs Megatron-LM's own parse, `validate_args` and
+`core_transformer_config_from_args` on the exports of every catalog model and of the test
+plans, with a checkout at hand.
 """
 
 from __future__ import annotations
@@ -41,11 +44,15 @@ def _stub_training_package(source: Path) -> None:
     sys.modules["megatron.training"] = pkg
     megatron.training = pkg
     utils = types.ModuleType("megatron.training.utils")
-    utils.get_device_arch_version = lambda: 9
-    utils.update_use_dist_ckpt = lambda args: None
+    utils.get_device_arch_version = lambda: 9  # Hopper
+    utils.update_use_dist_ckpt = _update_use_dist_ckpt
     utils.print_rank_0 = utils.warn_rank_0 = lambda *a, **k: None
     utils.is_rank0 = lambda: True
     sys.modules["megatron.training.utils"] = utils
+
+
+def _update_use_dist_ckpt(args) -> None:  # megatron/training/utils.py at the pinned commit
+    args.use_dist_ckpt = args.ckpt_format != "torch"
 
 
 def _type_name(action: argparse.Action) -> str:
@@ -91,15 +98,64 @@ def build_table(source: Path) -> dict:
             "commit": COMMIT, "flags": dict(sorted(flags.items()))}
 
 
+# kernels from Transformer Engine / Apex, absent on a CPU checking machine: off for the check
+# (they change no shape, layout or dtype)
+NO_FUSED_KERNELS = ["--no-rope-fusion", "--no-bias-swiglu-fusion", "--no-bias-gelu-fusion", "--no-masked-softmax-fusion",
+                    "--no-persist-layer-norm", "--no-gradient-accumulation-fusion", "--no-bias-dropout-fusion"]
+
+
+def validate_exports(source: Path) -> int:
+    """Megatron-LM's own parser, validate_args and TransformerConfig on exports; 0 when all pass."""
+    import os
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    _stub_training_package(source)
+    from megatron.training import arguments
+    from test_export_frameworks import MEGATRON_PLANS
+
+    from trainplan.errors import PlanError
+    from trainplan.export import export_layout
+    from trainplan.plan import make_plan, resolve
+    from trainplan.specs import catalog
+
+    plans = [dict(model=m.name, gpus=8) for m in catalog.models()] + MEGATRON_PLANS
+    failed = 0
+    for kw in plans:
+        layout = resolve(make_plan(**kw, framework="megatron"))
+        try:
+            text = export_layout(layout, "megatron").text
+        except PlanError as err:
+            print(f"refused   {kw}: {err}")
+            continue
+        parser = argparse.ArgumentParser(allow_abbrev=False)
+        arguments.add_megatron_arguments(parser)
+        # what the user adds (learning rate, length), and the launch environment Megatron checks
+        args = parser.parse_args(text.split() + ["--lr", "1e-4", "--train-iters", "10"] + NO_FUSED_KERNELS)
+        args.world_size, args.rank = layout.gpus, 0
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8" if args.use_megatron_fsdp else "1"
+        try:
+            arguments.validate_args(args)
+            arguments.core_transformer_config_from_args(args)
+            print(f"validated {kw}")
+        except (AssertionError, ValueError, TypeError) as exc:
+            failed += 1
+            print(f"FAILED    {kw}: {type(exc).__name__}: {exc}")
+    return 1 if failed else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("source", type=Path, help="a Megatron-LM checkout at the pinned commit")
     ap.add_argument("--check", action="store_true", help="fail if the committed table differs")
+    ap.add_argument("--validate", action="store_true", help="run validate_args on the exports")
     a = ap.parse_args()
     head = subprocess.run(["git", "-C", str(a.source), "rev-parse", "HEAD"], capture_output=True, text=True)
     if head.returncode == 0 and head.stdout.strip() != COMMIT:
         print(f"{a.source} is at {head.stdout.strip()}, not the pinned {COMMIT} ({TAG})", file=sys.stderr)
         return 2
+    if a.validate:
+        return validate_exports(a.source.resolve())
     text = json.dumps(build_table(a.source.resolve()), indent=1) + "\n"
     if a.check:
         same = OUT.exists() and OUT.read_text() == text

@@ -499,3 +499,38 @@ def test_torchtitan_refuses_what_it_cannot_express(kw, field):
     with pytest.raises(PlanError) as err:
         export_layout(planned("torchtitan", **kw), "torchtitan")
     assert err.value.field == field
+
+
+# ---------------------------------------------------------------- every catalog model
+
+# What each target cannot express of the catalog's models (the rest export and validate):
+# Megatron's GPT model has no parallel residual; torchtitan 0.3 builds only its own configs'
+# models (TORCHTITAN_CONFIGS); a DeepSpeed config carries no model (the script's does).
+TORCHTITAN_MODELS = {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen3-30b-a3b"}
+REFUSED = {"megatron": {"gpt-neox-20b": "model.parallel_residual"}, "deepspeed": {},
+           "torchtitan": {m.name: "model" for m in catalog.models() if m.name not in TORCHTITAN_MODELS}}
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed", "torchtitan"])
+def test_every_catalog_model_exports_and_validates_or_is_refused_by_name(target, monkeypatch):
+    validated, refused = [], {}
+    for spec in catalog.models():
+        kw = dict(model=spec.name, gpus=8)
+        if target == "torchtitan" and spec.name == "llama-3.1-405b":
+            kw["precision"] = "fp8"  # torchtitan's only 405B config trains in Float8
+        lay = planned(target, **kw)
+        try:
+            e = export_layout(lay, target)
+        except PlanError as err:
+            refused[spec.name] = err.field
+            continue
+        if target == "megatron":
+            cfg = megatron_transformer_config(parse_megatron(e.text))
+            assert cfg.num_layers == spec.layers
+        elif target == "deepspeed":
+            assert deepspeed_config(lay, monkeypatch)[1].train_batch_size == lay.gbs
+        elif spec.name != "llama-3.1-405b":  # its Float8 converter needs torchao to build
+            assert torchtitan_job(lay).model_spec.model.dim == spec.hidden
+        validated.append(spec.name)
+    assert refused == REFUSED[target]
+    assert len(validated) + len(refused) == len(catalog.models())

@@ -257,7 +257,13 @@ def _training_args(layout) -> list[tuple[str, object]]:
 def notes(layout) -> list[str]:
     """Where Megatron-LM runs otherwise than the plan, and what the user still sets."""
     p = layout.plan
-    out = [f"yours to set (a plan does not decide them): {', '.join(USER_CHOICES)}"]
+    out = [f"yours to set (a plan does not decide them): {', '.join(USER_CHOICES)}; the tokenizer is "
+           f"the model's ({layout.model.vocab:,} tokens)"]
+    if layout.zero >= 2:  # Megatron-LM's validate_args checks the launch environment
+        out.append("launch with CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-FSDP requires it)")
+    elif layout.tp > 1 or layout.cp > 1:
+        out.append("launch with CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM requires it with tensor or context "
+                   "parallelism)")
     if p.recompute == "full" and recipe(p).early_stop_checkpoint:
         out.append("recompute full: Megatron-LM re-runs every checkpointed layer whole; plan with "
                    "--no-recompute-early-stop to match")
