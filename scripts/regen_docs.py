@@ -27,7 +27,7 @@ BLOCKS = {
     "compare-example": "trainplan search --model llama-3-70b --gpus 64 --gbs 512 --seq-len 8192 --objective cost "
                        "--compare-gpus H100-SXM,H200-SXM,B200,MI300X,A100-80GB-SXM,RTX-4090",
     "maxmodel-example": "trainplan search --max-model --gpu A100-80GB-SXM --gpus 8 --seq-len 2048 --recompute full",
-    "export-example": "trainplan search --model llama-3-8b --gpus 16 --gbs 64 --export deepspeed",
+    "export-example": "trainplan export --to torchtitan --model llama-3.1-8b --gpus 8 --zero 3 --gbs 64",
     "import-example": "trainplan plan --from tests/data/imports/megatron_train_mixtral_8x7b_distributed.sh --gpus 64 "
                       "--gpu H100-SXM",
     "bench-example": "trainplan bench gemm memory alignment recompute --quick --device cpu --gpu A100-80GB-SXM --model gpt2 --tokens 256 --no-save",

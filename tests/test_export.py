@@ -307,3 +307,22 @@ def test_torchtitan_schedule_names_resolve_to_the_schedules_planned():
     assert set(SCHEDULES) == set(TORCH_CLASSES)
     for planned_schedule, name in SCHEDULES.items():
         assert schedules.get_schedule_class(name) is getattr(schedules, TORCH_CLASSES[planned_schedule])
+
+
+def test_torchtitan_script_passes_exactly_the_exported_arguments(tmp_path):
+    """bash expands the script's ARGS array to the argument list the framework tests parse."""
+    import shutil
+    import subprocess
+
+    from trainplan.export.torchtitan import torchtitan_argv
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash on this machine")
+    lay = planned("torchtitan", model="llama-3.1-70b", gpus=64, tp=8, sp=True, pp=4, schedule="interleaved", vpp=2,
+                  gbs=256, zero=3)
+    script = tmp_path / "run.sh"
+    script.write_text(export(lay, "torchtitan").replace('exec torchrun', 'printf "%s\\n" "${ARGS[@]}" # torchrun'))
+    out = subprocess.run([bash, str(script)], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == torchtitan_argv(lay)
+    assert "--nnodes 8 --nproc-per-node 8" in export(lay, "torchtitan")
