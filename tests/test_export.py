@@ -326,3 +326,31 @@ def test_torchtitan_script_passes_exactly_the_exported_arguments(tmp_path):
     out = subprocess.run([bash, str(script)], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out == torchtitan_argv(lay)
     assert "--nnodes 8 --nproc-per-node 8" in export(lay, "torchtitan")
+
+
+def test_the_rotary_norm_and_router_settings_come_from_config_json():
+    """What an export repeats of the model is read from config.json (tests/data/hf, as
+    published) and agrees with the catalog; transformers 5's nested rope_parameters too."""
+    from pathlib import Path
+
+    from trainplan.specs import catalog, hf
+
+    fields = ("rope_theta", "norm_eps", "router_score", "router_norm_topk", "router_scale", "router_groups",
+              "router_group_topk")
+    for path in sorted((Path(__file__).parent / "data" / "hf").glob("*.json")):
+        mine, theirs = hf.from_file(path), catalog.model(path.stem)
+        assert {f: getattr(mine, f) for f in fields} == {f: getattr(theirs, f) for f in fields}, path.stem
+    ds = hf.from_file(Path(__file__).parent / "data" / "hf" / "deepseek-v3.json")
+    assert (ds.router_score, ds.router_scale, ds.router_groups, ds.router_group_topk) == ("sigmoid", 2.5, 8, 4)
+    assert hf.from_file(Path(__file__).parent / "data" / "hf" / "qwen1.5-moe-a2.7b.json").router_norm_topk is False
+    base = json.loads((Path(__file__).parent / "data" / "hf" / "llama-3-8b.json").read_text())
+    llama31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    old_style = hf.from_dict({**base, "rope_scaling": llama31})
+    new_style = hf.from_dict({**{k: v for k, v in base.items() if k != "rope_theta"},
+                              "rope_parameters": {**llama31, "rope_theta": 500000.0}})
+    assert old_style.rope_scaling == new_style.rope_scaling == catalog.model("llama-3.1-8b").rope_scaling
+    assert new_style.rope_theta == 500000.0
+    with pytest.raises(PlanError) as err:
+        hf.from_dict({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+    assert err.value.field == "hf_config.rope_scaling"
