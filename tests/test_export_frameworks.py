@@ -354,8 +354,11 @@ def torchtitan_stage_layers(job, pp: int) -> list[int]:
     world = par.data_parallel_replicate_degree * par.data_parallel_shard_degree * par.tensor_parallel_degree \
         * par.pipeline_parallel_degree * par.context_parallel_degree
     dims = ParallelDims.from_config(par, world)
-    stages, layers, first, last = _get_pipeline_metadata(dims, par, job.model_spec.model)
-    parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
+    parts = par.module_fqns_per_model_part  # pipeline_llm takes the modules named, else cuts its own
+    if parts is None:
+        stages, layers, first, last = _get_pipeline_metadata(dims, par, job.model_spec.model)
+        parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
+    stages = len(parts)
     per_stage = [sum(name.startswith("layers.") for name in part) for part in parts]
     return [sum(per_stage[s] for s in _get_pp_rank_to_stage_indices_mapping(r, pp, par.pipeline_parallel_schedule,
                                                                              stages)) for r in range(pp)]
@@ -370,6 +373,8 @@ TORCHTITAN_PLANS = [
          recompute="selective"),
     dict(model="qwen3-30b-a3b", gpus=16, ep=8, zero=3, gbs=32),
     dict(model="llama-3.1-8b", gpus=16, pp=2, gbs=64, zero=0),
+    # 32 layers on 3 stages as 11, 11, 10: named module by module
+    dict(model="llama-3.1-8b", gpus=24, pp=3, gbs=48, zero=0, schedule="gpipe"),
 ]
 
 

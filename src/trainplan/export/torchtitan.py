@@ -96,8 +96,11 @@ def torchtitan_config(m, precision: str) -> TorchtitanConfig:
 def virtual_stage_options(layout, v: int) -> list[str]:
     """torchtitan's layer cut: equal (virtual) stages, or equal ones with the first and last one
     layer lighter (Llama 3 405B: 126 layers as 7, 8, ..., 8, 7 on 16 x 2, or on 16 x 8 one layer
-    per virtual stage, the first holding only the embedding and the last only the head)."""
+    per virtual stage, the first holding only the embedding and the last only the head); with
+    one stage per rank any other split is named module by module."""
     cut = torchtitan_virtual_stages(list(layout.stage_layers), v)
+    if cut is None and v == 1:  # any split, one stage per rank: the modules of each, by name
+        return ["--parallelism.module_fqns_per_model_part", *module_parts(list(layout.stage_layers))]
     if cut is None:
         raise PlanError("vpp" if v > 1 else "stage_layers",
                         f"torchtitan cuts the layers into equal stages, or equal ones with the first and last one "
@@ -107,6 +110,22 @@ def virtual_stage_options(layout, v: int) -> list[str]:
     return ["--parallelism.pipeline_parallel_layers_per_stage", str(per),
             "--parallelism.pipeline_parallel_first_stage_less_layers", str(fewer),
             "--parallelism.pipeline_parallel_last_stage_less_layers", str(fewer)]
+
+
+def module_parts(split: list[int]) -> list[str]:
+    """Each stage's modules as torchtitan names them (pipeline_parallel.py
+    _generate_llm_fqn_per_model_part): the embedding first, then its layers, the final norm and
+    the head last; comma-joined, one argument per stage."""
+    parts, start = [], 0
+    for i, n in enumerate(split):
+        names = [f"layers.{j}" for j in range(start, start + n)]
+        start += n
+        if i == 0:
+            names.insert(0, "tok_embeddings")
+        if i == len(split) - 1:
+            names += ["norm", "lm_head"]
+        parts.append(",".join(names))
+    return parts
 
 
 def _check_expressible(layout) -> None:
