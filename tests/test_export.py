@@ -354,3 +354,14 @@ def test_the_rotary_norm_and_router_settings_come_from_config_json():
     with pytest.raises(PlanError) as err:
         hf.from_dict({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
     assert err.value.field == "hf_config.rope_scaling"
+
+
+def test_search_export_keeps_to_what_the_target_expresses():
+    """DeepSpeed's JSON has no pipeline stages, context or sequence parallelism: `search --export
+    deepspeed` ranks layouts without them (ZeRO, TP, micro-batch, recompute still searched)."""
+    res = CliRunner().invoke(app, ["search", "--model", "llama-3-70b", "--gpus", "64", "--export", "deepspeed"])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads(res.stdout)
+    tp = cfg.get("tensor_parallel", {}).get("autotp_size", 1)
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * (
+        64 // tp)

@@ -479,9 +479,12 @@ def search(
         if max_tp is not None and not 1 <= max_tp <= MAX_GPUS:
             raise PlanError("max_tp", f"must be an integer from 1 to {MAX_GPUS:,} (got {max_tp})")
         options, imported = _options_from(ctx, options, from_file, hf_config)
-        if export_to is not None:  # ranked under the target's own conventions
+        if export_to is not None:  # ranked under the target's own conventions, in what it can express
+            from .export import FIXED_DIMENSIONS
+
             check_target(export_to, "export")
             options["framework"] = target_framework(export_to, options["framework"] if given("framework") else None)
+            fixed |= set(FIXED_DIMENSIONS[export_to])
         plan_ = make_plan(**options)
         _read_inputs(plan_)
         if compare_gpus is not None:

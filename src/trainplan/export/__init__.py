@@ -15,6 +15,9 @@ TARGETS = ("megatron", "deepspeed", "torchtitan")
 # The planner's framework convention each target runs (conventions.toml [frameworks]): an
 # export is priced, and a search ranked, under its target's memory and time rules.
 CONVENTIONS = {"megatron": "megatron", "deepspeed": "deepspeed", "torchtitan": "fsdp"}
+# Layout dimensions a target's configuration cannot vary: `search --export` keeps them at the
+# plan's values (1, 1, off) instead of ranking layouts the export would refuse.
+FIXED_DIMENSIONS = {"megatron": (), "deepspeed": ("pp", "cp", "sp"), "torchtitan": ()}
 FILENAMES = {"megatron": "megatron_args.txt", "deepspeed": "ds_config.json", "torchtitan": "run_torchtitan.sh"}
 
 
