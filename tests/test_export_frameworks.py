@@ -394,6 +394,9 @@ def test_torchtitan_job_config_is_the_planned_run(kw):
                 accumulation) == (lay.mbs, lay.micro_batches, 1)
         assert torchtitan_stage_layers(job, lay.pp) == list(lay.stage_layers)
     assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == lay.dp
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    ParallelDims.from_config(par, lay.gpus)  # its check: the degrees multiply to the world size
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree,
             par.expert_parallel_degree) == (lay.tp, lay.pp, lay.cp, lay.ep)
     assert par.enable_sequence_parallel == (lay.sp or lay.tp == 1)
