@@ -37,7 +37,7 @@ MEGATRON_PLANS = [
     dict(model="gpt2-xl", gpus=8, precision="fp16", attention="eager", gbs=64, seq_len=1024),
     dict(model="llama-3-70b", gpus=64, tp=8, pp=4, sp=True, schedule="interleaved", vpp=2, gbs=256,
          recompute="selective"),
-    dict(model="qwen2.5-7b", gpus=16, cp=2, gbs=32, seq_len=32768, precision="fp8"),
+    dict(model="qwen2.5-7b", gpus=16, cp=2, gbs=32, seq_len=32768, precision="fp8", fp8_params=True, zero=1),
     dict(model="llama-3-8b", gpus=32, zero=3, gbs=64),
 ]
 
@@ -97,7 +97,8 @@ def megatron_transformer_config(ns):
               num_layers_in_last_pipeline_stage=ns.decoder_last_pipeline_num_layers,
               num_query_groups=ns.num_query_groups if ns.group_query_attention else None,
               persist_layer_norm=not ns.no_persist_layer_norm, batch_p2p_comm=not ns.overlap_p2p_comm,
-              virtual_pipeline_model_parallel_size=ns.num_virtual_stages_per_pipeline_rank)
+              virtual_pipeline_model_parallel_size=ns.num_virtual_stages_per_pipeline_rank,
+              fp8_param=ns.fp8_param_gather)
     if isinstance(ns.moe_layer_freq, str):  # moe_freq_type: an int, or a Python list expression
         kw["moe_layer_freq"] = eval(ns.moe_layer_freq, {"__builtins__": {}}) if "[" in ns.moe_layer_freq \
             else int(ns.moe_layer_freq)
@@ -187,7 +188,7 @@ def test_megatron_core_builds_the_planned_model_and_layout(kw):
         assert (cfg.moe_router_num_groups, cfg.moe_router_group_topk) == (m.router_groups, m.router_group_topk)
     p = lay.plan
     assert cfg.bf16 == (p.precision in ("bf16", "fp8")) and cfg.fp16 == (p.precision == "fp16")
-    assert cfg.fp8 == ("hybrid" if p.precision == "fp8" else None)
+    assert cfg.fp8 == ("hybrid" if p.precision == "fp8" else None) and cfg.fp8_param == p.fp8_params
     assert cfg.recompute_granularity == (None if p.recompute == "none" else p.recompute)
     assert ns.use_distributed_optimizer == (lay.zero >= 1)
     assert ns.data_parallel_sharding_strategy == {0: "no_shard", 1: "no_shard", 2: "optim_grads",
@@ -218,6 +219,7 @@ def test_megatron_flag_table_names_its_commit():
     (dict(model="llama-3-8b", gpus=16, pp=2, schedule="zb", gbs=64), "schedule"),
     (dict(model="gpt-neox-20b", gpus=8), "model.parallel_residual"),
     (dict(model="llama-3-8b", gpus=8, offload_optimizer=True, offload_params=True, zero=3), "offload_params"),
+    (dict(model="llama-3-8b", gpus=8, precision="fp8", fp8_params=True, zero=0), "fp8_params"),
 ])
 def test_megatron_refuses_what_it_cannot_express(kw, field):
     with pytest.raises(PlanError) as err:

@@ -21,26 +21,10 @@ from trainplan.specs import catalog
 
 FRAMEWORK = {"megatron": "megatron", "deepspeed": "deepspeed", "torchtitan": "fsdp"}
 SUFFIX = {"megatron": ".sh", "deepspeed": ".json", "torchtitan": ".toml"}
-MOE = [m.name for m in catalog.models() if m.is_moe]
-LAYER_PARALLEL = [m.name for m in catalog.models() if m.params > 4e10]  # planned with TP 8 below
 
-_TT_BATCH = ("writes local_batch_size = micro-batch x accumulation and no global batch (one forward pass of all); "
-             "torchtitan's llama3 8B is Llama 3.1's, so llama-3-8b reads back as llama-3.1-8b")
-_TT_FLAVOR = ("writes a flavor torchtitan does not have (the parameter count rounded: 71B, 406B), and no "
-              "enable_sequence_parallel = false for a TP plan without SP (torchtitan's default is on)")
-_TT_NAME = "writes the catalog family and name as torchtitan's model and flavor (torchtitan has no such model)"
 EXPORT_DROPS = {
+    # the vocabulary is the tokenizer's, which the user passes: Megatron-LM's GPT-2 tokenizer has 50,257
     ("megatron", "megatron-175b"): "writes no --vocab-size: Megatron's padded 51,200 reads back as GPT-3's 50,257",
-    ("megatron", "gpt-neox-20b"): "writes neither the parallel residual nor the vocabulary",
-    ("megatron", "qwen1.5-moe-a2.7b"): "writes neither the shared expert nor the vocabulary",
-    ("megatron", "qwen3-30b-a3b"): "writes neither --qk-layernorm nor the vocabulary",
-    ("megatron", "deepseek-v3"): "writes no multi-latent attention, shared expert, MoE layer frequency or vocabulary",
-    **{("deepspeed", m): "writes no tensor-parallel size" for m in LAYER_PARALLEL},
-    **{("deepspeed", m): "writes no expert-parallel size" for m in MOE if m not in LAYER_PARALLEL},
-    ("torchtitan", "llama-3-8b"): _TT_BATCH, ("torchtitan", "llama-3.1-8b"): _TT_BATCH,
-    ("torchtitan", "llama-3-70b"): _TT_FLAVOR, ("torchtitan", "llama-3.1-70b"): _TT_FLAVOR,
-    ("torchtitan", "llama-3.1-405b"): _TT_FLAVOR,
-    **{("torchtitan", m.name): _TT_NAME for m in catalog.models() if m.family != "llama3"},
 }
 
 

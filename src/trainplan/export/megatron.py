@@ -240,6 +240,11 @@ def _training_args(layout) -> list[tuple[str, object]]:
         a.append(("--grad-reduce-in-bf16", True))  # the gradient buffer and its reduction in bf16, not fp32
     if p.precision == "fp8":
         a.append(("--fp8-format", "hybrid"))
+        if p.fp8_params:  # the compute weights held and gathered in FP8
+            if layout.zero == 0:  # validate_args: "only supported with distributed optimizer"
+                raise _refuse("fp8_params", "FP8 weights without the distributed optimizer (--fp8-param-gather "
+                              "needs it); plan with --zero 1")
+            a.append(("--fp8-param-gather", True))
     if p.attention == "eager":
         a += [("--attention-backend", "unfused")]
     else:

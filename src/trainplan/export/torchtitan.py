@@ -133,6 +133,9 @@ def _check_expressible(layout) -> None:
     if p.precision == "fp16":
         raise PlanError("precision", "torchtitan's mixed precision is bf16 or fp32 (mixed_precision_param); "
                         "plan with --precision bf16")
+    if p.fp8_params:
+        raise PlanError("fp8_params", "torchtitan 0.3's Float8 converter (rowwise) has no FP8 weight all-gather; "
+                        "plan without --fp8-params")
     if p.reduce_dtype not in (None, "fp32"):
         raise PlanError("reduce_dtype", "torchtitan 0.3 reduces gradients in fp32 only "
                         "(training.mixed_precision_reduce); plan without --reduce-dtype")
