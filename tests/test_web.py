@@ -292,17 +292,21 @@ def test_page_tp_bound_hint_suggests_overlap_and_the_box_applies_it(server, brow
 
 
 def test_page_invalid_layout_shows_message_next_to_field(server, browser):
+    """24 GPUs with TP 8: PP 2 is offered disabled (8 x 2 does not divide 24); forced anyway, the
+    server's rule (gpus must be a multiple of tp x pp x cp) sits on PP, the field just changed,
+    and the old results are withdrawn."""
     page = browser.new_page()
     page.goto(server + "/?model=llama-3-70b&gpus=8")
     _ready(page)
     page.fill("input[name=gpus]", "24")
     page.select_option("select[name=tp]", "8")
-    page.select_option("select[name=pp]", "2")
-    msg = page.wait_for_selector(".field-error[data-field=gpus]")
-    assert "multiple of tp x pp x cp" in msg.inner_text()
-    # the message sits inside the gpus field's label, next to the input
-    assert page.eval_on_selector(".field-error", "e => e.parentElement.querySelector('input').name") == "gpus"
-    assert page.is_visible("#error")
+    page.wait_for_function("document.querySelector('select[name=pp] option[value=\"2\"]').disabled")
+    page.eval_on_selector("select[name=pp]", "s => { s.value = '2'; s.dispatchEvent(new Event('change', {bubbles: true})); }")
+    msg = page.wait_for_selector(".field-error[data-field=pp]")
+    assert "must be a multiple of tp x pp x cp = 16 (got 24)" in msg.inner_text()
+    assert page.eval_on_selector(".field-error", "e => e.parentElement.querySelector('select').name") == "pp"
+    assert page.is_visible("#error") and page.is_hidden("#result-body") and page.is_visible("#withdrawn")
+    assert page.get_attribute("#fit", "data-peak") is None
     page.close()
 
 
@@ -445,7 +449,7 @@ def test_page_shows_the_plans_warnings_in_both_languages(server, browser):
     page.click("#lang")
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
     page.wait_for_function("document.querySelector('#hints').innerText.includes('序列并行需要 TP > 1')")
-    assert "当前重计算为 none" in page.inner_text("#hints")
+    assert "当前重计算方式：不重计算" in page.inner_text("#hints")
     page.close()
 
 
@@ -627,13 +631,15 @@ def test_page_compares_accelerators_and_loads_one(server, browser):
     shown = [e.get_attribute("data-gpu") for e in page.query_selector_all(".compare-row")]
     assert shown == [r["gpu"] for r in api if r["best"]]
     skipped = page.inner_text("#compare-skipped")
-    assert "RTX-4090: nic_gbps:" in skipped  # 16 GPUs span two nodes; the catalog lists no network for it
+    # 16 GPUs span two nodes; the catalog lists no network for it: the field is named by its label
+    assert "RTX-4090: network between nodes, Gb/s per GPU: 16 GPUs span 2 nodes" in skipped
     assert "time error" in page.inner_text("#compare-results")
     assert "on 16 GPUs, global batch 64 x 4,096" in page.inner_text("#compare-status")
     page.click("#lang")
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
     assert "时间误差" in page.inner_text("#compare-results") and "比较加速卡" in page.inner_text("#results")
-    assert "16 张卡、全局批 64 × 4,096" in page.inner_text("#compare-status")
+    assert "16 块 GPU、全局批 64 × 4,096" in page.inner_text("#compare-status")
+    assert "RTX-4090：节点间网络带宽（每块 GPU，Gb/s）——16 块 GPU 跨 2 个节点" in page.inner_text("#compare-skipped")
     # ranked by the training's cost instead: the API's order, priced accelerators cheapest first
     with page.expect_response("**/api/compare"):
         page.select_option("#compare-objective", "cost")

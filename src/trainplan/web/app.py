@@ -9,6 +9,8 @@
     POST /api/compare     the best layout on each accelerator (plan options without "gpu";
                           "compare_gpus": names or "all", "fixed", "objective"); each search
                           bounded as /api/search's, all of them to COMPARE_MAX_SECONDS
+    GET  /docs/{name}.md  the project's documents the page cites (docs/accuracy.md ...), rendered;
+                          404 where the server runs without its source tree
     GET  /openapi.json    the API's OpenAPI document
 
 Bad input gets HTTP 422 with the field and the rule (`body`: what is read; `schemas`: the
@@ -25,7 +27,9 @@ import asyncio
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from html import escape
 from importlib import resources
+from pathlib import Path
 from threading import Lock
 
 from fastapi import FastAPI, Request
@@ -43,8 +47,28 @@ HEAVY_GRACE_S = 15.0  # past its own time bound, a search's worker is stopped af
 CACHE_MAX_BYTES = 64 * 1024 * 1024  # the answers kept, in all ...
 CACHE_MAX_ENTRY_BYTES = 4 * 1024 * 1024  # ... and the largest kept (a large pipeline's plan is 2-4 MB)
 STATIC = resources.files("trainplan.web") / "static"
+# The documents the page links (docs/*.md of a source checkout or an editable install)
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+DOC_NAMES = ("accuracy", "memory-model", "time-model", "validation", "sources")
 MEDIA = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+
+
+NOT_HERE = ("<!doctype html><meta charset=utf-8><title>trainplan</title><p>docs/{name} is not served here: "
+            "this server runs without the project's source tree; read it in the repository's docs/ folder.")
+
+
+def render_markdown(text: str, title: str) -> str:
+    """A Markdown document as a page (markdown-it, which rich already brings; tables on)."""
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:16px auto;padding:0 12px}"
+             "table{border-collapse:collapse;display:block;overflow-x:auto}"
+             "td,th{border:1px solid #ccd;padding:2px 6px;font-size:13px}")
+    return ("<!doctype html><html><head><meta charset=utf-8><meta name=viewport content='width=device-width, "
+            f"initial-scale=1'><title>{escape(title)}</title><style>{style}</style></head><body>"
+            f"<p><a href='/'>← trainplan</a></p>{body}</body></html>")
 
 
 def _refused(err: Refusal | PlanError) -> JSONResponse:
@@ -156,6 +180,14 @@ def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None,
             return Response(status_code=404)
         return Response(path.read_bytes(), media_type=MEDIA[suffix])
 
+    @app.get("/docs/{name}", include_in_schema=False)
+    def document(name: str) -> Response:
+        stem = name.removesuffix(".md")
+        path = DOCS / f"{stem}.md"
+        if not name.endswith(".md") or stem not in DOC_NAMES or not path.is_file():
+            return HTMLResponse(NOT_HERE.format(name=escape(name[:80])), status_code=404)
+        return HTMLResponse(render_markdown(path.read_text(encoding="utf-8"), f"trainplan — docs/{name}"))
+
     @app.get("/api/models")
     def models() -> list[dict]:
         from ..specs import catalog
@@ -200,7 +232,7 @@ def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None,
 
     def plan_answer(raw: bytes) -> bytes:
         options, extras = validate("plan", parse(raw))
-        payload = jobs.plan_json(options, extras["timeline"])
+        payload = jobs.plan_json(options, extras["timeline"], extras["explain"])
         cache.put(raw, payload)
         return payload
 

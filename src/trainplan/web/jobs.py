@@ -15,13 +15,17 @@ SEARCH_MAX_SECONDS = 5.0  # ... and in time (the best found so far is returned)
 COMPARE_MAX_SECONDS = 20.0  # a comparison's searches together (each still bounded as one search)
 
 
-def plan_json(options: dict, timeline: bool) -> bytes:
+def plan_json(options: dict, timeline: bool, explain: bool = False) -> bytes:
     from ..report import evaluate, to_json
 
     result = evaluate(web_plan(options))
     data = to_json(result)
     if timeline:
         data["timeline"] = _timeline(result)
+    if explain:
+        from ..explain_json import explain_json
+
+        data["explain"] = explain_json(result)
     return dumps(data)
 
 

@@ -29,6 +29,8 @@ class PlanRequest(Plan):
 
     model_config = STRICT
     timeline: bool = Field(default=False, description="add the simulated schedule of the first micro-batches")
+    explain: bool = Field(default=False, description="add the peak stage's memory terms and the step's parts "
+                          "(`plan --explain`'s numbers, as data)")
 
 
 class _LayoutOptions(BaseModel):
@@ -38,6 +40,7 @@ class _LayoutOptions(BaseModel):
                              f"{', '.join(LAYOUT_DIMENSIONS)}")
     objective: Literal["time", "cost"] = Field(default="time", description="rank by speed or by the training's cost")
     timeline: bool = Field(default=False, description="accepted and ignored (the page sends its plan's options)")
+    explain: bool = Field(default=False, description="accepted and ignored (the page sends its plan's options)")
 
     @field_validator("fixed")
     @classmethod

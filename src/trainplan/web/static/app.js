@@ -1,27 +1,54 @@
-// The explorer: inputs <-> URL query, one debounced /api/plan request per change.
+// The explorer: inputs <-> URL query, one /api/plan request per change (drop-downs and boxes at
+// once, typing after a pause of TYPING_PAUSE_MS), the answer drawn by View and Explain.
 (() => {
   const form = document.getElementById("controls");
   const $ = (id) => document.getElementById(id);
-  const GiB = 2 ** 30;
+  const t = (k, v) => L10N.t(k, v);
   const POW2 = [1, 2, 4, 8, 16, 32, 64, 128];
-  let lang = new URLSearchParams(location.search).get("lang") === "zh" ? "zh" : "en";
-  let last = null, timer = null, inflight = null;
+  const TYPING_PAUSE_MS = 80;  // one request per typed number, not per keystroke
+  const SLOW_MS = 100;  // an answer slower than this shows the loading state
+  // The first screen (a bare URL): Llama 3 8B on 8 H100 with ZeRO-2. `trainplan plan --model
+  // llama-3-8b --gpus 8 --zero 2` fits with 14.40 GiB to spare at the 447.5 ms step of ZeRO-1
+  // (which leaves 0.66 GiB); the framework's own default, ZeRO-0, needs 161.79 GiB of 80.
+  const STARTER = { model: "llama-3-8b", gpu: "H100-SXM", zero: "2" };
+  const LAYOUT = ["tp", "pp", "cp", "ep"];
+  const query = new URLSearchParams(location.search);
+  L10N.lang = query.get("lang") === "zh" ? "zh" : "en";
+  let last = null, lastError = null, lastBody = null, timer = null, inflight = null, slowTimer = null;
+  let lastChanged = null, urlNotes = [], models = [], gpus = [], lastSearch = null, lastCompare = null;
 
-  const t = (key, vars = {}) => (I18N[lang][key] || I18N.en[key] || key)
-    .replace(/\{(\w+)\}/g, (_, k) => (vars[k] !== undefined ? vars[k] : ""));
+  const norm = (s) => String(s).trim().toLowerCase().replace(/_/g, "-").replace(/ /g, "-");
 
-  function fillPow2(name, max) {
-    const sel = form.elements[name];
-    for (const v of POW2.filter((x) => x <= max)) sel.add(new Option(v, v));
+  function fieldLabel(name) {
+    const el = form.elements[name];
+    const label = el && el.closest ? el.closest("label") : null;
+    if (!label) return name;
+    const span = label.querySelector("span[data-i18n]");
+    return span ? span.textContent : label.firstChild.textContent.trim();
   }
 
   function applyLanguage() {
-    document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
+    document.documentElement.lang = L10N.lang === "zh" ? "zh-CN" : "en";
     document.querySelectorAll("[data-i18n]").forEach((el) => { el.textContent = t(el.dataset.i18n); });
-    $("lang").textContent = lang === "zh" ? "English" : "中文";
-    if (last) render(last);
-    if (lastSearch) renderSearch(lastSearch);
-    if (lastCompare) renderCompare(lastCompare);
+    document.querySelectorAll("[data-i18n-ph]").forEach((el) => { el.placeholder = t(el.dataset.i18nPh); });
+    for (const sel of form.querySelectorAll("select")) {
+      for (const o of sel.options) {
+        if (o.dataset.i18n || o.dataset.fromUrl) continue;
+        if (sel.name === "model") {
+          const m = models.find((x) => x.name === o.value);
+          if (m) o.textContent = t("model_option", { name: m.name, params: L10N.big(m.params) });
+        } else if (sel.name === "gpu") {
+          const g = gpus.find((x) => x.name === o.value);
+          if (g) o.textContent = t("gpu_option", { name: g.name, mem: g.memory_gib });
+        } else if (!LAYOUT.includes(sel.name)) o.textContent = View.opt(sel.name, o.value);
+      }
+    }
+    $("lang").textContent = L10N.lang === "zh" ? "English" : "中文";
+    offerLayouts();
+    showUrlNotes();
+    if (lastError) { clearErrors(); showError(lastError.field, lastError.rule, lastError.on); } else if (last) draw(last);
+    if (lastSearch) View.searchRows(lastSearch, loadLayout);
+    if (lastCompare) View.compareRows(lastCompare, loadLayout, fieldLabel);
   }
 
   function readForm() {
@@ -35,14 +62,18 @@
     return out;
   }
 
+  const WORDS = ["model", "gpu", "recompute", "schedule", "precision", "optimizer", "optimizer_impl", "attention", "cp_comm",
+    "reduce_dtype", "optimizer_state_dtype", "framework", "finetune"];
+  const BOXES = ["sp", "sharp", "overlap_tp", "fused_loss", "recompute_early_stop", "fused_kernels", "offload_optimizer",
+    "offload_params"];
+
   function toRequest(state) {
-    const body = { timeline: true };
+    const body = { timeline: true, explain: true };
     for (const [k, v] of Object.entries(state)) {
       if (k === "hf_config") continue;
       if (k === "no_master_weights") body.master_weights = false;
-      else if (["model", "gpu", "recompute", "schedule", "precision", "optimizer", "optimizer_impl", "attention", "cp_comm", "reduce_dtype", "optimizer_state_dtype", "framework", "finetune"].includes(k)) body[k] = v;
-      else if (["sp", "sharp", "overlap_tp", "fused_loss", "recompute_early_stop", "fused_kernels", "offload_optimizer",
-                "offload_params"].includes(k)) body[k] = true;
+      else if (WORDS.includes(k)) body[k] = v;
+      else if (BOXES.includes(k)) body[k] = true;
       else body[k] = Number(v);
     }
     if (state.hf_config) {
@@ -54,16 +85,80 @@
 
   function writeUrl(state) {
     const q = new URLSearchParams(state);
-    if (lang === "zh") q.set("lang", "zh");
+    if (L10N.lang === "zh") q.set("lang", "zh");
     history.replaceState(null, "", location.pathname + "?" + q.toString());
   }
 
+  // A catalog name as the CLI reads it (case, "_" and spaces aside; the accelerators' aliases)
+  function catalogName(field, value) {
+    const list = field === "gpu" ? gpus.map((g) => [g.name, [g.name, ...(g.aliases || [])]])
+      : models.map((m) => [m.name, [m.name]]);
+    const hit = list.find(([, names]) => names.some((n) => norm(n) === norm(value)));
+    return hit ? hit[0] : null;
+  }
+
+  // Every URL parameter goes into its input; what cannot is said, naming it
   function readUrl() {
-    const q = new URLSearchParams(location.search);
-    for (const el of form.elements) {
-      if (!el.name || !q.has(el.name)) continue;
-      if (el.type === "checkbox") el.checked = q.get(el.name) === "true";
-      else el.value = q.get(el.name);
+    const notes = [];
+    for (const [key, value] of query) {
+      if (key === "lang") continue;
+      const el = form.elements[key];
+      if (!el || !el.name || el instanceof RadioNodeList) { notes.push(["url_unknown_param", { key, value }]); continue; }
+      if (el.type === "checkbox") {
+        if (value === "true" || value === "false") el.checked = value === "true";
+        else notes.push(["url_adjusted", { key, value, now: "false" }]);
+        continue;
+      }
+      if (el.tagName === "SELECT") {
+        if ([...el.options].some((o) => o.value === value)) { el.value = value; continue; }
+        const name = ["model", "gpu"].includes(key) ? catalogName(key, value) : null;
+        if (name) { el.value = name; notes.push(["url_alias", { key, value, name }]); continue; }
+        // kept as given: the plan's answer says what is wrong with it, on this field
+        const o = new Option(value + " ✗", value);
+        o.dataset.fromUrl = "1";
+        el.add(o);
+        el.value = value;
+        notes.push(["url_unknown_value", { key, value }]);
+        lastChanged = key;
+        continue;
+      }
+      el.value = value;
+      if (el.value !== value) notes.push(["url_adjusted", { key, value, now: el.value || t("auto") }]);
+    }
+    urlNotes = notes;
+  }
+
+  function showUrlNotes() {
+    const box = $("url-warnings");
+    box.hidden = !urlNotes.length;
+    box.innerHTML = "";
+    for (const [key, vars] of urlNotes) {
+      const li = box.appendChild(document.createElement("li"));
+      li.dataset.key = vars.key;
+      li.textContent = "⚠️ " + t(key, vars);
+    }
+  }
+
+  // Layout choices the model and the GPU count allow; the others stay listed, disabled and marked
+  function offerLayouts() {
+    const m = form.elements.hf_config.value.trim() ? null : models.find((x) => x.name === form.elements.model.value);
+    const n = Number(form.elements.gpus.value) || 0;
+    const v = (name) => Number(form.elements[name].value) || 1;
+    const fits = (prod) => !n || n % prod === 0;
+    const ok = {
+      tp: (x) => (!m || m.heads % x === 0) && fits(x * v("pp") * v("cp")),
+      pp: (x) => (!m || x <= m.layers) && fits(v("tp") * x * v("cp")),
+      cp: (x) => fits(v("tp") * v("pp") * x),
+      ep: (x) => x === 1 || ((!m || (m.experts > 1 && m.experts % x === 0)) && (!n || (n / (v("tp") * v("pp"))) % x === 0)),
+    };
+    for (const name of LAYOUT) {
+      for (const o of form.elements[name].options) {
+        if (o.dataset.fromUrl) continue;
+        const good = ok[name](Number(o.value));
+        o.disabled = !good;
+        o.textContent = good ? o.value : o.value + " ✗";
+        o.title = good ? "" : t("option_invalid");
+      }
     }
   }
 
@@ -73,20 +168,56 @@
     $("error").hidden = true;
   }
 
-  function showError(field, rule) {
-    const el = form.elements[field];
-    const msg = document.createElement("span");
-    msg.className = "field-error";
-    msg.dataset.field = field;
-    msg.textContent = `${field}: ${rule}`;
-    if (el && el.closest) { el.classList.add("invalid"); el.closest("label").appendChild(msg); }
-    $("error").hidden = false;
-    $("error").textContent = `${t("error")} — ${field}: ${rule}`;
+  // The field to blame: the server names the constrained field (gpus must be a multiple of tp x
+  // pp x cp); when the rule names the field just changed, that change caused it
+  function blame(field, rule) {
+    if (lastChanged && lastChanged !== field && form.elements[lastChanged] && new RegExp(`\\b${lastChanged}\\b`).test(rule))
+      return lastChanged;
+    return field;
   }
 
-  function schedule() {
-    clearTimeout(timer);
-    timer = setTimeout(update, 250);  // debounced: one request per change, not per keystroke
+  function showError(field, rule, on) {
+    on = on || blame(field, rule);
+    lastError = { field, rule, on };
+    const said = L10N.rule(rule);
+    const text = t("field_rule", { field: fieldLabel(field), rule: said ?? rule });
+    const el = form.elements[on];
+    const msg = document.createElement("span");
+    msg.className = "field-error";
+    msg.dataset.field = on;
+    msg.textContent = text;
+    if (said === null) msg.lang = "en";  // a rule without a Chinese wording, shown as the server wrote it
+    if (el && el.closest && el.closest("label")) { el.classList.add("invalid"); el.closest("label").appendChild(msg); }
+    $("error").hidden = false;
+    $("error").textContent = t("error_line", { msg: text });
+  }
+
+  // Results of other inputs are withdrawn while these cannot be planned
+  function withdraw() {
+    last = null;
+    document.body.dataset.state = "error";
+    $("result-body").hidden = true;
+    $("withdrawn").hidden = false;
+    const fit = $("fit");
+    fit.className = "fit no";
+    delete fit.dataset.peak;
+    delete fit.dataset.fits;
+    fit.textContent = "⛔ " + t("error");
+    $("summary-bar").innerHTML = "";
+    $("summary-speed").textContent = "";
+  }
+
+  function draw(data) {
+    $("result-body").hidden = false;
+    $("withdrawn").hidden = true;
+    View.render(data, form.elements.overlap_tp.checked);
+    document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);
+  }
+
+  function slow(on) {
+    clearTimeout(slowTimer);
+    if (on) slowTimer = setTimeout(() => { $("loading").hidden = false; document.body.dataset.loading = "true"; }, SLOW_MS);
+    else { $("loading").hidden = true; delete document.body.dataset.loading; }
   }
 
   // FSDP's sharding strategies are ZeRO-0, 2 and 3: it has no ZeRO-1
@@ -105,189 +236,45 @@
   }
 
   async function update() {
+    clearTimeout(timer);
     offerZeroStages();
     offerDependentFields();
+    offerLayouts();
     const state = readForm();
     writeUrl(state);
-    clearErrors();
     const req = toRequest(state);
-    if (req.error) { showError(req.error.field, req.error.rule); return; }
+    if (req.error) { clearErrors(); showError(req.error.field, req.error.rule); withdraw(); lastBody = null; return; }
+    const text = JSON.stringify(req.body);
+    if (text === lastBody) return;  // the same plan (a blur after typing, a repeated event)
+    lastBody = text;
     if (inflight) inflight.abort();
-    inflight = new AbortController();
+    const mine = inflight = new AbortController();
+    slow(true);
     try {
       const res = await fetch("/api/plan", { method: "POST", headers: { "Content-Type": "application/json" },
-        body: JSON.stringify(req.body), signal: inflight.signal });
+        body: text, signal: mine.signal });
       const data = await res.json();
-      if (!res.ok) { showError(data.field || "body", data.rule || res.statusText); return; }
+      if (mine !== inflight) return;
+      clearErrors();
+      if (!res.ok) { showError(data.field || "body", data.rule || res.statusText); withdraw(); return; }
+      lastError = null;
       last = data;
-      render(data);
+      draw(data);
       document.body.dataset.state = "ready";
-    } catch (e) { if (e.name !== "AbortError") showError("body", String(e)); }
-  }
-
-  const fmt = (x, d = 2) => Number(x).toLocaleString(lang === "zh" ? "zh-CN" : "en-US",
-    { maximumFractionDigits: d, minimumFractionDigits: d });
-  const pct = (x) => (100 * x).toFixed(1) + "%";
-  const dur = (s) => (s >= 86400 ? fmt(s / 86400, 1) + " d" : s >= 1 ? fmt(s, 2) + " s" : fmt(s * 1e3, 1) + " ms");
-
-  function render(d) {
-    const mem = d.memory, cap = mem.capacity_bytes;
-    const fit = $("fit");
-    const peak = mem.peak_bytes;
-    fit.className = "fit " + (mem.fits ? "ok" : "no");
-    fit.dataset.fits = String(mem.fits);
-    fit.dataset.peak = String(peak);
-    fit.textContent = mem.fits
-      ? t("fits", { peak: fmt(peak / GiB), cap: fmt(cap / GiB, 0), stage: mem.peak_stage, free: fmt((cap - peak) / GiB) })
-      : t("no_fit", { peak: fmt(peak / GiB), cap: fmt(cap / GiB, 0), stage: mem.peak_stage, over: fmt((peak - cap) / GiB) });
-    // params, grads, fp32 master, optimizer state, activations, logits + loss, buffers (other)
-    const segs = [["params", (s) => s.params_bytes], ["grads", (s) => s.grads_bytes],
-      ["master", (s) => s.components.master], ["optimizer", (s) => s.components.optimizer_state],
-      ["activations", (s) => s.activations_bytes - s.components.activation_parts.head_and_loss],
-      ["logits", (s) => s.components.activation_parts.head_and_loss], ["other", (s) => s.other_bytes]];
-    const segName = (c) => t(c === "optimizer" ? "optimizer_state" : c);
-    const scale = Math.max(cap, peak);
-    const bars = $("bars");
-    bars.innerHTML = "";
-    const stages = mem.stages.length > 16 ? mem.stages.filter((s, i) => i < 8 || i >= mem.stages.length - 8) : mem.stages;
-    for (const s of stages) {
-      const row = document.createElement("div");
-      row.className = "bar-row";
-      row.dataset.stage = s.stage;
-      row.dataset.total = String(s.total_bytes);
-      const bar = document.createElement("div");
-      bar.className = "bar";
-      for (const [cls, value] of segs) {
-        const seg = document.createElement("div");
-        seg.className = "seg " + cls;
-        seg.style.width = (100 * value(s) / scale) + "%";
-        seg.title = `${segName(cls)}: ${fmt(value(s) / GiB)} GiB`;
-        bar.appendChild(seg);
-      }
-      const capLine = document.createElement("div");
-      capLine.className = "cap";
-      capLine.style.left = (100 * cap / scale) + "%";
-      bar.appendChild(capLine);
-      row.innerHTML = `<span>${t("stage")} ${s.stage} (${s.layers})</span>`;
-      row.appendChild(bar);
-      const total = document.createElement("span");
-      total.className = "total";
-      total.textContent = `${fmt(s.total_bytes / GiB)} / ${fmt(cap / GiB, 0)} GiB`;
-      row.appendChild(total);
-      bars.appendChild(row);
-    }
-    $("legend").innerHTML = segs.map(([c]) => `<span><i class="seg ${c}"></i>${segName(c)}</span>`).join("");
-
-    const tm = d.time, tr = d.training;
-    $("speed").dataset.step = String(tm.step_s);
-    $("speed").innerHTML = [[t("step"), dur(tm.step_s)], [t("tokens_s"), fmt(tm.tokens_per_s, 0)],
-      [t("tflops"), fmt(tm.tflops_per_gpu, 0)], [t("mfu"), pct(tm.mfu) + (tm.mfu_peak === "fp8"
-        ? " " + t("mfu_fp8", { bf16: pct(tm.mfu_bf16_peak) }) : "")], [t("bubble"), pct(tm.bubble_fraction)],
-      [t("max_mbs"), mem.max_mbs]].map(([k, v]) => `<span>${k}: <b>${v}</b></span>`).join("");
-    $("accuracy").textContent = accuracyText(tm.accuracy, d.gpu.name);
-    const colours = { compute: "#4c9be8", tp_comm: "#e74c3c", pp_comm: "#f39c12", dp_comm: "#8e44ad",
-      ep_comm: "#16a085", cp_comm: "#d35400", bubble: "#bdc3c7", optimizer: "#7f8c8d", data: "#2c3e50" };
-    const total = Object.values(tm.breakdown_s).reduce((a, b) => a + b, 0) || 1;
-    $("breakdown").innerHTML = Object.entries(tm.breakdown_s).filter(([, v]) => v > 0).map(([k, v]) =>
-      `<div style="width:${100 * v / total}%;background:${colours[k] || "#999"}" title="${t(k === "optimizer" ? "optimizer_time" : k)} ${pct(v / total)}"></div>`).join("");
-    $("breakdown-legend").innerHTML = Object.entries(tm.breakdown_s).filter(([, v]) => v > 0.005 * total).map(([k, v]) =>
-      `<span><i style="background:${colours[k] || "#999"}"></i>${t(k === "optimizer" ? "optimizer_time" : k)} ${pct(v / total)}</span>`).join("");
-    $("run").innerHTML = [[t("tokens"), fmt(tr.tokens / 1e9, 0) + " B"], [t("days"), fmt(tr.days, 1)],
-      [t("gpu_hours"), fmt(tr.gpu_hours, 0)], [t("cost"), tr.cost_usd == null ? "—" : "$" + fmt(tr.cost_usd, 0)],
-      [t("energy"), fmt(tr.energy_kwh, 0) + " kWh"], [t("co2"), fmt(tr.co2_t, 1) + " t"], [t("goodput"), pct(tr.goodput)]]
-      .map(([k, v]) => `<span>${k}: <b>${v}</b></span>`).join("");
-    renderTimeline(d.timeline);
-    renderHints(d);
-  }
-
-  // How far to trust the step time: the error on published runs (docs/accuracy.md)
-  function accuracyText(a, gpu) {
-    if (!a) return "";
-    const beyond = (a.beyond || []).length ? " " + t("acc_beyond", { what: a.beyond.map((b) => t("acc_beyond_" + b)).join(" / ") }) : "";
-    const moe = a.moe_plan && a.moe_runs && !(a.beyond || []).includes("moe") ? " " + t("acc_moe_runs", { n: a.moe_runs }) : "";
-    return accuracyBasis(a, gpu) + moe + beyond;
-  }
-
-  function accuracyBasis(a, gpu) {
-    if (a.basis === "profile") return t("acc_profile");
-    if (a.compared_on === null) return t("acc_none", { gpu });
-    const fitted = a.fitted_runs ? t("acc_fitted", { n: a.fitted_runs }) : "";
-    const vars = { runs: a.runs, fitted, on: a.compared_on, gpu, mean: pct(a.mean_abs_error), worst: pct(a.worst_abs_error) };
-    return t(a.compared_on === gpu ? "acc_runs" : "acc_shared", vars);
-  }
-
-  function renderTimeline(tl) {
-    const box = $("timeline");
-    box.innerHTML = "";
-    if (!tl) return;
-    const stages = Math.max(...tl.ops.map((o) => o[0])) + 1;
-    for (let s = 0; s < Math.min(stages, 16); s++) {
-      const row = document.createElement("div");
-      row.className = "tl-row";
-      row.innerHTML = `<span class="lab">${t("stage")} ${s}</span>`;
-      for (const [st, kind, mb, a, b] of tl.ops) {
-        if (st !== s) continue;
-        const op = document.createElement("div");
-        op.className = "tl-op " + kind;
-        op.style.left = (100 * a / tl.step_s) + "%";
-        op.style.width = Math.max(0.2, 100 * (b - a) / tl.step_s) + "%";
-        op.title = `${kind}${mb}`;
-        row.appendChild(op);
-      }
-      box.appendChild(row);
+    } catch (e) {
+      if (e.name !== "AbortError" && mine === inflight) { clearErrors(); showError("body", String(e)); withdraw(); lastBody = null; }
+    } finally {
+      if (mine === inflight) { inflight = null; slow(false); }
     }
   }
 
-  const escapeHtml = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
-
-  function renderHints(d) {
-    const hints = [], p = d.parallel, mem = d.memory, tm = d.time;
-    // the plan's own warnings first, in the page's language where it has their wording (the
-    // TP-across-nodes one is the first hint below)
-    for (const w of d.warning_details || []) {
-      if (w.code === "tp_across_nodes") continue;
-      const key = "warn_" + w.code;
-      hints.push("⚠️ " + escapeHtml(I18N[lang][key] ? t(key, w.params) : w.message));
-    }
-    if (p.tp > d.gpu.gpus_per_node) hints.push(t("hint_tp_nvlink", { tp: p.tp, gpn: d.gpu.gpus_per_node }));
-    if (tm.bubble_fraction > 0.1) hints.push(t("hint_bubble", { bubble: pct(tm.bubble_fraction) }));
-    if (!mem.fits) hints.push(t("hint_no_fit"));
-    const worst = mem.stages.reduce((a, b) => (b.total_bytes > a.total_bytes ? b : a));
-    if (worst.activations_bytes > 0.4 * worst.total_bytes && p.recompute === "none")
-      hints.push(t("hint_recompute", { share: pct(worst.activations_bytes / worst.total_bytes) }));
-    if (p.zero === 0 && p.dp > 1)
-      hints.push(d.recipe.framework.startsWith("fsdp") ? t("hint_zero_fsdp") : t("hint_zero", { zero: 1 }));
-    const comm = Object.entries(tm.breakdown_s).filter(([k]) => k.endsWith("_comm")).sort((a, b) => b[1] - a[1])[0];
-    if (comm && comm[1] > 0.15 * tm.step_s) {
-      const share = pct(comm[1] / tm.step_s);
-      hints.push(comm[0] === "tp_comm" && !form.elements.overlap_tp.checked
-        ? t("hint_tp_overlap", { share }) : t("hint_tp_bound", { what: t(comm[0]), share }));
-    }
-    if (!hints.length) hints.push(t("hint_fine"));
-    $("hints").innerHTML = hints.map((h) => `<li>${h}</li>`).join("");
-  }
-
-  let lastSearch = null;
-
-  function renderSearch(data) {
-    $("search-status").textContent = t("search_done", { n: data.evaluated.toLocaleString(), fit: data.feasible.toLocaleString(),
-      gbs: data.gbs.toLocaleString() });
-    const list = $("search-results");
-    list.innerHTML = "";
-    for (const b of data.best) {
-      const p = b.parallel;
-      const li = document.createElement("li");
-      const a = document.createElement("a");
-      a.href = "#";
-      a.className = "search-result";
-      const zero = p.zero + (p.zero >= 1 && p.dp_shard < p.dp ? t("search_shard", { n: p.dp_shard }) : "");
-      a.textContent = t("search_row", { tp: p.tp, pp: p.pp, dp: p.dp, cp: p.cp, zero, mbs: p.mbs,
-        rc: p.recompute, sched: p.schedule + (p.vpp > 1 ? " v" + p.vpp : ""), step: dur(b.time.step_s),
-        mfu: pct(b.time.mfu), peak: fmt(b.memory.peak_bytes / GiB) });
-      a.addEventListener("click", (ev) => { ev.preventDefault(); loadLayout(p); });
-      li.appendChild(a);
-      list.appendChild(li);
-    }
+  function changed(ev) {
+    const el = ev.target;
+    if (!el.name) return;
+    lastChanged = el.name;
+    clearTimeout(timer);
+    if (el.tagName === "SELECT" || el.type === "checkbox" || ev.type === "change") update();  // at once
+    else timer = setTimeout(update, TYPING_PAUSE_MS);
   }
 
   // a layout found by a search or a comparison, into the form
@@ -299,6 +286,7 @@
     form.elements.recompute_layers.value = "";  // a search recomputes every layer it recomputes
     form.elements.gbs.value = String(p.gbs);
     form.elements.sp.checked = !!p.sp;
+    lastChanged = null;
     update();
   }
 
@@ -308,6 +296,7 @@
     if (req.error) { showError(req.error.field, req.error.rule); return null; }
     const body = req.body;
     delete body.timeline;
+    delete body.explain;
     for (const k of ["tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "recompute_layers", "schedule", "vpp", "sp",
                      ...without]) delete body[k];
     return body;
@@ -317,7 +306,7 @@
     $(status).textContent = t(url.endsWith("search") ? "searching" : "comparing");
     const res = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
     const data = await res.json();
-    if (!res.ok) { $(status).textContent = ""; showError(data.field || "body", data.rule || res.statusText); return null; }
+    if (!res.ok) { $(status).textContent = ""; clearErrors(); showError(data.field || "body", data.rule || res.statusText); return null; }
     return data;
   }
 
@@ -328,37 +317,8 @@
     const data = await post("/api/search", body, "search-status");
     if (!data) return;
     lastSearch = data;
-    renderSearch(data);
+    View.searchRows(data, loadLayout);
     document.body.dataset.search = "ready";
-  }
-
-  let lastCompare = null;
-
-  function renderCompare(data) {
-    const first = data.rows.find((x) => x.best);
-    const par = first ? first.best.parallel : null;
-    $("compare-status").textContent = par ? t("compare_done", { gpus: first.best.gpu.gpus.toLocaleString(),
-      gbs: par.gbs.toLocaleString(), seq: par.seq_len.toLocaleString(), rank: t("rank_" + data.objective) }) : "";
-    const table = $("compare-results");
-    table.innerHTML = "";
-    const head = table.createTHead().insertRow();
-    for (const c of t("compare_cols").split("|")) head.appendChild(document.createElement("th")).textContent = c;
-    const body = table.createTBody();
-    for (const r of data.rows.filter((x) => x.best)) {
-      const b = r.best, p = b.parallel, acc = b.time.accuracy || {};
-      const row = body.insertRow();
-      row.className = "compare-row";
-      row.dataset.gpu = r.gpu;
-      const layout = `TP ${p.tp} · PP ${p.pp} · DP ${p.dp} · CP ${p.cp} · ZeRO ${p.zero} · ${p.recompute}`;
-      const cost = b.training.cost_usd === null ? "—" : "$" + fmt(b.training.cost_usd, 0);
-      const error = acc.compared_on ? `${pct(acc.mean_abs_error)} (${acc.runs})` : t("compare_error_none");
-      for (const cell of [r.gpu, layout, fmt(b.time.tokens_per_s, 0), pct(b.time.mfu), fmt(b.training.days, 1), cost, error])
-        row.insertCell().textContent = cell;
-      row.addEventListener("click", () => loadLayout(p, r.gpu));
-    }
-    $("compare-skipped").innerHTML = "";
-    for (const r of data.rows.filter((x) => !x.best))
-      $("compare-skipped").appendChild(document.createElement("li")).textContent = `${r.gpu}: ${r.reason}`;
   }
 
   async function compareAll() {
@@ -369,32 +329,35 @@
     const data = await post("/api/compare", body, "compare-status");
     if (!data) return;
     lastCompare = data;
-    renderCompare(data);
+    View.compareRows(data, loadLayout, fieldLabel);
     document.body.dataset.compare = "ready";
   }
 
   // the accelerator's own links (and how many GPUs share one), shown where the plan gives none
-  let catalogGpus = [];
   function showLinks() {
-    const g = catalogGpus.find((x) => x.name === form.elements.gpu.value);
+    const g = gpus.find((x) => x.name === form.elements.gpu.value);
     form.elements.scale_up_gbs.placeholder = g && g.scale_up_gbs ? String(g.scale_up_gbs) : "—";
     form.elements.nic_gbps.placeholder = g && g.nic_gbps ? String(g.nic_gbps) : "—";
     form.elements.gpus_per_node.placeholder = g ? String(g.scale_up_domain) : "8";
+    form.elements.price.placeholder = g && g.price_usd_per_hour != null ? String(g.price_usd_per_hour) : "—";
   }
 
   async function init() {
-    fillPow2("tp", 64); fillPow2("pp", 128); fillPow2("cp", 32); fillPow2("ep", 128);
-    const [models, gpus] = await Promise.all([fetch("/api/models").then((r) => r.json()), fetch("/api/gpus").then((r) => r.json())]);
-    for (const m of models) $("model").add(new Option(`${m.name} (${(m.params / 1e9).toFixed(1)}B)`, m.name));
-    for (const g of gpus) $("gpu").add(new Option(`${g.name} (${g.memory_gib} GiB)`, g.name));
-    catalogGpus = gpus;
-    $("model").value = "llama-3-8b"; $("gpu").value = "H100-SXM";
+    // an option's value is its own, whatever language its label is in
+    for (const o of form.querySelectorAll("option:not([value])")) o.value = o.textContent;
+    for (const [name, max] of [["tp", 64], ["pp", 128], ["cp", 32], ["ep", 128]])
+      for (const v of POW2.filter((x) => x <= max)) form.elements[name].add(new Option(v, v));
+    [models, gpus] = await Promise.all([fetch("/api/models").then((r) => r.json()), fetch("/api/gpus").then((r) => r.json())]);
+    for (const m of models) $("model").add(new Option(m.name, m.name));
+    for (const g of gpus) $("gpu").add(new Option(g.name, g.name));
+    const given = [...query.keys()].some((k) => k !== "lang");
+    for (const [k, v] of Object.entries(STARTER)) if (!given || k !== "zero") form.elements[k].value = v;
     readUrl();
     showLinks();
     $("gpu").addEventListener("change", showLinks);
-    form.addEventListener("input", schedule);
-    form.addEventListener("change", schedule);
-    $("lang").addEventListener("click", () => { lang = lang === "en" ? "zh" : "en"; applyLanguage(); writeUrl(readForm()); });
+    form.addEventListener("input", changed);
+    form.addEventListener("change", changed);
+    $("lang").addEventListener("click", () => { L10N.lang = L10N.lang === "en" ? "zh" : "en"; applyLanguage(); writeUrl(readForm()); });
     $("find").addEventListener("click", findBest);
     $("compare").addEventListener("click", compareAll);
     $("compare-objective").addEventListener("change", () => { if (lastCompare) compareAll(); });
