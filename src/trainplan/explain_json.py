@@ -47,6 +47,9 @@ def memory_terms(result: PlanResult) -> dict:
         "offload_optimizer": bool(p.offload_optimizer),
         "tokens_per_rank": L.mbs * L.seq_len / L.cp, "mbs": L.mbs, "seq_len": L.seq_len,
         "activation_layers": layers, "in_flight": flight, "micro_batches": L.micro_batches,
+        # what one micro-batch's layers keep: every layer's terms, less what full recompute
+        # (checkpointed layers keep their input) and LoRA's frozen first norm do not keep
+        "layers_per_micro_batch_bytes": at(m["activation_parts"]["layers"]) / flight if flight else 0.0,
         "schedule": p.schedule, "activations_bytes": at(m["activations"]),
         "activation_parts": {k: at(v) for k, v in m["activation_parts"].items() if at(v)},
         "other": {k: at(m[k]) for k in ("zero3_gather", "comm_buckets", "loss_workspace", "fragmentation",

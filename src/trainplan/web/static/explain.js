@@ -28,8 +28,11 @@ const Explain = (() => {
         tokens: L10N.num(m.tokens_per_rank, 0), v: g(layer.per_layer_bytes) }), "layer"]);
       out.push([Object.entries(layer.terms).map(([k, v]) => `${term("act_", k)} ${g(v)}`).join(t("list_sep")), "terms"]);
     }
-    const layersTerm = m.activation_layers.map((l) => t("ex_layers_term", { n: l.count, kind: t("kind_" + l.kind),
-      per: g(l.per_layer_bytes) })).join(" + ");
+    const every = m.activation_layers.reduce((a, l) => a + l.count * l.per_layer_bytes, 0);
+    const perMb = m.layers_per_micro_batch_bytes;
+    const layersTerm = Math.abs(every - perMb) <= 1e-9 * Math.max(perMb, 1)
+      ? m.activation_layers.map((l) => t("ex_layers_term", { n: l.count, kind: t("kind_" + l.kind), per: g(l.per_layer_bytes) })).join(" + ")
+      : t("ex_layers_kept", { v: g(perMb) });
     const extra = Object.entries(m.activation_parts).filter(([k]) => k !== "layers").reduce((a, [, v]) => a + v, 0);
     out.push([t("ex_act", { layers: layersTerm, flight: L10N.num(m.in_flight, m.in_flight % 1 ? 2 : 0),
       sched: Explain.schedule(m.schedule), m: m.micro_batches, extra: g(extra), v: g(m.activations_bytes) }), "activations"]);

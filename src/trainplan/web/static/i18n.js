@@ -122,6 +122,7 @@ const I18N = {
     ex_act_layer: "activations of one {kind} layer, micro-batch {mbs} × {seq} ({tokens} tokens per GPU) = {v}:",
     ex_act: "activations = {layers} × {flight} in flight ({sched}; micro-batches per step: {m}) + embedding, output head and loss {extra} = {v}",
     ex_layers_term: "{kind} layers {n} × {per}",
+    ex_layers_kept: "the layers' {v} a micro-batch (recomputed layers keep only their input; LoRA's frozen first norm keeps nothing)",
     kind_dense: "dense", kind_moe: "MoE",
     ex_other: "buffers = {parts} = {v}", ex_total: "total = {v} of {cap}",
     explain_time: "Time of one step (the slowest stage: {stage} of {stages})",
@@ -205,7 +206,7 @@ const I18N = {
     no_master_weights: "纯 16 位训练（无 fp32 主权重）",
     framework: "框架约定",
     fused_kernels: "融合的归一化与 SwiGLU 算子（只保存输入）",
-    recompute_early_stop: "全量重计算在每层最后一个线性层前停止（非重入式 checkpoint）",
+    recompute_early_stop: "全量重计算在每层最后一个线性层前停止（非重入式检查点）",
     warn_sp_needs_tp: "序列并行需要 TP > 1：已忽略。",
     warn_tp_across_nodes: "TP {tp} 大于每节点 {gpn} 块 GPU：张量并行的 all-reduce 跨越节点（走网卡而非 NVLink）。",
     warn_flash_needs_ampere: "FlashAttention 需要 Ampere 或更新的 GPU；{gpu} 只能用 PyTorch SDPA 的后备实现或显式注意力。",
@@ -282,6 +283,7 @@ const I18N = {
     ex_act_layer: "一个{kind}层的激活值（微批 {mbs} × {seq}，每块 GPU {tokens} 词元）= {v}：",
     ex_act: "激活值 = {layers} × 同时在途的 {flight} 个微批（{sched}，每步 {m} 个）+ 嵌入层、输出头与损失 {extra} = {v}",
     ex_layers_term: "{n} 个{kind}层 × {per}",
+    ex_layers_kept: "各层每个微批 {v}（重计算的层只保存输入；LoRA 冻结的第一个归一化层不保存）",
     kind_dense: "稠密", kind_moe: "混合专家（MoE）",
     ex_other: "缓冲区 = {parts} = {v}", ex_total: "合计 = {v} / {cap}",
     explain_time: "一步的时间（最慢的阶段：{stage}，共 {stages} 个）",
@@ -344,7 +346,7 @@ const KEPT_TERMS = ("TP PP DP CP EP SP ZeRO GPU CPU MFU HFU GiB MiB GB Gb TFLOP 
   "Megatron Megatron-LM Megatron-Core PyTorch DDP autocast config.json torchtitan async cuDNN Transformer Engine " +
   "FlashAttention FlashAttention-2 SDPA Triton dropout logits softmax all-reduce all-gather all-to-all K V Q MLP MLA " +
   "MoE AdamW Adam SGD Adafactor Lion GPipe DualPipe DualPipeV ZB-H1 BFS 1F1B foreach ms s trainplan bench plan " +
-  "explain profile docs accuracy.md PUE vpp tp pp cp dp mbs gpus seq_len dp_shard zero autocast offload NCCL").split(" ");
+  "explain profile docs accuracy.md PUE B P T t English FullyShardedDataParallel Hopper vpp tp pp cp dp mbs gpus seq_len dp_shard zero autocast offload NCCL").split(" ");
 
 // The server's validation rules in Chinese: [pattern of the English rule, its wording].
 const RULES_ZH = [
