@@ -269,6 +269,13 @@ def test_page_chinese_shared_url_and_screenshots(server, browser):
     _ready(page)
     assert page.inner_text("h1") == "并行策略探索器"
     page.close()
+    # a phone's first screen (390 x 844): the verdict and the peak stage's bar above the results
+    for lang in ("en", "zh"):
+        phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
+        phone.goto(server + "/" + ("?lang=zh" if lang == "zh" else ""))
+        _ready(phone)
+        phone.screenshot(path=str(SHOTS / f"explorer-phone-{lang}.png"))
+        phone.close()
 
 
 def test_page_tp_bound_hint_suggests_overlap_and_the_box_applies_it(server, browser):

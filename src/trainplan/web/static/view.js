@@ -150,8 +150,9 @@ const View = (() => {
       box.appendChild(row);
     }
     $("timeline-wrap").classList.toggle("long", stages > 12);
-    // the time axis: five ticks over the simulated step
-    axis.innerHTML = `<span class="axis-title">${esc(t("timeline_axis"))}</span>` + [0, 0.25, 0.5, 0.75, 1].map((f) =>
+    // the time axis: ticks over the simulated step
+    const ticks = axis.clientWidth && axis.clientWidth < 480 ? [0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];  // phones: fewer
+    axis.innerHTML = `<span class="axis-title">${esc(t("timeline_axis"))}</span>` + ticks.map((f) =>
       `<span class="tick" style="left:${100 * f}%">${esc(L10N.dur(f * tl.step_s))}</span>`).join("");
     $("timeline-legend").innerHTML = ["F", "B", "W"].filter((k) => kinds.has(k)).map((k) =>
       `<span data-kind="${k}"><i class="tl-op ${k}"></i>${esc(t("tl_" + k))}</span>`).join("");
