@@ -143,6 +143,7 @@ const I18N = {
     other_zero3_gather: "ZeRO-3 gather", other_comm_buckets: "communication buckets", other_loss_workspace: "loss workspace",
     other_fragmentation: "fragmentation", other_runtime_reserved: "runtime",
     opt_recompute_none: "none", opt_recompute_selective: "selective", opt_recompute_full: "full",
+    opt_recompute_selective_op: "selective per op (torchtitan)",
     opt_schedule_1f1b: "1F1B", opt_schedule_gpipe: "GPipe", opt_schedule_interleaved: "interleaved 1F1B",
     opt_schedule_zb: "zero bubble (ZB-H1)", opt_schedule_dualpipe: "DualPipe", opt_schedule_looped_bfs: "looped BFS",
     opt_schedule_zbv: "zero bubble V", opt_schedule_dualpipev: "DualPipeV",
@@ -304,6 +305,7 @@ const I18N = {
     other_zero3_gather: "ZeRO-3 聚合", other_comm_buckets: "通信桶", other_loss_workspace: "损失工作区",
     other_fragmentation: "碎片", other_runtime_reserved: "运行时",
     opt_recompute_none: "不重计算", opt_recompute_selective: "选择性", opt_recompute_full: "全量",
+    opt_recompute_selective_op: "逐算子选择性（torchtitan）",
     opt_schedule_1f1b: "1F1B", opt_schedule_gpipe: "GPipe", opt_schedule_interleaved: "交错式 1F1B",
     opt_schedule_zb: "零气泡（ZB-H1）", opt_schedule_dualpipe: "DualPipe", opt_schedule_looped_bfs: "循环 BFS",
     opt_schedule_zbv: "零气泡 V 形", opt_schedule_dualpipev: "DualPipeV",
@@ -398,6 +400,9 @@ const RULES_ZH = [
   [/^unsupported model_type (.*)$/, "不支持的 model_type $1"],
   [/^Megatron-LM reduces its gradient buffer in place.*$/, "Megatron-LM 就地归约梯度缓冲区：梯度归约精度与梯度相同"],
   [/^file paths are not accepted.*$/, "网页不接受文件路径"],
+  [/^selective-op \(torchtitan's per-op checkpointing\) is modelled for dense layers .*$/, "逐算子选择性重计算只对标准注意力的稠密层建模：请用选择性或全量重计算"],
+  [/^selective-op saves the fused attention kernel's output.*$/, "逐算子选择性重计算保存融合注意力算子的输出：请用 FlashAttention、SDPA 或 cuDNN 注意力"],
+  [/^selective-op is modelled for full training.*$/, "逐算子选择性重计算只对全参数训练建模：请用选择性或全量重计算"],
 ];
 
 // Words and numbers in the page's language: texts by key, numbers with 万/亿 in Chinese,
