@@ -371,3 +371,11 @@ def test_a_drop_down_asks_at_once_and_a_slow_answer_shows_the_loading_state(serv
     _peak_is(page, want["memory"]["peak_bytes"])
     page.wait_for_selector("#loading", state="hidden")
     page.close()
+
+
+def test_api_serves_the_documents_the_page_cites_and_nothing_else():
+    page = client.get("/docs/accuracy.md")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<table>" in page.text and "docs/accuracy.md" in page.text
+    for bad in ("/docs/nope.md", "/docs/accuracy", "/docs/..%2Fpyproject.toml", "/docs/../README.md", "/docs/README.md"):
+        assert client.get(bad).status_code == 404, bad
