@@ -236,10 +236,10 @@ def test_shared_urls_round_trip_and_say_what_they_could_not_read(server, browser
     assert page.is_hidden("#result-body")
     page.close()
     # the CLI's alias, an unknown parameter and TP 3 (which no option offers)
-    page = _open(browser, server, lang, view, raw="gpu=h100&gpus=8&zero=2&foo=1")
+    page = _open(browser, server, lang, view, raw="gpu=h100&gpus=8&zero=2&foo=1&mbs=x")
     assert page.input_value("#gpu") == "H100-SXM"
     notes = page.inner_text("#url-warnings")
-    assert "gpu=h100" in notes and "H100-SXM" in notes and "foo=1" in notes
+    assert "gpu=h100" in notes and "H100-SXM" in notes and "foo=1" in notes and "mbs=x" in notes
     _peak_is(page, _api({"model": "llama-3-8b", "gpu": "H100-SXM", "gpus": 8, "zero": 2})["memory"]["peak_bytes"])
     page.close()
     page = _open(browser, server, lang, view, raw="tp=3&gpus=8")
@@ -329,6 +329,9 @@ def test_the_explain_panel_fills_the_formulas_with_the_plans_numbers(server, bro
     page = _open(browser, server, lang, view)
     want = _api({"model": "llama-3-8b", "gpu": "H100-SXM", "gpus": 8, "zero": 2, "explain": True})
     _peak_is(page, want["memory"]["peak_bytes"])
+    assert page.eval_on_selector("#explain", "d => d.open") == (view == "desktop")  # folded on a phone
+    if view == "phone":
+        page.click("#explain summary")
     m = want["explain"]["memory"]
     line = lambda kind: page.inner_text(f"#explain-body [data-line={kind}]")  # noqa: E731
     assert line("params").endswith("P = 8,030,261,248")
@@ -379,3 +382,30 @@ def test_api_serves_the_documents_the_page_cites_and_nothing_else():
     assert "<table>" in page.text and "docs/accuracy.md" in page.text
     for bad in ("/docs/nope.md", "/docs/accuracy", "/docs/..%2Fpyproject.toml", "/docs/../README.md", "/docs/README.md"):
         assert client.get(bad).status_code == 404, bad
+
+
+# the server's validation rules in Chinese: the inputs the page's fields can get wrong
+WRONG = [{"tp": 3}, {"tp": 16}, {"pp": 64}, {"ep": 2}, {"cp": 2, "attention": "eager"}, {"cp": 8, "seq_len": 4100},
+         {"schedule": "interleaved", "pp": 2}, {"schedule": "interleaved"}, {"vpp": 2},
+         {"schedule": "dualpipe", "pp": 2, "gbs": 8}, {"zero": 3, "dp_shard": 3}, {"offload_params": True},
+         {"recompute_layers": 5}, {"lora_dropout": 0.1}, {"dp": 3}, {"gbs": 12},
+         {"precision": "fp8", "gpu": "A100-80GB-SXM"}, {"gpu": "V100-SXM2-32GB"}, {"gpus": 16, "gpu": "RTX-4090"},
+         {"gpus": 16, "gpu": "TPU-v4"}, {"framework": "fsdp", "zero": 1}, {"framework": "megatron", "reduce_dtype": "bf16"},
+         {"offload_optimizer": True}, {"zero": 1, "dp_shard": 4}, {"schedule": "looped_bfs", "pp": 2},
+         {"model": "mixtral-8x7b", "ep": 16}, {"model": "mixtral-8x7b", "ep": 8, "gpus": 8, "tp": 2},
+         {"recompute": "selective-op", "model": "mixtral-8x7b"}, {"seq_len": 100000000}, {"gpus": 0}, {"dropout": 1.5},
+         {"grad_clip": -1}, {"nic_gbps": 0}, {"tokens": 0.5}, {"pp_group": 3}, {"model": "llama3-70b"}, {"gpu": "h1000"},
+         {"schedule": "nope"}]
+
+
+def test_every_rule_the_fields_can_break_reads_in_chinese(server, browser):
+    rules = []
+    for wrong in WRONG:
+        res = client.post("/api/plan", json={"model": "llama-3-8b", "gpus": 8, **wrong})
+        assert res.status_code == 422, wrong
+        rules.append(res.json()["rule"])
+    page = _open(browser, server, "zh", "desktop")
+    said = page.evaluate("rules => rules.map(r => L10N.rule(r))", rules)
+    assert [r for r, z in zip(rules, said, strict=True) if z is None] == []
+    assert all(re.search(CJK, z) for z in said)
+    page.close()

@@ -354,6 +354,7 @@
     for (const [k, v] of Object.entries(STARTER)) if (!given || k !== "zero") form.elements[k].value = v;
     readUrl();
     showLinks();
+    if (matchMedia("(max-width: 900px)").matches) $("explain").open = false;  // folded on a phone: one tap opens it
     $("gpu").addEventListener("change", showLinks);
     form.addEventListener("input", changed);
     form.addEventListener("change", changed);

@@ -348,7 +348,7 @@ const KEPT_TERMS = ("TP PP DP CP EP SP ZeRO GPU CPU MFU HFU GiB MiB GB Gb TFLOP 
   "Megatron Megatron-LM Megatron-Core PyTorch DDP autocast config.json torchtitan async cuDNN Transformer Engine " +
   "FlashAttention FlashAttention-2 SDPA Triton dropout logits softmax all-reduce all-gather all-to-all K V Q MLP MLA " +
   "MoE AdamW Adam SGD Adafactor Lion GPipe DualPipe DualPipeV ZB-H1 BFS 1F1B foreach ms s trainplan bench plan " +
-  "explain profile docs accuracy.md PUE B P T t English FullyShardedDataParallel Hopper vpp tp pp cp dp mbs gpus seq_len dp_shard zero autocast offload NCCL").split(" ");
+  "explain profile docs accuracy.md torch.distributed.pipelining model_type PUE B P T t English FullyShardedDataParallel Hopper vpp tp pp cp dp mbs gpus seq_len dp_shard zero autocast offload NCCL").split(" ");
 
 // The server's validation rules in Chinese: [pattern of the English rule, its wording].
 const RULES_ZH = [
@@ -400,6 +400,10 @@ const RULES_ZH = [
   [/^unsupported model_type (.*)$/, "不支持的 model_type $1"],
   [/^Megatron-LM reduces its gradient buffer in place.*$/, "Megatron-LM 就地归约梯度缓冲区：梯度归约精度与梯度相同"],
   [/^file paths are not accepted.*$/, "网页不接受文件路径"],
+  [/^dualpipe needs an even number of micro-batches per step, at least 2 x pp = (\d+); got (\d+)$/, "DualPipe 需要每步偶数个微批，且至少 2 × pp = $1；当前为 $2"],
+  [/^(\S+) is torch.distributed.pipelining's schedule: use --framework torch$/, "$1 是 torch.distributed.pipelining 的调度：请选择 PyTorch DDP 的约定"],
+  [/^required for model_type '(.*)'$/, "model_type 为 $1 时必须提供"],
+  [/^applies to --schedule interleaved only \(got (\S+)\)$/, "只适用于交错式调度（当前为 $1）"],
   [/^selective-op \(torchtitan's per-op checkpointing\) is modelled for dense layers .*$/, "逐算子选择性重计算只对标准注意力的稠密层建模：请用选择性或全量重计算"],
   [/^selective-op saves the fused attention kernel's output.*$/, "逐算子选择性重计算保存融合注意力算子的输出：请用 FlashAttention、SDPA 或 cuDNN 注意力"],
   [/^selective-op is modelled for full training.*$/, "逐算子选择性重计算只对全参数训练建模：请用选择性或全量重计算"],
