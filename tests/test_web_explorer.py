@@ -136,6 +136,10 @@ def test_the_first_screen_is_a_plan_that_fits_and_none_is_said(server, browser, 
     _peak_is(page, starter["memory"]["peak_bytes"])
     assert page.get_attribute("#fit", "data-fits") == "true" and "65.60" in page.inner_text("#fit")
     assert "zero=2" in page.url
+    # one pipeline stage: the schedules that need several are offered disabled, and no virtual stages
+    assert page.eval_on_selector("select[name=schedule]", "s => [...s.options].filter(o => o.disabled).map(o => o.value)") \
+        == ["interleaved", "zb", "dualpipe"]
+    assert page.is_disabled("input[name=vpp]")
     page.select_option("select[name=zero]", "0")
     zero0 = _api({"model": "llama-3-8b", "gpu": "H100-SXM", "gpus": 8, "zero": 0})
     assert zero0["memory"]["max_mbs"] == 0

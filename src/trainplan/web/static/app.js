@@ -151,6 +151,13 @@
       cp: (x) => fits(v("tp") * v("pp") * x),
       ep: (x) => x === 1 || ((!m || (m.experts > 1 && m.experts % x === 0)) && (!n || (n / (v("tp") * v("pp"))) % x === 0)),
     };
+    // schedules that interleave or split stages need a pipeline (dualpipe an even one)
+    const pp = v("pp");
+    for (const o of form.elements.schedule.options) {
+      const good = !["interleaved", "zb", "dualpipe"].includes(o.value) || (pp >= 2 && (o.value !== "dualpipe" || pp % 2 === 0));
+      o.disabled = !good;
+      o.title = good ? "" : t("option_invalid");
+    }
     for (const name of LAYOUT) {
       for (const o of form.elements[name].options) {
         if (o.dataset.fromUrl) continue;
@@ -230,6 +237,7 @@
   // settings apply to LoRA and QLoRA, the base's bits to QLoRA
   function offerDependentFields() {
     form.elements.recompute_layers.disabled = form.elements.recompute.value !== "full";
+    form.elements.vpp.disabled = form.elements.schedule.value !== "interleaved";  // virtual stages: interleaved only
     const tuning = form.elements.finetune.value;
     form.elements.lora_rank.disabled = form.elements.lora_dropout.disabled = tuning === "full";
     form.elements.qlora_bits.disabled = tuning !== "qlora";
