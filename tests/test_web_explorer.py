@@ -325,6 +325,8 @@ def test_api_explain_terms_add_up_to_the_plan():
         else:
             assert every == pytest.approx(m["layers_per_micro_batch_bytes"], rel=1e-12)
         assert sum(t["breakdown_s"].values()) == pytest.approx(t["step_s"], rel=1e-9)
+        for part, per_layer in t["comm_per_layer_s"].items():  # each parallelism's exposed share of a micro-batch
+            assert per_layer * t["stage_layers"] == pytest.approx(t["micro_batch_s"][part], rel=1e-12)
     assert "explain" not in _api({"model": "llama-3-8b"})  # only when asked: the plan's JSON as before
 
 
@@ -348,6 +350,16 @@ def test_the_explain_panel_fills_the_formulas_with_the_plans_numbers(server, bro
         ("/" if lang == "zh" else "of") + " 80.00 GiB"
     step = want["time"]["step_s"]
     assert line("step").endswith(f"= {step * 1e3:,.1f} ms")
+    # TP 8 on the README's layout: its collectives a layer, over the slowest stage's layers
+    page.goto(page.url.split("?")[0] + "?" + "&".join(f"{k}={v}" for k, v in README.items()) + ("&lang=zh" if lang == "zh" else ""))
+    page.wait_for_function("document.body.dataset.state === 'ready'")
+    if view == "phone":
+        page.click("#explain summary")
+    t = _api({**README, "sp": True, "explain": True})["explain"]["time"]
+    assert t["comm_per_layer_s"]["tp_comm"] > 0
+    assert line("comm-tp_comm").startswith("TP 通信（未被计算掩盖的部分）= 每层 " if lang == "zh" else "TP comm exposed = ")
+    assert line("comm-tp_comm").endswith(f"× {t['stage_layers']} " + ("层" if lang == "zh" else "layers") +
+                                         f" = {t['micro_batch_s']['tp_comm'] * 1e3:,.2f} ms")
     page.close()
 
 

@@ -77,8 +77,14 @@ def time_terms(result: PlanResult) -> dict:
             per_layer.append({"kind": kind, "count": int(count), **{k: t[k] for k in (
                 "gemm_forward", "gemm_backward", "attention_forward", "attention_backward", "elementwise_forward",
                 "elementwise_backward", "recompute", "total")}})
+    # each parallelism's exposed communication a layer (TP's collectives, CP's K/V exchange,
+    # EP's all-to-alls), over the stage's layers
+    tp_layer = det["tp_layer"]["dense" if L.stage_dense_layers[i] else "moe"]
+    comm = {name: _at(per, i, L.pp) for name, per, on in (("tp_comm", tp_layer, L.tp > 1), ("cp_comm", det["cp_layer"], L.cp > 1),
+                                                          ("ep_comm", det["ep_layer"], L.ep > 1)) if on}
     return {
-        "stage": i, "stages": L.pp, "layers": per_layer,
+        "stage": i, "stages": L.pp, "layers": per_layer, "comm_per_layer_s": comm,
+        "stage_layers": int(L.stage_dense_layers[i] + L.stage_moe_layers[i]),
         "head_s": _at(det["head"], i, L.pp) if i == L.pp - 1 else 0.0,
         "embedding_s": _at(det["embedding"], i, L.pp) if i == 0 else 0.0,
         "micro_batch_s": {k: float(np.asarray(v).ravel()[0]) for k, v in d["micro_batch_s"].items()},

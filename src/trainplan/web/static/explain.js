@@ -49,6 +49,8 @@ const Explain = (() => {
         af: d(l.attention_forward), ab: d(l.attention_backward), ef: d(l.elementwise_forward), eb: d(l.elementwise_backward),
         rc: d(l.recompute), t: d(l.total), n: l.count, tt: d(l.total * l.count) }), "layer-time"]);
     }
+    for (const [k, v] of Object.entries(tm.comm_per_layer_s || {}))  // what each parallelism costs a layer
+      out.push([t("ex_comm", { what: t(k), per: d(v), n: tm.stage_layers, v: d(v * tm.stage_layers) }), "comm-" + k]);
     const ends = [tm.head_s ? t("ex_head_time", { h: d(tm.head_s) }) : "", tm.embedding_s ? t("ex_embedding_time", { e: d(tm.embedding_s) }) : ""];
     if (ends.some(Boolean)) out.push([ends.filter(Boolean).join(t("list_sep")), "ends"]);
     const mb = Object.entries(tm.micro_batch_s);
