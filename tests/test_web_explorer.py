@@ -121,6 +121,11 @@ def test_the_resolved_layout_line_shows_what_the_plan_decided(server, browser, l
     assert ("微批 1 × 序列 4,096，全局批 64（每步 32 个微批）" if lang == "zh" else
             "micro-batch 1 × sequence 4,096, global batch 64 (32 micro-batches per step)") in text
     assert ("重计算：选择性" if lang == "zh" else "recompute selective") in text
+    # the inputs left to the plan show what it chose
+    placeholders = {n: page.get_attribute(f"input[name={n}]", "placeholder") for n in ("dp", "seq_len", "dp_shard")}
+    auto = "自动（{}）" if lang == "zh" else "auto ({})"
+    assert placeholders == {"dp": auto.format(2), "seq_len": auto.format("4,096"), "dp_shard": auto.format(2)}
+    assert page.eval_on_selector("select[name=zero] option[value='']", "o => o.textContent").endswith("→ 0")
     page.close()
 
 

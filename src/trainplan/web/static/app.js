@@ -214,9 +214,21 @@
     $("summary-speed").textContent = "";
   }
 
+  // what the plan resolved, where the inputs were left to it
+  function showResolved(p) {
+    const auto = (v) => t("auto_value", { v: L10N.num(v, 0) });
+    form.elements.dp.placeholder = auto(p.dp);
+    form.elements.gbs.placeholder = auto(p.gbs);
+    form.elements.seq_len.placeholder = auto(p.seq_len);
+    form.elements.dp_shard.placeholder = auto(p.dp_shard);
+    const zero = form.elements.zero.options[0];
+    zero.textContent = t("zero_default") + " → " + p.zero;
+  }
+
   function draw(data) {
     $("result-body").hidden = false;
     $("withdrawn").hidden = true;
+    showResolved(data.parallel);
     View.render(data, form.elements.overlap_tp.checked);
     document.body.dataset.renders = String(Number(document.body.dataset.renders || 0) + 1);
   }
