@@ -143,7 +143,7 @@ def test_the_first_screen_is_a_plan_that_fits_and_none_is_said(server, browser, 
     assert "zero=2" in page.url
     # one pipeline stage: the schedules that need several are offered disabled, and no virtual stages
     assert page.eval_on_selector("select[name=schedule]", "s => [...s.options].filter(o => o.disabled).map(o => o.value)") \
-        == ["interleaved", "zb", "dualpipe"]
+        == ["interleaved", "zb", "dualpipe", "looped_bfs", "zbv", "dualpipev"]
     assert page.is_disabled("input[name=vpp]")
     page.select_option("select[name=zero]", "0")
     zero0 = _api({"model": "llama-3-8b", "gpu": "H100-SXM", "gpus": 8, "zero": 0})
@@ -309,10 +309,25 @@ def test_every_stage_is_drawn_with_a_legend_an_axis_and_the_accuracy_page_resolv
     assert len(ticks) == (5 if view == "desktop" else 3) and ticks[0] == "0 ms"
     assert ticks[-1] == (f"{step:,.2f} s" if step >= 1 else f"{step * 1e3:,.1f} ms")
     assert page.is_visible("#bars-scroll")  # the long list says it scrolls
+    # torch.distributed.pipelining's V-shaped schedule: a row per rank, naming its two stages, and
+    # the backward split into its input and weight halves, each in the legend
     href = page.get_attribute("#accuracy a", "href")
     assert href == "/docs/accuracy.md"
     doc = page.request.get(server + href)
     assert doc.status == 200 and "<table>" in doc.text() and "published" in doc.text()
+    page.close()
+    v_shaped = {"model": "llama-3-8b", "gpus": 32, "tp": 8, "pp": 4, "gbs": 32, "framework": "torch", "schedule": "zbv",
+                "vpp": 2}
+    page = _open(browser, server, lang, view, v_shaped)
+    zbv = _api({**v_shaped, "timeline": True})
+    _peak_is(page, zbv["memory"]["peak_bytes"])
+    assert zbv["timeline"]["rank_stages"] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    labels = page.eval_on_selector_all("#timeline .tl-row .lab", "ls => ls.map(l => l.textContent)")
+    assert labels == [("进程 {}：阶段 {}、{}" if lang == "zh" else "rank {}: stages {}, {}").format(i, *s)
+                      for i, s in enumerate(zbv["timeline"]["rank_stages"])]
+    legend = page.inner_text("#timeline-legend")
+    assert all(w in legend for w in (("前向", "反向的输入梯度", "权重梯度") if lang == "zh" else
+                                     ("forward", "input gradients", "weight gradients")))
     page.close()
 
 

@@ -60,15 +60,18 @@ def compare_json(options: dict, accelerators: str | list[str], fixed: list[str],
 def _timeline(result, max_micro_batches: int = 16) -> dict | None:
     """The simulated schedule of the first micro-batches, for the page to draw (None where its
     simulation would cost more than trainplan.limits.MAX_TIMELINE_STEPS)."""
-    from ..timeline import drawn_micro_batches, simulate_layout
+    from ..estimate.torch_schedules import stage_ranks
+    from ..timeline import drawn_micro_batches, runs_torch_order, simulate_layout
 
     L, t = result.layout, result.time
     m = drawn_micro_batches(L, max_micro_batches)
     if m is None:
         return None
     sim = simulate_layout(L, m, t["per_microbatch_stage_s"])
+    # a row per rank; under torch's schedules with several stages a rank, the stages each holds
+    ranks = stage_ranks(L.plan.schedule, L.pp, L.vpp) if runs_torch_order(L) and L.vpp > 1 else None
     return {"micro_batches": m, "step_s": sim.step_time, "bubble_fraction": sim.bubble_fraction,
-            "ops": [[op.stage, op.kind, op.mb, op.start, op.end] for op in sim.ops]}
+            "ops": [[op.stage, op.kind, op.mb, op.start, op.end] for op in sim.ops], "rank_stages": ranks}
 
 
 JOBS = {"plan": plan_json, "search": search_json, "compare": compare_json}

@@ -12,6 +12,7 @@
   // (which leaves 0.66 GiB); the framework's own default, ZeRO-0, needs 161.79 GiB of 80.
   const STARTER = { model: "llama-3-8b", gpu: "H100-SXM", zero: "2" };
   const LAYOUT = ["tp", "pp", "cp", "ep"];
+  const TORCH_ONLY = ["looped_bfs", "zbv", "dualpipev"];  // torch.distributed.pipelining's schedules
   const query = new URLSearchParams(location.search);
   L10N.lang = query.get("lang") === "zh" ? "zh" : "en";
   let last = null, lastError = null, lastBody = null, timer = null, inflight = null, slowTimer = null;
@@ -151,10 +152,12 @@
       cp: (x) => fits(v("tp") * v("pp") * x),
       ep: (x) => x === 1 || ((!m || (m.experts > 1 && m.experts % x === 0)) && (!n || (n / (v("tp") * v("pp"))) % x === 0)),
     };
-    // schedules that interleave or split stages need a pipeline (dualpipe an even one)
-    const pp = v("pp");
+    // schedules that interleave or split stages need a pipeline (dualpipe an even one);
+    // torch.distributed.pipelining's own run under its framework
+    const pp = v("pp"), torch = form.elements.framework.value === "torch";
     for (const o of form.elements.schedule.options) {
-      const good = !["interleaved", "zb", "dualpipe"].includes(o.value) || (pp >= 2 && (o.value !== "dualpipe" || pp % 2 === 0));
+      const good = (!["interleaved", "zb", "dualpipe", ...TORCH_ONLY].includes(o.value) ||
+        (pp >= 2 && (o.value !== "dualpipe" || pp % 2 === 0))) && (!TORCH_ONLY.includes(o.value) || torch);
       o.disabled = !good;
       o.title = good ? "" : t("option_invalid");
     }
@@ -249,7 +252,8 @@
   // settings apply to LoRA and QLoRA, the base's bits to QLoRA
   function offerDependentFields() {
     form.elements.recompute_layers.disabled = form.elements.recompute.value !== "full";
-    form.elements.vpp.disabled = form.elements.schedule.value !== "interleaved";  // virtual stages: interleaved only
+    // virtual stages: the interleaved schedules and torch's stages-per-rank ones only
+    form.elements.vpp.disabled = !["interleaved", ...TORCH_ONLY].includes(form.elements.schedule.value);
     const tuning = form.elements.finetune.value;
     form.elements.lora_rank.disabled = form.elements.lora_dropout.disabled = tuning === "full";
     form.elements.qlora_bits.disabled = tuning !== "qlora";

@@ -131,11 +131,15 @@ const View = (() => {
     if (!tl) { $("timeline-note").textContent = t("timeline_none"); return; }
     $("timeline-note").textContent = t("timeline_note", { m: tl.micro_batches });
     const stages = Math.max(...tl.ops.map((o) => o[0])) + 1;
+    box.classList.toggle("ranks", !!tl.rank_stages);  // wider labels: "rank 0: stages 0, 7"
+    axis.classList.toggle("ranks", !!tl.rank_stages);
     const kinds = new Set();
     for (let s = 0; s < stages; s++) {  // every stage (the box scrolls)
       const row = document.createElement("div");
       row.className = "tl-row";
-      row.innerHTML = `<span class="lab">${esc(t("stage_label", { stage: s }))}</span>`;
+      const label = tl.rank_stages ? t("rank_label", { rank: s, stages: tl.rank_stages[s].join(t("list_sep")) })
+        : t("stage_label", { stage: s });
+      row.innerHTML = `<span class="lab" title="${esc(label)}">${esc(label)}</span>`;
       for (const [st, kind, mb, a, b] of tl.ops) {
         if (st !== s) continue;
         kinds.add(kind);
@@ -154,7 +158,7 @@ const View = (() => {
     const ticks = axis.clientWidth && axis.clientWidth < 480 ? [0, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];  // phones: fewer
     axis.innerHTML = `<span class="axis-title">${esc(t("timeline_axis"))}</span>` + ticks.map((f) =>
       `<span class="tick" style="left:${100 * f}%">${esc(L10N.dur(f * tl.step_s))}</span>`).join("");
-    $("timeline-legend").innerHTML = ["F", "B", "W"].filter((k) => kinds.has(k)).map((k) =>
+    $("timeline-legend").innerHTML = ["F", "B", "I", "W"].filter((k) => kinds.has(k)).map((k) =>
       `<span data-kind="${k}"><i class="tl-op ${k}"></i>${esc(t("tl_" + k))}</span>`).join("");
   }
 
