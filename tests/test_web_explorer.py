@@ -451,3 +451,48 @@ def test_every_rule_the_fields_can_break_reads_in_chinese(server, browser):
     assert [r for r, z in zip(rules, said, strict=True) if z is None] == []
     assert all(re.search(CJK, z) for z in said)
     page.close()
+
+
+# 11. export -------------------------------------------------------------------------------------
+def test_api_export_writes_the_plans_run_or_refuses_by_name():
+    body = {"model": "llama-3-8b", "gpus": 8, "zero": 2, "framework": "deepspeed"}
+    res = client.post("/api/export", json={**body, "target": "deepspeed", "timeline": True})
+    assert res.status_code == 200
+    data = res.json()
+    assert data["filename"] == "ds_config.json" and '"train_batch_size": 8' in data["text"]
+    assert data["text"] == client.post("/api/export", json={**body, "target": "deepspeed"}).json()["text"]
+    for bad, field in (({"target": "nope"}, "target"), ({"target": "megatron"}, "framework"), ({}, "target")):
+        out = client.post("/api/export", json={**body, **bad})
+        assert out.status_code == 422 and out.json()["field"] == field, out.json()
+
+
+@pytest.mark.parametrize("lang,view", BOTH)
+def test_the_export_button_downloads_the_run_this_page_plans(server, browser, lang, view):
+    """The target follows the framework whose conventions the page plans under; the file
+    downloaded is the API's export of the same options; a framework with no export says so, and
+    a plan a target cannot express is refused beside the button, in the page's language."""
+    page = _open(browser, server, lang, view)
+    base = {"model": "llama-3-8b", "gpu": "H100-SXM", "gpus": 8, "zero": 2}
+    assert page.input_value("#export-target") == "deepspeed"
+    assert page.eval_on_selector("#export-target", "s => [...s.options].filter(o => o.disabled).map(o => o.value)") == \
+        ["megatron", "torchtitan"]
+    for framework, target, name in (("deepspeed", "deepspeed", "ds_config.json"), ("megatron", "megatron", "megatron_args.txt")):
+        page.select_option("select[name=framework]", framework)
+        want = client.post("/api/export", json={**base, "framework": framework, "target": target}).json()
+        with page.expect_download() as download:
+            page.click("#export")
+        assert download.value.suggested_filename == name
+        assert open(download.value.path(), encoding="utf-8").read() == want["text"]
+        assert name in page.inner_text("#export-status")
+    page.select_option("select[name=framework]", "torch")
+    assert page.is_disabled("#export")
+    assert ("没有导出" if lang == "zh" else "has no export") in page.inner_text("#export-status")
+    # LoRA under Megatron-LM's conventions: Megatron's arguments have no adapters
+    page.select_option("select[name=framework]", "megatron")
+    page.select_option("select[name=finetune]", "lora")
+    page.wait_for_function("document.body.dataset.state === 'ready'")
+    page.click("#export")
+    page.wait_for_function("document.body.dataset.export === 'error'")
+    assert ("megatron 的配置没有 LoRA 适配器" if lang == "zh" else "megatron's configuration has no LoRA adapters") in \
+        page.inner_text("#export-status")
+    page.close()

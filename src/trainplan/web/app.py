@@ -9,6 +9,8 @@
     POST /api/compare     the best layout on each accelerator (plan options without "gpu";
                           "compare_gpus": names or "all", "fixed", "objective"); each search
                           bounded as /api/search's, all of them to COMPARE_MAX_SECONDS
+    POST /api/export      the plan's run for a framework (plan options and "target": megatron,
+                          deepspeed or torchtitan): {"target", "filename", "text"}
     GET  /docs/{name}.md  the project's documents the page cites (docs/accuracy.md ...), rendered;
                           404 where the server runs without its source tree
     GET  /openapi.json    the API's OpenAPI document
@@ -235,6 +237,18 @@ def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None,
         payload = jobs.plan_json(options, extras["timeline"], extras["explain"])
         cache.put(raw, payload)
         return payload
+
+    def export_answer(raw: bytes) -> bytes:
+        options, extras = validate("export", parse(raw))
+        return jobs.export_json(options, extras["target"])
+
+    @app.post("/api/export")
+    async def export_run(request: Request) -> Response:
+        try:
+            payload = await on_cpu(export_answer, await _read(request))
+        except (Refusal, PlanError) as err:
+            return _refused(err)
+        return Response(payload, media_type="application/json")
 
     @app.post("/api/plan")
     async def plan(request: Request) -> Response:

@@ -74,4 +74,13 @@ def _timeline(result, max_micro_batches: int = 16) -> dict | None:
             "ops": [[op.stage, op.kind, op.mb, op.start, op.end] for op in sim.ops], "rank_stages": ranks}
 
 
+def export_json(options: dict, target: str) -> bytes:
+    """The plan's run written for `target` (`export.export_plan`): its file name and text."""
+    from ..export import check_target, export_plan
+
+    check_target(target, field="target")
+    filename, text = export_plan(options, target)
+    return dumps({"target": target, "filename": filename, "text": text})
+
+
 JOBS = {"plan": plan_json, "search": search_json, "compare": compare_json}

@@ -79,7 +79,18 @@ class CompareRequest(Plan, _LayoutOptions):
         return v
 
 
-REQUESTS: dict[str, type[BaseModel]] = {"plan": PlanRequest, "search": SearchRequest, "compare": CompareRequest}
+class ExportRequest(Plan):
+    """POST /api/export: the plan's options, and the framework to write its run for."""
+
+    model_config = STRICT
+    target: str = Field(description="megatron, deepspeed or torchtitan: planned under that framework's conventions "
+                        "(the plan's framework must be the target's: deepspeed, megatron or fsdp)")
+    timeline: bool = Field(default=False, description="accepted and ignored (the page sends its plan's options)")
+    explain: bool = Field(default=False, description="accepted and ignored (the page sends its plan's options)")
+
+
+REQUESTS: dict[str, type[BaseModel]] = {"plan": PlanRequest, "search": SearchRequest, "compare": CompareRequest,
+                                        "export": ExportRequest}
 
 
 def _check_shapes(body: dict) -> None:

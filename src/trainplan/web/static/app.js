@@ -46,6 +46,7 @@
     }
     $("lang").textContent = L10N.lang === "zh" ? "English" : "中文";
     offerLayouts();
+    offerExport();
     showUrlNotes();
     if (lastError) { clearErrors(); showError(lastError.field, lastError.rule, lastError.on); } else if (last) draw(last);
     if (lastSearch) View.searchRows(lastSearch, loadLayout);
@@ -264,6 +265,7 @@
     offerZeroStages();
     offerDependentFields();
     offerLayouts();
+    offerExport();
     const state = readForm();
     writeUrl(state);
     const req = toRequest(state);
@@ -357,6 +359,49 @@
     document.body.dataset.compare = "ready";
   }
 
+  // The run written for a framework: the target whose conventions the page plans under
+  const TARGET_OF = { deepspeed: "deepspeed", megatron: "megatron", fsdp: "torchtitan" };
+  function offerExport() {
+    const fw = form.elements.framework.value, want = TARGET_OF[fw];
+    for (const o of $("export-target").options) { o.disabled = o.value !== want; o.title = o.disabled ? t("export_other") : ""; }
+    if (want) $("export-target").value = want;
+    $("export").disabled = !want;
+    const status = $("export-status");
+    status.classList.remove("error");
+    status.textContent = want ? "" : t("export_none", { framework: View.opt("framework", fw) });
+  }
+
+  async function exportRun() {
+    const req = toRequest(readForm());
+    const status = $("export-status");
+    if (req.error) return;
+    const body = { ...req.body, target: $("export-target").value };
+    delete body.timeline;
+    delete body.explain;
+    const res = await fetch("/api/export", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    const data = await res.json();
+    if (!res.ok) {  // this plan is fine; the framework cannot write it: said beside the button
+      const said = L10N.rule(data.rule || res.statusText);
+      status.classList.add("error");
+      status.textContent = t("field_rule", { field: fieldLabel(data.field || "target"), rule: said ?? data.rule });
+      if (said === null) status.lang = "en"; else status.removeAttribute("lang");
+      document.body.dataset.export = "error";
+      return;
+    }
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(new Blob([data.text], { type: "text/plain" }));
+    link.download = data.filename;
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+    status.classList.remove("error");
+    status.removeAttribute("lang");
+    status.textContent = t("export_done", { name: data.filename, n: L10N.num(data.text.length, 0),
+      target: $("export-target").selectedOptions[0].textContent });
+    document.body.dataset.export = "ready";
+  }
+
   // the accelerator's own links (and how many GPUs share one), shown where the plan gives none
   function showLinks() {
     const g = gpus.find((x) => x.name === form.elements.gpu.value);
@@ -385,6 +430,7 @@
     $("lang").addEventListener("click", () => { L10N.lang = L10N.lang === "en" ? "zh" : "en"; applyLanguage(); writeUrl(readForm()); });
     $("find").addEventListener("click", findBest);
     $("compare").addEventListener("click", compareAll);
+    $("export").addEventListener("click", exportRun);
     $("compare-objective").addEventListener("change", () => { if (lastCompare) compareAll(); });
     applyLanguage();
     update();
