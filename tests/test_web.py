@@ -109,7 +109,7 @@ def test_api_catalogs_and_openapi():
     assert len(client.get("/api/models").json()) >= 20
     assert any(g["name"] == "H100-SXM" for g in client.get("/api/gpus").json())
     spec = client.get("/openapi.json").json()
-    assert "/api/plan" in spec["paths"]
+    assert {"/api/plan", "/api/search", "/api/compare", "/api/export"} <= set(spec["paths"])
     assert client.get("/static/../app.py").status_code == 404
 
 
