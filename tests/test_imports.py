@@ -402,3 +402,16 @@ def test_torchtitan_command_names_config_functions_only(tmp_path):
     with pytest.raises(PlanError) as err:
         read_text("torchrun -m torchtitan.train --module json --config dumps\n", "run.sh", trusted=False)
     assert err.value.field == "from.module"
+
+
+def test_script_arithmetic_is_bashs_and_bounded():
+    """$((...)) as bash computes it (64-bit integers, division truncating toward zero, % with the
+    dividend's sign), evaluated without eval: a power tower is refused at once, not computed."""
+    from trainplan.imports.shell import arithmetic
+
+    assert arithmetic("8 * 4 + 2") == 34 and arithmetic("(2+3)*4 % 7") == 6
+    assert arithmetic("-7/2") == -3 and arithmetic("-7%2") == -1
+    assert arithmetic("9223372036854775806/3") == 3074457345618258602
+    assert arithmetic("2**62") == 2**62
+    for bad in ("9**9**9**9", "2**63", "1/0", "3 4", "()"):
+        assert arithmetic(bad) is None, bad

@@ -25,6 +25,50 @@ _TEST_FILE = re.compile(r"""^\[\[?\s*(?P<neg>!\s+)?-[fde]\s+\S+\s*\]?\]$""")
 _TEST_EMPTY = re.compile(r"""^\[\[?\s*(?P<op>-n|-z)\s+(?P<a>"[^"]*"|'[^']*'|\S+)\s*\]?\]$""")
 
 
+# bash arithmetic is 64-bit: anything beyond is not a launch setting (and a power tower such as
+# 9**9**9**9 must not be computed at all)
+ARITH_LIMIT = 2**63
+
+
+def arithmetic(expr: str) -> int | None:
+    """The value of a bash `$((...))` of integers and + - * / % ** ( ), or None when it is not
+    one, divides by zero or leaves 64 bits. Evaluated on its syntax tree, operand by operand."""
+    import ast
+
+    def quotient(a: int, b: int) -> int:  # bash truncates toward zero
+        q = abs(a) // abs(b)
+        return q if (a < 0) == (b < 0) else -q
+
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.FloorDiv: quotient, ast.Mod: lambda a, b: a - quotient(a, b) * b}
+
+    def ev(node) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = ev(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow):
+                if b < 0 or (abs(a) > 1 and b >= 64):
+                    raise OverflowError
+                v = a ** b
+            elif type(node.op) in ops:
+                v = ops[type(node.op)](a, b)
+            else:
+                raise ValueError
+            if abs(v) >= ARITH_LIMIT:
+                raise OverflowError
+            return v
+        raise ValueError
+
+    try:
+        return ev(ast.parse(expr.replace("/", "//"), mode="eval").body)
+    except (SyntaxError, ValueError, OverflowError, ZeroDivisionError, RecursionError):
+        return None
+
+
 @dataclass
 class ShellRead:
     """What a script runs: its command's words, and what could not be decided."""
@@ -125,10 +169,9 @@ class _Shell:
             expr = self.expand(m.group(1).replace("$", ""))
             expr = re.sub(r"[A-Za-z_]\w*", lambda v: self.value(v.group(0)) or "0", expr)
             if re.fullmatch(r"[\d\s+\-*/%()]+", expr):
-                try:
-                    return str(int(eval(expr.replace("/", "//"), {"__builtins__": {}})))  # digits and operators only
-                except (SyntaxError, ZeroDivisionError):
-                    pass
+                value = arithmetic(expr)
+                if value is not None:
+                    return str(value)
             self.unsure.append(f"$(({m.group(1)}))")
             return ""
 
