@@ -188,8 +188,8 @@ def test_a_server_on_every_interface_takes_any_host():
 def test_the_page_posts_json():
     js = (Path(__file__).resolve().parents[1] / "src/trainplan/web/static/app.js").read_text()
     posts = js.count('method: "POST"')
-    # the plan, the search and comparison (one helper), the export
-    assert posts == 3 and js.count('headers: { "Content-Type": "application/json" }') == posts
+    # the plan, the search and comparison (one helper), the export, the import
+    assert posts == 4 and js.count('headers: { "Content-Type": "application/json" }') == posts
 
 
 # ---- the answer cache ------------------------------------------------------------------

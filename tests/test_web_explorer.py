@@ -496,3 +496,55 @@ def test_the_export_button_downloads_the_run_this_page_plans(server, browser, la
     assert ("megatron 的配置没有 LoRA 适配器" if lang == "zh" else "megatron's configuration has no LoRA adapters") in \
         page.inner_text("#export-status")
     page.close()
+
+
+# import a configuration ----------------------------------------------------------------------
+DATA = __import__("pathlib").Path(__file__).parent / "data" / "imports"
+
+
+def test_api_import_reads_a_config_and_refuses_by_name():
+    """POST /api/import: Megatron-LM's Llama 3 8B FP8 example (tests/data/imports/SOURCE) gives the
+    options `plan --from` gives; a DeepSpeed JSON needs the model it trains; bad input is a 422
+    naming the field."""
+    from trainplan.imports import merge, read_config
+
+    script = DATA / "megatron_train_llama3_8b_h100_fp8.sh"
+    res = client.post("/api/import", json={"text": script.read_text(), "name": script.name})
+    assert res.status_code == 200, res.json()
+    data = res.json()
+    assert data["format"] == "megatron" and data["options"] == merge(read_config(script), {})
+    assert data["options"]["fp8_params"] is True and data["options"]["gbs"] == 128
+    ds = (DATA / "deepspeed_ds_config_fp16_z3.json").read_text()
+    out = client.post("/api/import", json={"text": ds, "name": "ds_config.json"})
+    assert out.status_code == 422 and out.json()["field"] == "model"
+    ok = client.post("/api/import", json={"text": ds, "name": "ds_config.json", "model": "llama-3-8b"}).json()
+    assert ok["format"] == "deepspeed" and ok["options"]["zero"] == 3 and ok["options"]["precision"] == "fp16"
+    for body, field in (({"text": ""}, "text"), ({"text": "x", "name": "../etc/passwd"}, "name"),
+                        ({"text": "x" * 200_001}, "text"), ({"text": "x", "model": "/etc/passwd"}, "model"),
+                        ({"text": "x", "gpus": 8}, "gpus")):
+        got = client.post("/api/import", json=body)
+        assert got.status_code == 422 and got.json()["field"] == field, (body.get("name"), got.json())
+
+
+@pytest.mark.parametrize("lang,view", [("en", "desktop"), ("zh", "phone")])
+def test_an_imported_launch_script_becomes_the_pages_plan(server, browser, lang, view):
+    """Pasting Megatron-LM's Llama 3 8B FP8 example and pressing Import puts its run on the page
+    (8 GPUs, FP8 with FP8 weights, global batch 128, Megatron's conventions): the verdict is the
+    CLI's for `plan --from` (it fits, 78.36 GiB), and the inputs the page lacks are named."""
+    page = _open(browser, server, lang, view)
+    page.fill("#import-text", (DATA / "megatron_train_llama3_8b_h100_fp8.sh").read_text())
+    page.click("#import")
+    page.wait_for_function("document.body.dataset.import === 'ready'")
+    page.wait_for_function("document.body.dataset.state === 'ready' && !location.search.includes('zero=2')")
+    assert page.input_value("select[name=framework]") == "megatron"
+    assert page.input_value("select[name=precision]") == "fp8" and page.input_value("[name=gbs]") == "128"
+    status = page.inner_text("#import-status")
+    assert ("Megatron-LM" in status) and (("已读取" in status) if lang == "zh" else ("config read" in status))
+    # the CLI's plan of the file on the same accelerator as the page's
+    from trainplan import api
+
+    gpu = page.input_value("select[name=gpu]")
+    want = api.plan(from_file=str(DATA / "megatron_train_llama3_8b_h100_fp8.sh"), gpu=gpu)["memory"]
+    _peak_is(page, want["peak_bytes"])
+    assert want["fits"] and page.get_attribute("#fit", "data-fits") == "true"
+    page.close()

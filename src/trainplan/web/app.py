@@ -11,6 +11,8 @@
                           bounded as /api/search's, all of them to COMPARE_MAX_SECONDS
     POST /api/export      the plan's run for a framework (plan options and "target": megatron,
                           deepspeed or torchtitan): {"target", "filename", "text"}
+    POST /api/import      a pasted configuration ("text"; "name", its file name; "model" for a
+                          DeepSpeed config): {"format", "options", "not_understood", "notes", "ignored"}
     GET  /docs/{name}.md  the project's documents the page cites (docs/accuracy.md ...), rendered;
                           404 where the server runs without its source tree
     GET  /openapi.json    the API's OpenAPI document
@@ -241,6 +243,18 @@ def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None,
     def export_answer(raw: bytes) -> bytes:
         options, extras = validate("export", parse(raw))
         return jobs.export_json(options, extras["target"])
+
+    def import_answer(raw: bytes) -> bytes:
+        options, extras = validate("import", parse(raw))
+        return jobs.import_json(extras["text"], extras["name"], options.get("model"))
+
+    @app.post("/api/import")
+    async def import_config(request: Request) -> Response:
+        try:
+            payload = await on_cpu(import_answer, await _read(request))
+        except (Refusal, PlanError) as err:
+            return _refused(err)
+        return Response(payload, media_type="application/json")
 
     @app.post("/api/export")
     async def export_run(request: Request) -> Response:

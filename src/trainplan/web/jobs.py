@@ -83,4 +83,18 @@ def export_json(options: dict, target: str) -> bytes:
     return dumps({"target": target, "filename": filename, "text": text})
 
 
+def import_json(text: str, name: str, model: str | None) -> bytes:
+    """The plan options a configuration's text sets (`imports.read_text`, untrusted: a torchtitan
+    command may name torchtitan's own configs only), checked by planning them, with what the
+    file set that a plan does not read and what was not understood."""
+    from ..imports import merge, read_text
+    from ..plan import make_plan, resolve
+
+    imported = read_text(text, name, model_given=model is not None, trusted=False)
+    options = merge(imported, {"model": model} if model else {})
+    resolve(make_plan(**options))  # a run that cannot be planned is refused here, naming the field
+    return dumps({"format": imported.format, "options": options, "not_understood": imported.unknown,
+                  "notes": imported.notes, "ignored": imported.ignored})
+
+
 JOBS = {"plan": plan_json, "search": search_json, "compare": compare_json}

@@ -89,8 +89,24 @@ class ExportRequest(Plan):
     explain: bool = Field(default=False, description="accepted and ignored (the page sends its plan's options)")
 
 
+# a pasted launch script or config: the longest published ones are a few KB
+MAX_IMPORT_CHARS = 200_000
+
+
+class ImportRequest(BaseModel):
+    """POST /api/import: a Megatron-LM launch script or arguments, a DeepSpeed JSON config (with
+    the catalog model it trains) or a torchtitan job config, pasted as text."""
+
+    model_config = STRICT
+    text: str = Field(min_length=1, max_length=MAX_IMPORT_CHARS, description="the configuration's text")
+    name: str = Field(default="config", pattern=r"^[\w.\-]{1,100}$",
+                      description="its file name, whose suffix may tell the format (.sh, .json, .toml)")
+    model: str | None = Field(default=None, description="a catalog model: the one a DeepSpeed config trains, or "
+                              "one that replaces the file's")
+
+
 REQUESTS: dict[str, type[BaseModel]] = {"plan": PlanRequest, "search": SearchRequest, "compare": CompareRequest,
-                                        "export": ExportRequest}
+                                        "export": ExportRequest, "import": ImportRequest}
 
 
 def _check_shapes(body: dict) -> None:

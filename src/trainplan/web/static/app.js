@@ -65,8 +65,8 @@
   }
 
   const WORDS = ["model", "gpu", "recompute", "schedule", "precision", "optimizer", "optimizer_impl", "attention", "cp_comm",
-    "reduce_dtype", "optimizer_state_dtype", "framework", "finetune"];
-  const BOXES = ["sp", "sharp", "overlap_tp", "fused_loss", "recompute_early_stop", "fused_kernels", "offload_optimizer",
+    "reduce_dtype", "optimizer_state_dtype", "grad_dtype", "framework", "finetune"];
+  const BOXES = ["sp", "sharp", "overlap_tp", "fused_loss", "fp8_params", "recompute_early_stop", "fused_kernels", "offload_optimizer",
     "offload_params"];
 
   function toRequest(state) {
@@ -99,10 +99,11 @@
     return hit ? hit[0] : null;
   }
 
-  // Every URL parameter goes into its input; what cannot is said, naming it
-  function readUrl() {
+  // Every URL parameter goes into its input; what cannot is said, naming it (`params`: the URL's,
+  // or an imported configuration's as [key, value] pairs)
+  function readUrl(params = query) {
     const notes = [];
-    for (const [key, value] of query) {
+    for (const [key, value] of params) {
       if (key === "lang") continue;
       const el = form.elements[key];
       if (!el || !el.name || el instanceof RadioNodeList) { notes.push(["url_unknown_param", { key, value }]); continue; }
@@ -127,7 +128,8 @@
       el.value = value;
       if (el.value !== value) notes.push(["url_adjusted", { key, value, now: el.value || t("auto") }]);
     }
-    urlNotes = notes;
+    if (params === query) urlNotes = notes;
+    return notes;
   }
 
   function showUrlNotes() {
@@ -258,6 +260,7 @@
     const tuning = form.elements.finetune.value;
     form.elements.lora_rank.disabled = form.elements.lora_dropout.disabled = tuning === "full";
     form.elements.qlora_bits.disabled = tuning !== "qlora";
+    form.elements.fp8_params.disabled = form.elements.precision.value !== "fp8";
   }
 
   async function update() {
@@ -402,6 +405,55 @@
     document.body.dataset.export = "ready";
   }
 
+  // An imported configuration's plan options as the page's inputs ([key, value] pairs)
+  function importedParams(options) {
+    const out = [];
+    for (const [k, v] of Object.entries(options)) {
+      if (k === "master_weights") { if (v === false) out.push(["no_master_weights", "true"]); continue; }
+      if (k === "overlap_dp" && v === true) continue;  // the plan's default: gradients reduced during the backward
+      if (k === "hf_config") { out.push([k, JSON.stringify(v)]); continue; }
+      const el = form.elements[k];
+      if (typeof v === "boolean" && !(el && el.type === "checkbox")) { if (v) out.push([k, "true"]); continue; }
+      out.push([k, Array.isArray(v) ? v.join(",") : String(v)]);
+    }
+    return out;
+  }
+
+  let importName = "config";
+  const FORMAT_NAMES = { megatron: "Megatron-LM", deepspeed: "DeepSpeed", torchtitan: "torchtitan" };
+  async function importRun() {
+    const status = $("import-status"), text = $("import-text").value;
+    if (!text.trim()) return;
+    const body = { text, name: importName };
+    try { JSON.parse(text); body.model = form.elements.model.value; } catch (e) { /* not a DeepSpeed JSON */ }
+    const res = await fetch("/api/import", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    const data = await res.json();
+    status.removeAttribute("lang");
+    if (!res.ok) {
+      const said = L10N.rule(data.rule || res.statusText);
+      status.classList.add("error");
+      status.textContent = t("field_rule", { field: fieldLabel(data.field || "text"), rule: said ?? data.rule });
+      if (said === null) status.lang = "en";
+      document.body.dataset.import = "error";
+      return;
+    }
+    const gpu = form.elements.gpu.value;
+    form.reset();
+    for (const o of form.querySelectorAll("option[data-from-url]")) o.remove();
+    if (!("gpu" in data.options)) form.elements.gpu.value = gpu;  // a config names no accelerator: the page's
+    const params = importedParams(data.options);
+    const missing = readUrl(params).filter(([kind]) => kind === "url_unknown_param").map(([, a]) => `${a.key} ${a.value}`);
+    const lines = [t("import_done", { format: FORMAT_NAMES[data.format] || data.format, n: params.length - missing.length })];
+    if (data.not_understood.length) lines.push(t("import_unknown", { list: data.not_understood.join(L10N.lang === "zh" ? "、" : ", ") }));
+    if (missing.length) lines.push(t("import_missing", { list: missing.join(L10N.lang === "zh" ? "、" : ", ") }));
+    status.classList.remove("error");
+    status.textContent = lines.join(L10N.lang === "zh" ? "。" : ". ");
+    document.body.dataset.import = "ready";
+    lastChanged = null;
+    showLinks();
+    update();
+  }
+
   // the accelerator's own links (and how many GPUs share one), shown where the plan gives none
   function showLinks() {
     const g = gpus.find((x) => x.name === form.elements.gpu.value);
@@ -431,6 +483,14 @@
     $("find").addEventListener("click", findBest);
     $("compare").addEventListener("click", compareAll);
     $("export").addEventListener("click", exportRun);
+    $("import").addEventListener("click", importRun);
+    $("import-file").addEventListener("change", async (ev) => {
+      const file = ev.target.files[0];
+      if (!file) return;
+      importName = file.name.replace(/[^\w.-]/g, "_").slice(-100) || "config";
+      $("import-text").value = await file.text();
+    });
+    $("import-text").addEventListener("input", () => { importName = "config"; });
     $("compare-objective").addEventListener("change", () => { if (lastCompare) compareAll(); });
     applyLanguage();
     update();

@@ -37,6 +37,7 @@ const I18N = {
     kernels: "Kernels", attention: "attention", attention_eager: "materialised scores", attention_auto: "the framework's own (cuDNN for Megatron on Hopper)",
     cp_exchange: "CP K/V exchange", cp_ring: "ring, overlapped", cp_allgather: "all-gather, exposed",
     fused_loss: "fused cross-entropy (16-bit logits)",
+    fp8_params: "weights held in FP8 (with fp8)", grad_dtype: "gradients", grad_default: "the framework's dtype",
     reduce_dtype: "gradient reduction", reduce_default: "in the gradients' dtype",
     optimizer_impl: "optimizer step", optimizer_impl_default: "the framework's",
     zero_default: "the framework's (FSDP: 3)",
@@ -161,6 +162,11 @@ const I18N = {
     model_option: "{name} ({params})", gpu_option: "{name} ({mem} GiB)",
     compare_skip: "{gpu}: {field}: {rule}",
     summary_speed: "step {step} · {tps} tokens/s · MFU {mfu}",
+    import_title: "Import a config", import_button: "Import", import_file: "or a file",
+    import_placeholder: "Paste a Megatron-LM launch script or arguments, a DeepSpeed JSON config (for the model chosen above) or a torchtitan config",
+    import_done: "{format} config read: {n} settings set on the page",
+    import_unknown: "not understood, not planned: {list}",
+    import_missing: "no input on this page, planned without: {list}",
     export_title: "Export the run", export_button: "Export", export_target: "for",
     export_done: "{name} downloaded ({n} characters): the run this page plans, for {target}",
     export_none: "{framework} has no export: choose DeepSpeed, Megatron-LM or FSDP2 conventions to write a run",
@@ -203,6 +209,7 @@ const I18N = {
     kernels: "算子实现", attention: "注意力", attention_eager: "显式计算注意力分数", attention_auto: "随框架（Megatron 在 Hopper 上用 cuDNN）",
     cp_exchange: "CP 的 K/V 交换", cp_ring: "环形传递（与计算重叠）", cp_allgather: "all-gather（不重叠）",
     fused_loss: "融合交叉熵（16 位 logits）",
+    fp8_params: "权重以 FP8 保存（fp8 时）", grad_dtype: "梯度精度", grad_default: "框架的默认精度",
     reduce_dtype: "梯度归约精度", reduce_default: "与梯度相同",
     optimizer_impl: "优化器实现", optimizer_impl_default: "按框架默认",
     zero_default: "按框架默认（FSDP 为 3）",
@@ -327,6 +334,11 @@ const I18N = {
     model_option: "{name}（{params}）", gpu_option: "{name}（{mem} GiB）",
     compare_skip: "{gpu}：{field}——{rule}",
     summary_speed: "单步 {step} · {tps} 词元/秒 · MFU {mfu}",
+    import_title: "导入配置", import_button: "导入", import_file: "或选择文件",
+    import_placeholder: "粘贴 Megatron-LM 启动脚本或参数、DeepSpeed 的 JSON 配置（用于上方所选模型）或 torchtitan 配置",
+    import_done: "已读取 {format} 配置：本页设置了 {n} 项",
+    import_unknown: "未能理解、未计入规划：{list}",
+    import_missing: "本页没有对应输入、规划时未计入：{list}",
     export_title: "导出运行配置", export_button: "导出", export_target: "目标框架",
     export_done: "已下载 {name}（{n} 个字符）：本页规划的运行，供 {target} 使用",
     export_none: "{framework} 没有导出：请选择 DeepSpeed、Megatron-LM 或 FSDP2 的约定后再导出",
@@ -356,7 +368,7 @@ const KEPT_TERMS = ("TP PP DP CP EP SP ZeRO GPU CPU MFU HFU GiB MiB GB Gb TFLOP 
   "Megatron Megatron-LM Megatron-Core PyTorch DDP autocast config.json torchtitan async cuDNN Transformer Engine " +
   "FlashAttention FlashAttention-2 SDPA Triton dropout logits softmax all-reduce all-gather all-to-all K V Q MLP MLA " +
   "MoE AdamW Adam SGD Adafactor Lion GPipe DualPipe DualPipeV ZB-H1 BFS 1F1B foreach ms s trainplan bench plan " +
-  "explain profile docs accuracy.md torch.distributed.pipelining model_type PUE B P T t English FullyShardedDataParallel Hopper vpp tp pp cp dp mbs gpus seq_len dp_shard zero autocast offload NCCL").split(" ");
+  "explain profile docs accuracy.md JSON torch.distributed.pipelining model_type PUE B P T t English FullyShardedDataParallel Hopper vpp tp pp cp dp mbs gpus seq_len dp_shard zero autocast offload NCCL").split(" ");
 
 // The server's validation rules in Chinese: [pattern of the English rule, its wording].
 const RULES_ZH = [
