@@ -250,7 +250,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   adapter_rank=lora_rank if lora_saves is not None else 0,
                   adapter_dropout=float(r.lora_dropout), adapter_copies=float(r.lora_input_copies),
                   modules=modules, fp8_cache=fp8_cache,
-                  gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs))
+                  gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs),
+                  cp_output_copy=float(r.cp_ring_output_copy) * (np.asarray(cp) > 1))
     dense_terms = act.layer_terms(mn.shape, moe=False, **common)
     moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
