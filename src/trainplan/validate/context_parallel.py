@@ -91,8 +91,8 @@ def check(layout: Layout) -> None:
     plan, spec = layout.plan, layout.model
     # (the sequence's 2·cp chunks for torch's load balancer are the planner's own rule, field cp)
     rules = (
-        ("tp", layout.tp > 1 or layout.pp > 1 or layout.dp > 1 or layout.ep > 1,
-         "validate runs context parallelism alone (tp = pp = dp = ep = 1)"),
+        ("framework", plan.framework != "torch", "validate runs torch's context parallelism: --framework torch"),
+        *((f, getattr(layout, f) > 1, f"validate runs context parallelism alone ({f} = 1)") for f in ("tp", "pp", "dp", "ep")),
         ("cp_comm", plan.cp_comm != "ring",
          "torch's context_parallel passes K/V round a ring; an all-gather of K/V before attention "
          "(--cp-comm allgather) is predicted only"),
@@ -105,9 +105,8 @@ def check(layout: Layout) -> None:
         ("model", spec.is_moe or spec.is_mla or spec.position != "rotary" or spec.parallel_residual,
          "validate's context-parallel run covers dense Llama-style models (rotary positions, "
          "sequential blocks, no MLA)"),
-        ("precision", plan.precision not in ("fp32", "bf16") or (plan.precision == "bf16" and plan.framework != "torch"),
-         "validate runs context parallelism in fp32 or under bf16 autocast (--framework torch)"),
-        ("framework", plan.framework != "torch", "validate runs torch's context parallelism: --framework torch"),
+        ("precision", plan.precision not in ("fp32", "bf16"),
+         "validate runs context parallelism in fp32 or under bf16 autocast"),
     )
     for field, bad, rule in rules:
         if bad:
