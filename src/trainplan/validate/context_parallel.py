@@ -231,5 +231,12 @@ def run_context_parallel(layout: Layout, spec: ModelSpec, name: str) -> list:
                            "saved_layer0": measured["saved_layer0"],
                            "loss": {"context_parallel": measured["loss"], "unsharded": measured["unsharded_loss"]},
                            "output_copy": float(peak["activations_bytes"] - last["activations_bytes"]) * (r < layout.cp - 1)})
+        cp = layout.cp
+        case.notes.append(f"FLOPs: torch's ring skips the K/V blocks the causal mask hides, so this rank's attention "
+                          f"kernels run {cp + 1}/{2 * cp} of the (s/{cp}) x s scores the planner counts")
+        if r < cp - 1:
+            case.notes.append("this rank merges a partial block into its attention output (load balancing), which "
+                              "comes back contiguous in (b, heads, s, d): the output projection keeps a copy of it "
+                              "(conventions.toml cp_ring_output_copy)")
         cases.append(case.finish())
     return cases
