@@ -21,9 +21,10 @@ from trainplan.validate.matrix import pipeline_plans
 from trainplan.validate.run import validate
 
 BEGIN, END = "<!-- pipelines: begin -->\n", "<!-- pipelines: end -->\n"
-HEAD = ("| schedule | P | m | V | rank | in flight: before | torch rule | measured | activations: predicted | "
-        "measured | error | left by finished passes | states | FLOPs |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
+HEAD = ("| schedule | P | m | V | rank | in flight: before | torch rule | measured | last stage / losses: "
+        "torch rule | measured | activations: predicted | measured | error | left by finished passes | states | "
+        "FLOPs |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
 
 
 def mib(x: float) -> str:
@@ -66,9 +67,11 @@ def main() -> None:
             worst = max(worst, abs(err["activations_bytes"]))
             notes.update(n.split(" belong to ")[1] for n in c["notes"] if " belong to " in n)
             left = f"{mib(fin['bytes'])} ({fin['micro_batches']})" if fin["micro_batches"] else "—"
+            heads, losses = c["heads_in_flight"], c["logits_in_flight"]
+            ends = [f"{heads[k]:g} / {losses[k]:g}" if heads["predicted"] else "—" for k in ("predicted", "measured")]
             rows.append(
                 f"| {name} | {pp} | {m} | {v} | {r} | {before(schedule, r, pp, m, v)} | "
-                f"{c['in_flight']['predicted']:g} | {c['in_flight']['measured']} | "
+                f"{c['in_flight']['predicted']:g} | {c['in_flight']['measured']} | {ends[0]} | {ends[1]} | "
                 f"{mib(c['predicted']['activations_bytes'])} | {mib(c['measured']['activations_bytes'])} | "
                 f"{err['activations_bytes'] * 100:+.2f}% | "
                 f"{left} | "
@@ -86,19 +89,31 @@ def main() -> None:
         "state after an AdamW step, and the step's FLOPs. The prediction is the planner's per rank under\n",
         "the `torch` convention (`estimate/torch_schedules.py`). In flight counts stage chunks; *before*\n",
         "is the planner's earlier rule (Megatron-LM's and the papers'), *torch rule* the convention's.\n",
+        "*Last stage / losses*, on the rank holding the last stage: its micro-batches alive at the peak\n",
+        "(final norm, output layer's input) and the losses alive then (log-probabilities).\n",
         f"torch {torch.__version__}; {len(rows)} rank results in {elapsed:.0f} s.\n\n",
-        f"Largest |activation error|: {worst_full * 100:.2f}% where every micro-batch's backward frees what\n",
-        f"it saved; {worst * 100:.1f}% over all ranks, the difference being the tensors torch keeps after a\n",
-        "split backward (below). States: parameters and gradients exact; the optimizer differs by\n",
-        "AdamW's 4-byte step counter per parameter tensor.\n\n", HEAD, *rows,
+        f"Largest |activation error|: {worst * 100:.2f}% over all ranks ({worst_full * 100:.2f}% where every\n",
+        "micro-batch's backward frees what it saved). States: parameters and gradients exact; the\n",
+        "optimizer differs by AdamW's 4-byte step counter per parameter tensor.\n\n", HEAD, *rows,
+        "\n### The split backward\n\n",
+        "zb, zbv and dualpipev split the backward into an input-gradient pass (`BACKWARD_INPUT`,\n",
+        "`stage_backward_input` in torch/distributed/pipelining/_backward.py, `retain_graph=True`) and a\n",
+        "deferred weight-gradient pass (`BACKWARD_WEIGHT`). The input pass keeps the weights'\n",
+        "intermediates (the nodes where a weight's path joins the input's), and through them every node\n",
+        "above, so the chunk's saved tensors stay until its weight pass; it detaches the stage output\n",
+        "(or the loss), which frees what lies below the last intermediates: on the last stage, the\n",
+        "loss's log-probabilities. The weight pass frees what it runs and, dropping the intermediates,\n",
+        "the rest: what only the input gradients needed (activation inputs, attention outputs, norm\n",
+        "statistics, RoPE tables) goes too. So a chunk counts from its forward to its weight pass and a\n",
+        "loss from its forward to its input pass; *left by finished passes* (bytes still saved for\n",
+        "micro-batches whose full backward or weight pass has run) must read — everywhere.\n",
+        "`test_split_backward_frees_a_chunk_at_its_weight_pass_and_the_loss_at_its_input_pass` checks\n",
+        "this on one process without any saved-tensor hook (weak references to every storage the\n",
+        "forward makes). A recorder that keeps each saved tensor with its `grad_fn` cannot see it: a\n",
+        "node that saves its own output (rsqrt, SDPA's output, log-softmax) then holds itself in a\n",
+        "cycle through C++ that only a full backward's release breaks, so what the weight pass never\n",
+        "visits looks saved until the end; the recorder here keeps the saved data only.\n",
         "\n### Not measured, and why\n\n",
-        "* *left by finished passes*: zb, zbv and dualpipev split the backward into an input-gradient\n",
-        "  pass (`BACKWARD_INPUT`, `retain_graph=True`) and a weight-gradient pass over the weights' part\n",
-        "  of the graph (`BACKWARD_WEIGHT`). What only the input gradients needed (activation-function\n",
-        "  inputs, attention outputs, norm statistics, RoPE tables, the loss's log-probabilities) stays\n",
-        "  saved while the step still references the graph (the outputs it sent, the losses it keeps),\n",
-        "  so it accumulates with the micro-batches until the step ends. The planner counts micro-batches\n",
-        "  in flight exactly there but not this residue, hence those ranks' errors.\n",
         "* Tensor, data, context and expert parallelism combined with pipelines, 16-bit precision,\n",
         "  recompute, dropout and LoRA are not run with pipelines here.\n",
         "* A stage keeps one receive buffer per micro-batch (`PipelineStage`), which is not saved for\n",

@@ -11,9 +11,8 @@ import time
 import torch
 from report_sections import write_section
 
-from trainplan.errors import PlanError
 from trainplan.plan import make_plan
-from trainplan.validate.matrix import CONTEXT_PARALLEL, SEQUENCE_PARALLEL, SP_SCALE
+from trainplan.validate.matrix import SEQUENCE_PARALLEL, SP_SCALE
 from trainplan.validate.run import Scale, validate
 
 BEGIN, END = "<!-- sequence and context parallelism: begin -->\n", "<!-- sequence and context parallelism: end -->\n"
@@ -49,18 +48,6 @@ def main() -> None:
                         f"{mib(c['activations_sequence_sharded'])} | {mib(c['predicted']['activations_bytes'])} | "
                         f"{mib(c['measured']['activations_bytes'])} | {err['activations_bytes'] * 100:+.3f}% | "
                         f"≤ {states * 100:.3f}% | {err['flops'] * 100:+.2f}% |\n")
-    refused = []
-    for label, kw in CONTEXT_PARALLEL:
-        try:
-            validate(make_plan(**kw), device="cpu")
-            raise AssertionError(f"{label}: expected validate to refuse context parallelism")
-        except PlanError as e:
-            refused.append((label, e))
-    refused = [f"* `validate --cp 2` ({', '.join(label for label, _ in refused)}): refused, field "
-               f"`{refused[0][1].field}`: {refused[0][1].rule}.\n"]
-    from trainplan.validate.sequence import probe_context_parallel_cpu
-
-    tried = [f"  * SDPA backend `{b}`: {outcome}\n" for b, outcome in probe_context_parallel_cpu().items()]
     elapsed = time.time() - t0
     section = [
         BEGIN, "## Sequence and context parallelism, per rank\n\n",
@@ -88,15 +75,8 @@ def main() -> None:
         "tensor, replicated on both ranks; the RoPE tables and the attention's q, k, v, output and\n",
         "log-sum-exp are the rank's heads over the whole sequence.\n\n",
         *saved_table(first["saved_layer0"]),
-        "\n### Not measured, and why\n\n", *refused,
-        "* What was tried (`sequence.probe_context_parallel_cpu`): `context_parallel(mesh, buffers=[q, k, v])`\n",
-        "  on two gloo ranks, a causal SDPA forward and backward under each SDPA backend (rank 0):\n",
-        *tried,
-        "  torch's ring attention handles the CUDA kernels only (`_scaled_dot_product_flash_attention`,\n",
-        "  `_scaled_dot_product_efficient_attention`, `_scaled_dot_product_cudnn_attention`;\n",
-        "  torch/distributed/tensor/experimental/_context_parallel/_attention.py), and two ranks on GPUs need\n",
-        "  two devices for NCCL. The planner's `--cp` figures (tokens per rank s/cp, ring or all-gather\n",
-        "  exchange) stay predicted only.\n",
+        "\n### Not measured, and why\n\n",
+        "* Context parallelism is measured in its own section (`scripts/cp_report.py`).\n",
         "* Sequence parallelism with MoE experts, a parallel residual (GPT-NeoX), learned position\n",
         "  embeddings or dropout is refused by name (`--sp`): the DTensor plan here covers sequential\n",
         "  dense blocks with rotary positions.\n",

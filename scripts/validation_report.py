@@ -131,6 +131,10 @@ def main() -> None:
     from sp_cp_report import main as sequence_and_context
 
     sequence_and_context()
+    # context parallelism with torch's ring attention (scripts/cp_report.py)
+    from cp_report import main as context_parallel
+
+    context_parallel()
     # expert parallelism across ranks and ZeRO-2 as DeepSpeed and Megatron run it
     from ep_zero2_report import main as ep_zero2
 

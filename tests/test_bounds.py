@@ -73,6 +73,7 @@ def _old_max_micro_batch(layout, limit: int = 4096) -> int:
         mbs=cands[None, :],
         in_flight_mb=in_flight(sched, stages, layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework),
         logits_in_flight=last_stage_logits_in_flight(sched, m[None, :]),
+        head_in_flight=last_stage_logits_in_flight(sched, m[None, :]),
         dense_layers=inputs["dense_layers"][:, None], moe_layers=inputs["moe_layers"][:, None],
         first=inputs["first"][:, None], last=inputs["last"][:, None],
     )

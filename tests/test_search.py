@@ -372,9 +372,9 @@ def test_memory_slopes_in_micro_batches_in_flight_are_exact():
     layout = resolve(make_plan(model="llama-3-70b", gpus=64, tp=8, pp=4, gbs=256, recompute="selective"))
     args = dict(layout_inputs(layout))
     one = stage_memory(numbers_for(layout), recipe(layout.plan), **{**args, "in_flight_mb": 1.0,
-                                                                      "logits_in_flight": 1.0})
+                                                                      "logits_in_flight": 1.0, "head_in_flight": 1.0})
     more = stage_memory(numbers_for(layout), recipe(layout.plan), **{**args, "in_flight_mb": 4.0,
-                                                                       "logits_in_flight": 3.0})
+                                                                       "logits_in_flight": 3.0, "head_in_flight": 3.0})
     expected = more["total"] - one["total"]
     got = 3 * one["total_per_in_flight"] + 2 * one["total_per_logits"]
     assert np.all(expected > 0)

@@ -31,7 +31,13 @@ from .estimate.data import data_step_seconds
 from .estimate.flops import step_flops
 from .estimate.hardware import hardware
 from .estimate.memory import lora_saves, plan_numbers, stage_memory
-from .estimate.pipeline import SCHEDULE_CODE, SCHEDULES, in_flight, last_stage_logits_in_flight
+from .estimate.pipeline import (
+    SCHEDULE_CODE,
+    SCHEDULES,
+    in_flight,
+    last_stage_heads_in_flight,
+    last_stage_logits_in_flight,
+)
 from .estimate.recipe import recipe
 from .estimate.stage import lora_arguments, stage_times
 from .estimate.time import step_from_stages
@@ -433,7 +439,9 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         fragmentation=fragmentation)
     total = (mem["total"][group]
              + mem["total_per_in_flight"][group] * (in_flight(sched, stage_idx, pp, m, vpp, framework=plan.framework) - 1)
-             + mem["total_per_logits"][group] * (last_stage_logits_in_flight(sched, m, plan.framework, pp) - 1))
+             + mem["total_per_logits"][group] * (last_stage_heads_in_flight(sched, m, plan.framework, pp) - 1)
+             + mem["total_per_loss"][group] * (last_stage_logits_in_flight(sched, m, plan.framework, pp)
+                                               - last_stage_heads_in_flight(sched, m, plan.framework, pp)))
     peak = np.max(total, axis=-1)
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)

@@ -154,7 +154,7 @@ def adapter_inputs(shape: LayerShape, saves, *, moe: bool, tp) -> float:
 def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                 linear_in_bytes, residual_bytes=None, autocast=0, attention, recompute, fused, dropout,
                 saves=None, mask_bytes=MASK_BYTES, adapter_rank=0, adapter_dropout=0, modules=None,
-                fp8_cache=None, gate_in_act=0, sp_gathered=0, adapter_copies=0) -> dict:
+                fp8_cache=None, gate_in_act=0, sp_gathered=0, adapter_copies=0, cp_output_copy=0) -> dict:
     """Bytes one layer saves for one micro-batch, by term.
 
     tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
@@ -172,7 +172,9 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     linears' inputs (FP8_CACHED), see `cache_low_precision`; gate_in_act: 1 where fused SwiGLU
     experts multiply by their gate weights inside the activation, before the down projection;
     sp_gathered: 1 where, under sequence parallelism, the linears reading a block's all-gathered
-    input keep the gathered (full-sequence) tensor (`sp_gathers_saved_inputs`, conventions.toml).
+    input keep the gathered (full-sequence) tensor (`sp_gathers_saved_inputs`, conventions.toml);
+    cp_output_copy: 1 where context parallelism's ring attention hands back its output in a
+    layout the output projection's input is a copy of (`cp_ring_output_copy`, conventions.toml).
     """
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
@@ -234,6 +236,10 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # and as the output projection's input for its weight's (or adapter's) gradient: one storage
     t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn * np.maximum(no_recompute, save["o"])
     t["attn_lse"] = tokens * shape.heads * FP32 / tp * fused_attn * no_recompute
+    # ... unless the output projection's input is a copy of it (torch's ring attention under
+    # context parallelism, conventions.toml `cp_ring_output_copy`)
+    t["cp_output_copy"] = (tokens * shape.attn_out * act_bytes / tp * fused_attn * no_recompute * save["o"]
+                           * np.asarray(cp_output_copy))
     t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * eager * save["o"]
     scores = tokens * seq * shape.heads / tp  # a·s² per sequence = a·s per token
     keep_scores = eager * no_recompute

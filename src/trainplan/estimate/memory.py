@@ -22,7 +22,12 @@ from ..specs.model import LORA_TARGETS, Linear, ModelSpec
 from ..units import GiB
 from . import activations as act
 from .flops import ATTENTION_INPUTS
-from .pipeline import SCHEDULE_CODE, in_flight, last_stage_logits_in_flight
+from .pipeline import (
+    SCHEDULE_CODE,
+    in_flight,
+    last_stage_heads_in_flight,
+    last_stage_logits_in_flight,
+)
 from .recipe import Recipe, recipe
 from .torch_schedules import V_SHAPED
 
@@ -143,9 +148,13 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                  vocab_padded, attention, recompute, recompute_layers, dropout, lora,
                  lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
                  fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None, lora_rank=0, modules=None,
-                 fp8_cache=None) -> dict:
+                 fp8_cache=None, head_in_flight=None) -> dict:
     """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast);
-    `dp_shard`, the data-parallel ranks ZeRO shards over (all `dp` when None)."""
+    `dp_shard`, the data-parallel ranks ZeRO shards over (all `dp` when None);
+    `logits_in_flight`, the losses alive at the peak (the logits the loss keeps);
+    `head_in_flight`, the last stage's micro-batches alive then (its final norm and the output
+    layer's input), `logits_in_flight` unless a split backward frees the loss before the rest of
+    the stage (`pipeline.last_stage_heads_in_flight`)."""
     h = mn.hidden
     first = np.asarray(first, dtype=float)
     last = np.asarray(last, dtype=float)
@@ -241,7 +250,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   adapter_rank=lora_rank if lora_saves is not None else 0,
                   adapter_dropout=float(r.lora_dropout), adapter_copies=float(r.lora_input_copies),
                   modules=modules, fp8_cache=fp8_cache,
-                  gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs))
+                  gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs),
+                  cp_output_copy=float(r.cp_ring_output_copy) * (np.asarray(cp) > 1))
     dense_terms = act.layer_terms(mn.shape, moe=False, **common)
     moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
@@ -301,6 +311,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                                              attention=attention).values()),
     }
     per_logits = last * sum(hd.values())
+    per_loss = last * hd["logits"]
+    head_in_flight = logits_in_flight if head_in_flight is None else head_in_flight
     parts = {
         "layers": per_in_flight["layers"] * in_flight_mb,
         # Backward of a checkpointed layer re-materialises that layer's activations (as
@@ -308,7 +320,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         "recompute_working_set": np.where(n_ckpt > 0, working_set - ckpt_reused, 0.0),
         "embedding": per_in_flight["embedding"] * in_flight_mb,
         "stage_tensors": per_in_flight["stage_tensors"] * in_flight_mb,
-        "head_and_loss": per_logits * logits_in_flight,
+        "head_and_loss": (per_logits - per_loss) * head_in_flight + per_loss * logits_in_flight,
         # torch.autocast caches the 16-bit cast of every weight a matmul uses (the layers'
         # matrices and the output head, tied or not) and the matmuls save those casts; a
         # fully recomputed layer runs its forward without grad (nothing saved) and keeps its
@@ -374,8 +386,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                              "grads_unsharded": grads_unsharded},
         # total is linear in the micro-batches in flight and in the live logits (activations,
         # then their fragmentation share): its slopes, for callers that vary the schedule
+        # (total_per_logits: the head's and the loss's together; total_per_loss: the loss's alone)
         "total_per_in_flight": sum(per_in_flight.values()) * (1 + fragmentation),
         "total_per_logits": per_logits * (1 + fragmentation),
+        "total_per_loss": per_loss * (1 + fragmentation),
     }
 
 
@@ -396,6 +410,7 @@ def layout_inputs(layout: Layout) -> dict:
         first=pipeline_ends(layout, 0), last=pipeline_ends(layout, pp - 1),
         in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp, plan.pp_group, plan.framework),
         logits_in_flight=last_stage_logits_in_flight(sched, layout.micro_batches, plan.framework, pp),
+        head_in_flight=last_stage_heads_in_flight(sched, layout.micro_batches, plan.framework, pp),
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
         dp_shard=layout.dp_shard,
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
@@ -513,7 +528,8 @@ def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
             mbs=c[None, :],
             in_flight_mb=in_flight(sched, stages[:, None], layout.pp, mb[None, :], layout.vpp, plan.pp_group,
                                    plan.framework),
-            logits_in_flight=last_stage_logits_in_flight(sched, mb[None, :], plan.framework, layout.pp), **per_stage)
+            logits_in_flight=last_stage_logits_in_flight(sched, mb[None, :], plan.framework, layout.pp),
+            head_in_flight=last_stage_heads_in_flight(sched, mb[None, :], plan.framework, layout.pp), **per_stage)
         total = stage_memory(numbers, rec, **inputs)["total"]
         fits[lo:lo + block] = np.max(total, axis=0) <= layout.gpu.capacity_bytes
     return int(cands[fits].max()) if fits.any() else 0

@@ -131,6 +131,16 @@ def last_stage_logits_in_flight(schedule_code, micro_batches, framework: str | N
     return np.where(np.asarray(schedule_code) == 0, np.asarray(micro_batches, dtype=float), 1.0)
 
 
+def last_stage_heads_in_flight(schedule_code, micro_batches, framework: str | None = None, pp=1):
+    """Micro-batches of the last stage alive at its rank's peak, for its final norm and the output
+    layer's input: the live logits' count, except under a split backward that frees the loss at
+    the input-gradient pass and the rest of the stage at the deferred weight-gradient pass
+    (framework torch: `torch_schedules.heads_in_flight`)."""
+    if framework == "torch":
+        return torch_schedules.by_code(torch_schedules.heads_in_flight, SCHEDULES, schedule_code, micro_batches, pp)
+    return last_stage_logits_in_flight(schedule_code, micro_batches, framework, pp)
+
+
 # ---- event simulation of the schedules ----------------------------------------------------
 from dataclasses import dataclass, field  # noqa: E402
 

@@ -39,6 +39,9 @@ class Recipe:
     # under sequence parallelism the linears reading a block's all-gathered input keep the
     # gathered tensor (DTensor), not the sequence shard (Megatron re-gathers it in backward)
     sp_gathers_saved_inputs: bool = False
+    # under context parallelism (torch's ring attention) the output projection keeps a copy of
+    # the attention output, not a view of it (conventions.toml `cp_ring_output_copy`)
+    cp_ring_output_copy: bool = False
     # Full recomputation checkpoints non-reentrantly with early stop (PyTorch >= 2.1): a
     # recomputed block stops after its last saved tensor. Without dropout after the block's last
     # linear (a dropout saves its mask after it, so the recomputation would have to run it)...
@@ -217,6 +220,7 @@ def recipe(plan: Plan) -> Recipe:
         grad_bucket_copy=bool(fw["grad_bucket_copy"]),
         tp_embedding_grad_replicated=bool(fw.get("tp_embedding_grad_replicated", False)),
         sp_gathers_saved_inputs=bool(fw.get("sp_gathers_saved_inputs", False)),
+        cp_ring_output_copy=bool(fw.get("cp_ring_output_copy", False)),
         early_stop_checkpoint=early_stop,
         recompute_skips_last_linear=early_stop and not (plan.finetune != "full" and "down" in plan.lora_targets),
         logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,

@@ -5,7 +5,15 @@ schedules.py), whose warm-up and freeing rules differ from Megatron-LM's and the
 A rank runs v stages ("chunks") of the model; a (chunk, micro-batch) holds its activations
 from its forward until its full backward (`FULL_BACKWARD`), or, when the schedule splits the
 backward, until its weight gradient (`BACKWARD_WEIGHT`): the input-gradient pass
-(`BACKWARD_INPUT`) runs with `retain_graph=True` and frees nothing. Counting the chunks alive
+(`BACKWARD_INPUT`, `stage_backward_input` in torch/distributed/pipelining/_backward.py) runs
+with `retain_graph=True` and keeps the weights' "intermediates" (the graph nodes where a
+weight's path joins the input's) for the weight pass; they reference every node above them,
+so the chunk's saved tensors stay. Only what lies below the last intermediates goes at
+`BACKWARD_INPUT`: the stage output (or loss) is detached there and nothing else references
+those nodes; on the last stage that is the loss (the log-probabilities the cross-entropy keeps,
+below the head's matmul). After `BACKWARD_WEIGHT` nothing of the chunk stays saved: the
+weight pass frees what it runs, dropping the intermediates frees the rest, including what only
+the input gradients needed (measured in validate/pipelining.py). Counting the chunks alive
 after each action of each schedule's own order gives, for rank i of p, m micro-batches:
 
 * ScheduleGPipe: all m forwards, then all backwards: m.
@@ -83,11 +91,22 @@ def in_flight(name, stage, pp, micro_batches, vpp=1):
 def logits_in_flight(name, micro_batches, pp):
     """Micro-batches whose loss (logits and what the cross-entropy keeps) are in flight at the
     peak of the rank holding the last stage: GPipe and LoopedBFS run every forward first (m);
-    InterleavedZeroBubble's last rank defers its weight gradients by p - 1 micro-batches, and a
-    loss is in flight until its stage's weight-gradient pass (min(p, m)); the others run the
-    last stage's backward right after its forward and loss (1)."""
+    the others run the last stage's backward, or under a split backward its input-gradient pass,
+    right after its forward and loss (1). A loss lives until that input-gradient pass, not until
+    the weight-gradient pass the zero-bubble schedules defer: `stage_backward_input` detaches
+    the loss, and the cross-entropy's nodes lie below the head's weight intermediate, so nothing
+    holds them after it (torch/distributed/pipelining/_backward.py, PyTorch 2.13)."""
+    m = np.asarray(micro_batches, dtype=float) + 0 * np.asarray(pp, dtype=float)
+    return np.where(name in ("gpipe", "looped_bfs"), m, 1.0 + 0 * m)
+
+
+def heads_in_flight(name, micro_batches, pp):
+    """Micro-batches of the last stage alive at the peak of the rank holding it (its final norm
+    and the output layer's input, kept until the stage's full backward or weight-gradient pass):
+    the live losses' count, except under InterleavedZeroBubble, whose last rank defers its
+    weight gradients by p - 1 micro-batches (min(p, m))."""
     m, p = np.asarray(micro_batches, dtype=float), np.asarray(pp, dtype=float)
-    return np.where(name in ("gpipe", "looped_bfs"), m, np.where(name == "zb", np.minimum(p, m), 1.0 + 0 * m))
+    return np.where(name == "zb", np.minimum(p, m), logits_in_flight(name, m, p))
 
 
 def stage_ranks(name, pp, vpp=1) -> list[list[int]]:

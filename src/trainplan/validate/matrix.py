@@ -89,7 +89,13 @@ SEQUENCE_PARALLEL = (
                                       framework="torch")),
     ("TP 2 + SP x FSDP2 dp 2", dict(model="llama-3-8b", gpus=4, tp=2, sp=True, zero=3, precision="bf16",
                                     framework="fsdp")))
+# Context parallelism (validate/context_parallel.py): torch's context_parallel ring attention
+# with the CPU flash kernel in its op table; the all-gather exchange is not torch's (refused)
+CP_SCALE = dict(hidden=128, seq_len=64, mbs=2)
 CONTEXT_PARALLEL = (("CP 2 (ring)", dict(model="llama-3-8b", gpus=2, cp=2, precision="fp32", framework="torch")),
+                    ("CP 2 (ring), autocast bf16", dict(model="llama-3-8b", gpus=2, cp=2, precision="bf16",
+                                                        framework="torch")),
+                    ("CP 4 (ring)", dict(model="llama-3-8b", gpus=4, cp=4, precision="fp32", framework="torch")),
                     ("CP 2 (all-gather)", dict(model="llama-3-8b", gpus=2, cp=2, cp_comm="allgather",
                                                precision="fp32", framework="torch")))
 # Expert parallelism across ranks (validate/expert_parallel.py): Mixtral's experts split over

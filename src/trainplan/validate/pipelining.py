@@ -107,24 +107,39 @@ class LiveSaved:
     def _pack(self, t):
         st = t.untyped_storage()
         key = self._key(st)
-        saved = _Saved(t)
+        # Hold the tensor's data only (`detach`): the tensor autograd hands a pack hook when a
+        # node saves its own output (rsqrt, SDPA's output and log-sum-exp, log-softmax) carries
+        # that node as grad_fn, and holding it would tie node -> packed object -> tensor -> node in
+        # a cycle through C++ that Python's collector cannot see. A full backward releases the
+        # saved tensors and so breaks the cycle; the input-gradient pass of a split backward runs
+        # with retain_graph=True and the weight-gradient pass never visits the input-only nodes,
+        # so the cycle would keep them (and what they saved) alive for good, which torch without
+        # hooks does not (autograd keeps an output's data without its grad_fn,
+        # torch/csrc/autograd/saved_variable.cpp); unpacking rebuilds the grad_fn from the saved
+        # metadata, so the unpacked tensor is what autograd would have used.
+        saved = _Saved(t.detach())
         if key not in self.excluded:
             self.records.append((weakref.ref(saved), key, st.nbytes(), self.tag))
         return saved
 
-    def sample(self, where) -> None:
-        alive = [r for r in self.records if r[0]() is not None]
-        self.records = alive
+    def alive(self) -> dict[tuple, int]:
+        """Bytes of the distinct storages autograd holds now, by the (stage, micro-batch) that
+        saved them (a storage belongs to the first that saved it)."""
+        self.records = [r for r in self.records if r[0]() is not None]
         sizes: dict[int, int] = {}
         owner: dict[int, tuple] = {}
-        for _, key, nbytes, tag in alive:
+        for _, key, nbytes, tag in self.records:
             sizes[key] = nbytes
-            owner.setdefault(key, tag)  # a storage belongs to the first micro-batch that saved it
-        total = sum(sizes.values())
+            owner.setdefault(key, tag)
+        by_tag: dict[tuple, int] = {}
+        for key, tag in owner.items():
+            by_tag[tag] = by_tag.get(tag, 0) + sizes[key]
+        return by_tag
+
+    def sample(self, where) -> None:
+        by_tag = self.alive()
+        total = sum(by_tag.values())
         if total > self.peak["bytes"]:
-            by_tag: dict[tuple, int] = {}
-            for key, tag in owner.items():
-                by_tag[tag] = by_tag.get(tag, 0) + sizes[key]
             self.peak = {"bytes": total, "tags": sorted(t for t in by_tag if t not in self.closed), "at": where,
                          "by_tag": [[*t, b] for t, b in sorted(by_tag.items())],
                          "finished_bytes": sum(b for t, b in by_tag.items() if t in self.closed),
@@ -312,7 +327,7 @@ def predict_ranks(layout: Layout, name: str) -> list[dict]:
     inputs = layout_inputs(layout)
     inputs.update(first=first, last=last,
                   in_flight_mb=ts.in_flight(name, ranks, p, m, v),
-                  logits_in_flight=ts.logits_in_flight(name, m, p))
+                  logits_in_flight=ts.logits_in_flight(name, m, p), head_in_flight=ts.heads_in_flight(name, m, p))
     mem = stage_memory(numbers_for(layout), recipe(layout.plan), **inputs)
     chunks = ts.chunks_in_flight(name, ranks, p, m, v)
     # every stage's forward makes its own RoPE tables (and eager attention's mask): one set per
@@ -331,6 +346,7 @@ def predict_ranks(layout: Layout, name: str) -> list[dict]:
             "activations_bytes": float(mem["activations"][r] + stage_sets[r]),
             "flops": float(fl["hardware"]) * m,
             "in_flight": float(chunks[r]), "logits_in_flight": float(inputs["logits_in_flight"]) * last[r],
+            "heads_in_flight": float(inputs["head_in_flight"]) * last[r],
         })
     return out
 
@@ -375,14 +391,14 @@ def run_pipeline(layout: Layout, spec: ModelSpec, name: str) -> list:
                                          "stages": sorted({t[0] for t in tags})},
                            "logits_in_flight": {"predicted": pred["logits_in_flight"],
                                                 "measured": measured_logits},
+                           "heads_in_flight": {"predicted": pred["heads_in_flight"],
+                                               "measured": sum(t[0] == layout.pp * layout.vpp - 1 for t in tags)},
                            "peak_at": meas["peak_at"],
                            "finished": {"micro_batches": meas["finished"], "bytes": meas["finished_bytes"]}})
         if meas["finished"]:
             case.notes.append(
                 f"{meas['finished_bytes'] / 2**20:.2f} MiB of the peak belong to {meas['finished']} stage micro-batches "
-                "whose weight-gradient pass has run: torch's split backward (BACKWARD_INPUT with retain_graph, then "
-                "BACKWARD_WEIGHT over the weights' part of the graph) leaves the tensors only the input gradients "
-                "needed saved while the step still references the graph (the sent outputs, the losses); the "
-                "planner does not count them")
+                "whose full backward or weight-gradient pass has run: something still references their autograd "
+                "graph; the planner counts nothing of a micro-batch after that pass")
         cases.append(case.finish())
     return cases

@@ -452,10 +452,6 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
         if impl == "transformers":
             raise PlanError("impl", "pipelines are validated with the reference models (--impl reference)")
         return _validate_pipeline(plan, scale or Scale(), device, progress)
-    if plan.cp > 1:
-        from .sequence import check_context_parallel
-
-        check_context_parallel()
     if plan.ep > 1:
         from .expert_parallel import validate_expert_parallel
 
@@ -513,7 +509,11 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
                         "parameter: validate with --framework fsdp")
     if impl == "transformers" and (world > 1 or plan.framework == "fsdp"):
         raise PlanError("impl", "transformers models are validated on one process (tp = dp = 1)")
-    if layout.zero == 2 and world > 1 and plan.framework in ("deepspeed", "megatron"):
+    if layout.cp > 1:
+        from .context_parallel import run_context_parallel
+
+        cases = run_context_parallel(layout, small, name + f", cp {layout.cp} (torch's ring attention)")
+    elif layout.zero == 2 and world > 1 and plan.framework in ("deepspeed", "megatron"):
         from .zero2 import run_zero2
 
         cases = run_zero2(layout, small, name)

@@ -21,8 +21,9 @@ re-gather in backward (Megatron's `LinearWithGradAccumulationAndAsyncCommunicati
 sequence-sharded input and all-gathers it again for the weight gradient). The planner's
 `torch` and `fsdp` frameworks price that (conventions.toml, `sp_saves_gathered_input`).
 
-Context parallelism (`torch.distributed.tensor.experimental.context_parallel`) is checked
-here too (`check_context_parallel`): on the CPU its ring attention cannot run (see there).
+Context parallelism is measured in `context_parallel.py`; `probe_context_parallel_cpu` here
+records what torch's `context_parallel` does on the CPU as torch ships it (its op table lists
+the CUDA SDPA kernels only).
 """
 
 from __future__ import annotations
@@ -120,24 +121,6 @@ def local_flops(fn) -> tuple[int, object]:
     with Local():
         out = fn()
     return counter.get_total_flops(), out
-
-
-def check_context_parallel() -> None:
-    """`validate --cp`: refused, with the reason. validate runs sharded layouts in local
-    processes over gloo on the CPU, and there torch's context parallelism cannot run its ring
-    attention (torch 2.13, torch/distributed/tensor/experimental/_context_parallel/_attention.py):
-    its ring handlers cover the CUDA SDPA kernels only (`_scaled_dot_product_flash_attention`,
-    `_scaled_dot_product_efficient_attention`, `_scaled_dot_product_cudnn_attention` and their
-    backwards). Tried with `context_parallel(mesh, buffers=...)` on two gloo ranks: SDPA's CPU
-    flash kernel (`aten._scaled_dot_product_flash_attention_for_cpu`) has no DTensor sharding
-    strategy (NotImplementedError); the math backend decomposes into ops that mix plain Tensors
-    and DTensors (RuntimeError in aten.add); the efficient and cuDNN backends have no CPU kernel
-    ("No viable backend"). Two ranks on GPUs need two devices for NCCL."""
-    raise PlanError("cp", "validate cannot run context parallelism here: torch's context_parallel ring "
-                    "attention handles the CUDA SDPA kernels only, and validate's sharded runs use gloo on "
-                    "the CPU, where SDPA's flash kernel (_scaled_dot_product_flash_attention_for_cpu) has "
-                    "no DTensor sharding rule and the math backend mixes Tensors and DTensors; --cp is "
-                    "predicted only")
 
 
 CP_BACKENDS = ("FLASH_ATTENTION", "MATH", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
