@@ -432,7 +432,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         tp=g(tp), sp=(g(tp) > 1) & sequence_parallel,
         cp=g(col("cp")), ep=g(col("ep")), dp=g(col("dp")), dp_shard=g(dp_shard), zero=g(col("zero")),
         mbs=g(col("mbs")), seq=seq,
-        vocab_padded=g(vocab_padded), attention=act.ATTENTION_CODE[plan.attention], recompute=g(col("recompute")),
+        vocab_padded=g(vocab_padded), attention=act.ATTENTION_CODE[model.attention_kernel(plan.attention)], recompute=g(col("recompute")),
         recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
         lora_saves=lora_saves(plan), lora_rank=plan.lora_rank, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
@@ -453,7 +453,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         rc = sel(col("recompute"))
         fl = step_flops(model, tokens=sel(col("gbs")) * seq, seq=seq,
                         dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                        attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab,
+                        attention_eager=model.attention_kernel(plan.attention) == "eager", recompute=rc, vocab_padded=model.vocab,
                         causal=True, skip_last=r.recompute_skips_last_linear,
                         low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
         # per-stage times do not depend on the schedule either: once per group, then each
@@ -464,7 +464,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
         h = lambda a: a[heads_fit]  # noqa: E731
         stages = stage_times(
             model, hw, r, tp=h(tp), pp=h(pp), dp=h(col("dp")), cp=h(col("cp")), ep=h(col("ep")), mbs=h(col("mbs")),
-            seq=seq, recompute=h(col("recompute")), eager=plan.attention == "eager", dropout=plan.dropout,
+            seq=seq, recompute=h(col("recompute")), eager=model.attention_kernel(plan.attention) == "eager", dropout=plan.dropout,
             overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=h(dense), stage_moe=h(moe),
             first=h(stage_idx == 0).astype(float), last=h(stage_idx == pp - 1).astype(float),
             total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,

@@ -125,6 +125,8 @@ class LayerShape:
     grouped_experts: bool = False  # transformers' grouped experts (else an eager index_add loop)
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
     head_dim: int = 0  # width of one head (for the per-head norms' statistics)
+    shared_norm: bool = False  # parallel residual with one norm feeding attention and MLP (GPT-J, Phi)
+    rope_concat: bool = False  # RoPE's q is a concatenation (partial rotary), laid out heads-major
 
 
 def _adapted(shape: LayerShape, saves) -> dict:
@@ -154,7 +156,8 @@ def adapter_inputs(shape: LayerShape, saves, *, moe: bool, tp) -> float:
 def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                 linear_in_bytes, residual_bytes=None, autocast=0, attention, recompute, fused, dropout,
                 saves=None, mask_bytes=MASK_BYTES, adapter_rank=0, adapter_dropout=0, modules=None,
-                fp8_cache=None, gate_in_act=0, sp_gathered=0, adapter_copies=0, cp_output_copy=0) -> dict:
+                fp8_cache=None, gate_in_act=0, sp_gathered=0, adapter_copies=0, cp_output_copy=0,
+                heads_major_copy=0) -> dict:
     """Bytes one layer saves for one micro-batch, by term.
 
     tokens: tokens per micro-batch on this rank (mbs·seq/cp); seq: the sequence length a
@@ -174,7 +177,10 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     sp_gathered: 1 where, under sequence parallelism, the linears reading a block's all-gathered
     input keep the gathered (full-sequence) tensor (`sp_gathers_saved_inputs`, conventions.toml);
     cp_output_copy: 1 where context parallelism's ring attention hands back its output in a
-    layout the output projection's input is a copy of (`cp_ring_output_copy`, conventions.toml).
+    layout the output projection's input is a copy of (`cp_ring_output_copy`, conventions.toml);
+    heads_major_copy: 1 where a fused attention kernel returns its output in its query's memory
+    order (PyTorch's CPU kernels; the CUDA kernels return (batch, seq, heads, dim) whatever the
+    query's), see `_heads_major_output`.
     """
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
@@ -218,12 +224,14 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                         residual_bytes, act_bytes)
     t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
     # A fused QKV projection with RoPE: the rotated q and k are new tensors, but v stays a view
-    # of the fused output, so keeping v keeps all of it (GPT-NeoX; measured in validate) unless
-    # eager GQA saves repeated copies of v instead. MLA's q and k are concatenations of their
+    # of the fused output, so keeping v keeps all of it (GPT-NeoX, Phi-3; measured in validate)
+    # under a fused kernel. Eager attention's matmul copies the strided view into a contiguous
+    # (batch·heads, seq, dim) operand and keeps that copy (as eager GQA keeps repeated copies):
+    # the fused output is not kept (measured: GPT-NeoX's eager attention). MLA's q and k are concatenations of their
     # non-rotary and rotary parts (new tensors) and its v is made contiguous for the attention
     # kernel (Megatron-Core multi_latent_attention.py @d98e8a64: query, key and value
     # .contiguous()), so its up-projections' outputs are not kept: q, k and v only.
-    fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary) & ~(eager & (k_w > shape.k))
+    fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary) & ~eager
                   & (shape.latent == 0))
     t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
     # Qwen3's per-head RMSNorm on q and k (before RoPE): what a norm over each head keeps, for
@@ -241,6 +249,9 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     t["cp_output_copy"] = (tokens * shape.attn_out * act_bytes / tp * fused_attn * no_recompute * save["o"]
                            * np.asarray(cp_output_copy))
     t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * eager * save["o"]
+    if shape.rope_concat:
+        _heads_major_output(t, shape, tokens=tokens, tp=tp, linear_in_bytes=linear_in_bytes, fused_attn=fused_attn,
+                            save_o=save["o"], heads_major_copy=heads_major_copy)
     scores = tokens * seq * shape.heads / tp  # a·s² per sequence = a·s per token
     keep_scores = eager * no_recompute
     t["attn_scores"] = scores * (act_bytes + dropout * (mask_bytes + act_bytes)) * keep_scores
@@ -252,6 +263,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
                                                           residual_bytes)
     t["mlp_norm"] = tokens * (norm - shared_input) / rep
     t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * mlp_copies / rep_in
+    if shape.shared_norm:
+        _share_norm(t, save_attn_in, save_mlp_in, autocast)
     t["mlp_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
     if moe:
         e, k, cf = shape.experts, shape.top_k, shape.capacity_factor
@@ -357,6 +370,28 @@ def discard_recomputed(t: dict, shape: LayerShape, modules: dict, *, moe: bool, 
         act = np.asarray(modules.get("moe_act", 0), dtype=float)
         t["expert_mlp"] = t["expert_mlp"] - act * tokens * shape.top_k * shape.capacity_factor * (
             shape.expert_ffn * linear_in_bytes * save_down) / tp
+
+
+def _heads_major_output(t: dict, shape: LayerShape, *, tokens, tp, linear_in_bytes, fused_attn, save_o,
+                        heads_major_copy) -> None:
+    """transformers' partial rotary (`apply_rotary_pos_emb` of Phi, Phi-3, StableLM, GLM,
+    GPT-NeoX: torch.cat of the rotated and the passed-through parts) makes q a new tensor laid out
+    (batch, heads, seq, dim). A kernel that returns its output in its query's memory order
+    (PyTorch's CPU SDPA kernels) then returns it heads-major, and the transpose back to (batch,
+    seq, heads·dim) before the output projection is a copy, which the projection keeps as its
+    input (measured on torch 2.13, CPU: one attention-output-wide tensor per layer)."""
+    t["proj_input"] = t["proj_input"] + (tokens * shape.attn_out * linear_in_bytes / tp * fused_attn * save_o
+                                         * np.asarray(heads_major_copy))
+
+
+def _share_norm(t: dict, save_attn_in, save_mlp_in, autocast) -> None:
+    """One norm feeding attention and MLP (GPT-J's ln_1, Phi's input_layernorm, Falcon-7B's
+    `parallel_attn`): no second norm, and the MLP's input projection keeps the normalised input
+    the attention's projections already keep (one storage), unless autocast casts its own copy or
+    only the MLP's input is kept (LoRA)."""
+    t["mlp_norm"] = t["mlp_norm"] * 0
+    only_mlp = np.maximum(np.asarray(save_mlp_in) - np.asarray(save_attn_in), 0)
+    t["mlp_input"] = t["mlp_input"] * np.where(np.asarray(autocast) > 0, 1, only_mlp)
 
 
 def _latent_bytes(shape: LayerShape, eager_rms, act_bytes, frozen=0):

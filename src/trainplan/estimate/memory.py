@@ -89,6 +89,7 @@ class ModelNumbers:
     rope_dim: int  # rotary dimension per head (0 without RoPE)
     tied: bool
     layernorm: bool
+    head_bias: bool = False  # a bias on the output head (vocabulary-parallel like its matrix)
 
 
 @lru_cache(maxsize=256)
@@ -115,7 +116,9 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         # MLA: the query's (down-)projection and the KV down-projection read the attention input
         qkv_projections=2 if model.is_mla else 1 if model.fused_qkv else 3,
         rotary=model.position == "rotary",
+        rope_concat=model.position == "rotary" and not model.is_mla and model.rope_concat,
         activation_saves=act.ACTIVATION_SAVES[model.activation], parallel_residual=model.parallel_residual,
+        shared_norm=model.shared_norm,
         grouped_experts=(model.experts_impl or act.DEFAULT_EXPERTS_IMPL) == "grouped",
         qk_norm=model.qk_norm, head_dim=0 if model.is_mla else model.dim_head,
         latent_rope=model.qk_rope_head_dim if model.is_mla else 0,
@@ -126,7 +129,7 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         position_params=model.max_position * model.hidden if model.position == "learned" else 0,
         norm_params=(2 if model.norm == "layernorm" else 1) * model.hidden,
         tied=model.tied_embeddings, layernorm=model.norm == "layernorm",
-        rope_dim=0 if model.position != "rotary" else (model.qk_rope_head_dim if model.is_mla else model.dim_head),
+        rope_dim=model.rotary_dim, head_bias=model.head_bias,
     )
 
 
@@ -148,13 +151,14 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                  vocab_padded, attention, recompute, recompute_layers, dropout, lora,
                  lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
                  fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None, lora_rank=0, modules=None,
-                 fp8_cache=None, head_in_flight=None) -> dict:
+                 fp8_cache=None, head_in_flight=None, heads_major_copy=0) -> dict:
     """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast);
     `dp_shard`, the data-parallel ranks ZeRO shards over (all `dp` when None);
     `logits_in_flight`, the losses alive at the peak (the logits the loss keeps);
     `head_in_flight`, the last stage's micro-batches alive then (its final norm and the output
     layer's input), `logits_in_flight` unless a split backward frees the loss before the rest of
-    the stage (`pipeline.last_stage_heads_in_flight`)."""
+    the stage (`pipeline.last_stage_heads_in_flight`); `heads_major_copy`: see
+    `activations.layer_terms` (1 for PyTorch's CPU attention kernels)."""
     h = mn.hidden
     first = np.asarray(first, dtype=float)
     last = np.asarray(last, dtype=float)
@@ -164,7 +168,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     m_dense, m_exp = _per_rank(mn.moe, tp, ep, mn.kv_heads)
     embed = vocab_padded * h / tp + mn.position_params
     head_matrix = np.where((mn.tied) & (np.asarray(pp) == 1), 0.0, vocab_padded * h / tp)
-    head = head_matrix + mn.norm_params
+    head = head_matrix + mn.norm_params + mn.head_bias * vocab_padded / tp
     p_dense = dense_layers * d_dense + moe_layers * m_dense + first * embed + last * head
     p_expert = dense_layers * d_exp + moe_layers * m_exp
     p_stage = p_dense + p_expert
@@ -249,7 +253,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   fused=float(r.fused_kernels), dropout=dropout, saves=lora_saves, mask_bytes=mask_bytes,
                   adapter_rank=lora_rank if lora_saves is not None else 0,
                   adapter_dropout=float(r.lora_dropout), adapter_copies=float(r.lora_input_copies),
-                  modules=modules, fp8_cache=fp8_cache,
+                  modules=modules, fp8_cache=fp8_cache, heads_major_copy=heads_major_copy,
                   gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs),
                   cp_output_copy=float(r.cp_ring_output_copy) * (np.asarray(cp) > 1))
     dense_terms = act.layer_terms(mn.shape, moe=False, **common)
@@ -414,7 +418,8 @@ def layout_inputs(layout: Layout) -> dict:
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
         dp_shard=layout.dp_shard,
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
-        attention=act.ATTENTION_CODE[plan.attention], recompute=recompute_code(plan), modules=recompute_modules(plan),
+        attention=act.ATTENTION_CODE[layout.model.attention_kernel(plan.attention)], recompute=recompute_code(plan),
+        modules=recompute_modules(plan),
         fp8_cache={name: 1.0 for name in plan.fp8_cache} if plan.fp8_cache else None,
         recompute_layers=layout.recompute_layers_per_stage if plan.recompute_layers is not None else 10**9,
         dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves(plan), lora_rank=plan.lora_rank,

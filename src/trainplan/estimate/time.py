@@ -372,7 +372,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                    attention_eager=plan.attention == "eager", recompute=rc, vocab_padded=model.vocab, causal=True,
+                    attention_eager=model.attention_kernel(plan.attention) == "eager", recompute=rc, vocab_padded=model.vocab, causal=True,
                     skip_last=r.recompute_skips_last_linear,
                     recompute_share=float(model_recomputed_share(rc, layout.recompute_layers_per_stage, stage_layers)),
                     low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
@@ -383,7 +383,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     out = step_time_core(
         model, hw, r, tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
         ep=layout.ep, zero=layout.zero, mbs=layout.mbs, seq=layout.seq_len, m=layout.micro_batches,
-        vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule], recompute=rc, eager=plan.attention == "eager",
+        vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule], recompute=rc, eager=model.attention_kernel(plan.attention) == "eager",
         dropout=plan.dropout, overlap_tp=plan.overlap_tp, overlap_dp=plan.overlap_dp,
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, gpn=plan.gpus_per_node,
         stage_dense=np.asarray(layout.stage_dense_layers, dtype=float),

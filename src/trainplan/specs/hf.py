@@ -21,6 +21,8 @@ from ..errors import PlanError, from_pydantic
 from ..files import read_json_file
 from ..limits import MAX_LAYERS
 from . import catalog
+from .hf_families_residual import CONVERTERS as RESIDUAL_FAMILIES
+from .hf_families_residual import rotary_fraction
 from .model import ActivationKind, ModelSpec
 
 # Activation functions whose saved tensors are modelled (transformers' ACT2FN names).
@@ -65,8 +67,10 @@ FIELD_RANGES: dict[str, tuple[int, int]] = {
     "num_experts_per_tok": HEADS, "n_shared_experts": (0, 1000),
     "decoder_sparse_step": LAYERS, "moe_layer_freq": LAYERS, "first_k_dense_replace": (0, MAX_LAYERS),
     "q_lora_rank": WIDTH, "kv_lora_rank": WIDTH,
+    "num_kv_heads": HEADS, "ffn_hidden_size": FFN,  # Falcon
 }
-FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_parallel_residual", "parallel_attn",
+         "new_decoder_architecture", "multi_query", "use_qkv_bias", "use_bias", "lm_head_bias")
 STRINGS = ("model_type", "topk_method", "_name_or_path")
 MAX_ROPE_THETA = 1e12  # published: 1e4 (Llama 2) to 5e5 (Llama 3) and 1e6-1e7 (Qwen, long context)
 
@@ -86,6 +90,13 @@ SPEC_KEYS_BY_TYPE = {
                     "first_dense_layers": "first_k_dense_replace"},
     "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",
              "max_position": "n_positions"},
+    "gptj": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner",
+             "max_position": "n_positions"},
+    "falcon": {"kv_heads": "num_kv_heads", "ffn": "ffn_hidden_size"},
+    "phimoe": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
+    "granitemoe": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
+    "deepseek_v2": {"experts": "n_routed_experts", "shared_experts": "n_shared_experts",
+                    "first_dense_layers": "first_k_dense_replace"},
 }
 
 
@@ -113,7 +124,7 @@ def check_config(c: dict) -> None:
         elif key == "rope_theta" and not (isinstance(value, int | float) and not isinstance(value, bool)
                                           and math.isfinite(value) and 0 < value <= MAX_ROPE_THETA):
             raise PlanError("hf_config.rope_theta", f"must be a number in (0, {MAX_ROPE_THETA:.0e}] (got {value!r:.60})")
-    if c.get("model_type") in ("gpt2", "deepseek_v3"):  # MLA has no KV groups; GPT-2 has no GQA
+    if c.get("model_type") in ("gpt2", "deepseek_v3", "deepseek_v2", "gptj"):  # MLA: no KV groups; GPT-2/J: no GQA
         return
     heads, kv = c.get("num_attention_heads"), c.get("num_key_value_heads")
     if heads is not None and kv is not None and heads % kv:
@@ -232,7 +243,7 @@ def _gpt_neox(c: dict) -> dict:
         max_position=c.get("max_position_embeddings", 2048), mlp="gelu", norm="layernorm",
         activation=_activation(c, "hidden_act", "gelu"),  # GPTNeoXConfig's defaults
         parallel_residual=bool(c.get("use_parallel_residual", True)),
-        position="rotary", qkv_bias=bool(c.get("attention_bias", True)),
+        position="rotary", rotary_fraction=rotary_fraction(c, 0.25), rope_concat=True, qkv_bias=bool(c.get("attention_bias", True)),
         bias=bool(c.get("attention_bias", True)), fused_qkv=True,
     )
 
@@ -248,6 +259,7 @@ CONVERTERS: dict[str, Callable[[dict], dict]] = {
     "deepseek_v3": _deepseek_v3,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
+    **RESIDUAL_FAMILIES,
 }
 
 

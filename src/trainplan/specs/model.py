@@ -108,6 +108,22 @@ class ModelSpec(BaseModel):
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
     fused_qkv: bool = False  # one QKV projection (GPT-2 c_attn, GPT-NeoX, Megatron) vs q/k/v
     parallel_residual: bool = False  # attention and MLP read the same input (GPT-NeoX, GPT-J)
+    # ---- partial rotary, shared parallel norm, per-family biases ----------------------------
+    # Share of each head's width that RoPE rotates (transformers' `partial_rotary_factor`,
+    # GPT-NeoX's `rotary_pct`, GPT-J's `rotary_dim` / head_dim): the rest passes unrotated.
+    rotary_fraction: float = Field(default=1.0, gt=0, le=1)
+    # With a parallel residual, one norm feeds both attention and MLP (GPT-J's ln_1, Phi's
+    # input_layernorm, Falcon-7B's): one norm's weights, one normalised input kept for both.
+    shared_norm: bool = False
+    # RoPE that concatenates its rotated and passed-through parts (the partial-rotary
+    # `apply_rotary_pos_emb` of transformers' Phi, Phi-3, StableLM, GLM, GPT-NeoX, whatever the
+    # share rotated): q comes out heads-major (estimate/activations.py `_heads_major_output`).
+    rope_concat: bool = False
+    # K/V heads broadcast to the query heads inside SDPA, not repeated (transformers' Falcon with
+    # `multi_query`): `attention_kernel`.
+    kv_broadcast: bool = False
+    mlp_bias: bool | None = None  # biases on the MLP linears; None: as `bias`
+    head_bias: bool = False  # a bias on the output head (Phi, GPT-J, PhiMoE's lm_head_bias)
 
     # Mixture of experts.
     experts: int = Field(default=0, ge=0, le=100_000)
@@ -167,6 +183,13 @@ class ModelSpec(BaseModel):
                 raise ValueError("first_dense_layers must be below layers")
         elif self.top_k or self.shared_experts:
             raise ValueError("top_k and shared_experts need experts > 0")
+        if self.shared_norm and not self.parallel_residual:
+            raise ValueError("shared_norm needs parallel_residual (one norm feeding attention and MLP)")
+        if self.rotary_fraction < 1 and self.position != "rotary":
+            raise ValueError("rotary_fraction below 1 needs rotary positions")
+        if self.rotary_fraction < 1 and self.rotary_dim % 2:
+            raise ValueError(f"rotary_fraction x head width must be an even number of dimensions "
+                             f"(got {self.rotary_fraction} x {self.dim_head})")
         if self.is_mla and (self.qk_rope_head_dim is None or self.qk_nope_head_dim is None
                             or self.v_head_dim is None):
             raise ValueError("MLA needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
@@ -206,6 +229,29 @@ class ModelSpec(BaseModel):
     @property
     def v_dim(self) -> int:
         return self.heads * self.v_head_dim if self.is_mla else self.kv_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """The width RoPE rotates in each head (MLA: its rotary part; 0 without RoPE)."""
+        if self.position != "rotary":
+            return 0
+        if self.is_mla:
+            return self.qk_rope_head_dim
+        return int(self.dim_head * self.rotary_fraction)
+
+    def attention_kernel(self, attention: str, device: str = "cuda") -> str:
+        """The attention the model runs when `attention` is asked for: SDPA falls back to its
+        math kernel (materialised scores, priced as eager) where PyTorch's fused kernels refuse
+        the inputs: K/V heads broadcast to more query heads (the fused kernels need one head
+        count unless GQA is enabled), or on the CPU, values narrower than queries (MLA; the CPU
+        flash kernel takes one head width). torch 2.x sdp_utils; measured on the CPU."""
+        if attention != "sdpa":
+            return attention
+        if self.kv_broadcast and self.n_kv_heads < self.heads:
+            return "eager"
+        if device == "cpu" and self.is_mla and self.v_head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+            return "eager"
+        return attention
 
     @property
     def attn_out_dim(self) -> int:
@@ -279,10 +325,11 @@ class ModelSpec(BaseModel):
 
     def mlp_linears(self, ffn: int, *, expert: bool = False, count: int = 1) -> list[Linear]:
         h = self.hidden
-        up = [Linear("up", h, ffn, "col", bias=self.bias, expert=expert, count=count)]
+        bias = self.bias if self.mlp_bias is None else self.mlp_bias
+        up = [Linear("up", h, ffn, "col", bias=bias, expert=expert, count=count)]
         if self.mlp == "swiglu":
-            up.insert(0, Linear("gate", h, ffn, "col", bias=self.bias, expert=expert, count=count))
-        return up + [Linear("down", ffn, h, "row", bias=self.bias, expert=expert, count=count)]
+            up.insert(0, Linear("gate", h, ffn, "col", bias=bias, expert=expert, count=count))
+        return up + [Linear("down", ffn, h, "row", bias=bias, expert=expert, count=count)]
 
     @property
     def shared_ffn_total(self) -> int:
@@ -305,7 +352,7 @@ class ModelSpec(BaseModel):
     def layer_vector_params(self, index: int) -> int:
         """Norm weights/biases and other per-layer vectors not in `layer_linears`."""
         norm = 2 * self.hidden if self.norm == "layernorm" else self.hidden
-        n = 2 * norm  # pre-attention and pre-MLP norms
+        n = (1 if self.shared_norm else 2) * norm  # pre-attention and pre-MLP norms (or one shared)
         if self.qk_norm:
             n += 2 * self.dim_head
         if self.is_mla:
@@ -334,7 +381,7 @@ class ModelSpec(BaseModel):
     def head_params(self) -> int:
         """Final norm plus the output projection (zero extra when tied)."""
         norm = 2 * self.hidden if self.norm == "layernorm" else self.hidden
-        return norm + (0 if self.tied_embeddings else self.vocab * self.hidden)
+        return norm + (0 if self.tied_embeddings else self.vocab * self.hidden) + (self.vocab if self.head_bias else 0)
 
     @cached_property
     def params(self) -> int:

@@ -35,9 +35,20 @@ SIZE_KEYS = {
                     "kv_lora_rank": "kv_lora_rank", "qk_rope_head_dim": "qk_rope_head_dim",
                     "qk_nope_head_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim"},
 }
+# families with partial rotary, parallel residuals and their own bias layouts (specs/hf_families_residual.py)
+_MIXTRAL_LIKE = {**_DECODER, "experts": "num_local_experts", "top_k": "num_experts_per_tok",
+                 "expert_ffn": "intermediate_size"}
+SIZE_KEYS.update({
+    **dict.fromkeys(("phi", "phi3", "stablelm", "granite", "starcoder2", "glm", "internlm3"), _DECODER),
+    "phimoe": _MIXTRAL_LIKE, "granitemoe": _MIXTRAL_LIKE, "deepseek_v2": SIZE_KEYS["deepseek_v3"],
+    "falcon": dict(layers="num_hidden_layers", hidden="hidden_size", heads="num_attention_heads",
+                   kv_heads="num_kv_heads", ffn="ffn_hidden_size", vocab="vocab_size",
+                   max_position="max_position_embeddings"),
+    "gptj": {**SIZE_KEYS["gpt2"], "rotary_dim": "rotary_dim"},
+})
 # Dropout probabilities of each family's config (the plan's --dropout decides dropout).
 DROPOUT_KEYS = ("attn_pdrop", "embd_pdrop", "resid_pdrop", "summary_first_dropout", "attention_dropout",
-                "hidden_dropout", "classifier_dropout")
+                "hidden_dropout", "classifier_dropout", "residual_dropout", "embedding_dropout")
 # Experts implementations (ModelSpec.experts_impl) by transformers' name, and back.
 EXPERTS_IMPL = {"grouped": "grouped_mm", "eager": "eager"}
 FROM_EXPERTS_IMPL = {v: k for k, v in EXPERTS_IMPL.items()}
@@ -60,15 +71,15 @@ def config_dict(spec: ModelSpec, user: dict | None = None) -> dict:
     if kind not in SIZE_KEYS:
         raise PlanError("hf_config.model_type", f"validate builds {', '.join(SIZE_KEYS)} models with "
                         f"transformers; not {kind!r}")
-    if kind == "deepseek_v3" and cfg.get("n_group") and cfg.get("n_routed_experts"):
+    if kind in ("deepseek_v3", "deepseek_v2") and cfg.get("n_group") and cfg.get("n_routed_experts"):
         # group-limited routing: the groups keep their size (experts per group), so fewer experts
         # make fewer groups, of which at most as many are chosen
         per_group = max(1, cfg["n_routed_experts"] // cfg["n_group"])
         cfg["n_group"] = max(1, spec.experts // per_group)
         cfg["topk_group"] = min(cfg.get("topk_group", 1), cfg["n_group"])
     for field, key in SIZE_KEYS[kind].items():
-        if field == "head_dim" and "head_dim" not in cfg:
-            continue  # the family derives it from hidden / heads
+        if field in ("head_dim", "rotary_dim") and field not in cfg:
+            continue  # the family derives it from hidden / heads (or rotates whole heads)
         value = getattr(spec, "n_kv_heads" if field == "kv_heads" else "dim_head" if field == "head_dim" else field)
         cfg[key] = value
     if spec.shared_experts and kind == "qwen2_moe":

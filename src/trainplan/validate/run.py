@@ -142,12 +142,16 @@ def predict(layout: Layout, device: str = "cpu", r=None) -> dict:
         if plan.dropout == 0 and r.lora_input_copies:
             # peft drops out its fp32 cast of each adapter's input under autocast: an fp32 mask
             inputs["mask_bytes"] = 4.0
+    if device == "cpu":  # PyTorch's CPU attention kernels return their query's memory order
+        inputs["heads_major_copy"] = 1.0
+    kernel = layout.model.attention_kernel(plan.attention, device)
+    inputs["attention"] = act.ATTENTION_CODE[kernel]
     if device == "cpu" and plan.dropout > 0:
         if plan.attention != "eager":
             inputs["attention"] = act.ATTENTION_CODE["eager"]
     mem = stage_memory(numbers_for(layout), r, **inputs)
     first = lambda a: float(np.broadcast_to(np.asarray(a, dtype=float), (layout.pp,))[0])  # noqa: E731
-    eager = plan.attention == "eager" or (device == "cpu" and plan.dropout > 0)
+    eager = kernel == "eager" or (device == "cpu" and plan.dropout > 0)
     fl = step_flops(layout.model, tokens=layout.mbs * layout.seq_len / layout.cp, seq=layout.seq_len,
                     dense_layers=layout.stage_dense_layers[0], moe_layers=layout.stage_moe_layers[0],
                     head=float(layout.pp == 1), attention_eager=eager,
