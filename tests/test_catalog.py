@@ -37,13 +37,26 @@ PUBLISHED = [
     ("qwen3-30b-a3b", 30.5e9, 3.3e9, "Qwen3 card: 30.5B total, 3.3B activated"),
     ("deepseek-v3", 671e9, 37e9, "DeepSeek-V3 report: 671B total, 37B activated"),
     ("gpt-neox-20b", 20_554_567_680, None, "Black et al. 2022"),
+    ("phi-2", 2_779_683_840, None, "phi-2 card: 2.7B (2,779,683,840 counted by transformers)"),
+    ("phi-3-mini-4k", 3.8e9, None, "Phi-3-mini card: 3.8B"),
+    ("phi-3-medium-4k", 14e9, None, "Phi-3-medium card: 14B"),
+    ("phi-4", 14.7e9, None, "Abdin et al. 2024: 14.7B"),
+    ("phi-3.5-moe", 41.9e9, 6.6e9, "Phi-3.5-MoE card: 41.9B total, 6.6B active"),
+    ("deepseek-v2-lite", 15.7e9, None, "DeepSeek-V2 report App. B: 15.7B total"),
+    ("falcon-7b", 6_921_720_704, None, "tiiuae/falcon-7b, counted by transformers"),
+    ("falcon-40b", 41.8e9, None, "Falcon-40B: 41.8B"),
+    ("granite-3-8b", 8.1e9, None, "Granite 3.0 8B card: 8.1B"),
+    ("granite-3-3b-a800m", 3.3e9, None, "Granite 3.0 3B-A800M card: 3.3B total"),
+    ("glm-4-9b", 9.4e9, None, "GLM-4-9B card: 9.4B"),
+    ("gpt-j-6b", 6_053_381_344, None, "GPT-J 6B card: 6,053,381,344"),
 ]
 
 # Model-card figures truncated to the digits shown (e.g. 494,032,768 published as "0.49B",
 # DeepSeek-V3's 37.55B activated published as "37B"): the exact count must truncate to the
 # published figure, and stay within 2%.
 ROUNDED_DOWN = {("qwen2.5-0.5b", "total"): 2, ("qwen3-30b-a3b", "active"): 2,
-                ("deepseek-v3", "active"): 2}
+                ("deepseek-v3", "active"): 2, ("phi-3-mini-4k", "total"): 2, ("phi-3.5-moe", "active"): 2,
+                ("granite-3-8b", "total"): 2}
 
 
 def _truncates_to(count: float, published: float, digits: int) -> bool:

@@ -114,7 +114,8 @@ def test_transformers_config_as_written_matches(data_dir, name):
     """Measured with the config's own activation function, residual layout and (for MoE) the
     installed transformers' default experts implementation (grouped_mm in transformers 5).
     Measured on transformers 5.24 / torch 2.13: GPT-2 gelu_new -0.01%, GPT-NeoX gelu_fast
-    -2.1% (its partial rotary, rotary_pct 0.25, is priced as full), Mixtral -0.04%,
+    -0.01% (its partial rotary, rotary_pct 0.25, with the heads-major copy of the attention
+    output it causes on the CPU), Mixtral -0.04%,
     Qwen1.5-MoE -0.01%, Qwen3-MoE -0.09% (with its per-head q/k norms)."""
     case = _validate(data_dir, name)
     err = case["rel_error"]

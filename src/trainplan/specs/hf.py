@@ -263,6 +263,19 @@ CONVERTERS: dict[str, Callable[[dict], dict]] = {
 }
 
 
+# What a user whose family is not read can write instead: a spec TOML (ModelSpec's fields).
+BY_HAND_EXAMPLE = ('name = "my-model"\nsource = "config.json of my-model"\nlayers = 32\nhidden = 4096\nheads = 32\n'
+                   'kv_heads = 8\nffn = 14336\nvocab = 128256\nmlp = "swiglu"\nnorm = "rmsnorm"\nposition = "rotary"')
+
+
+def unsupported_family(model_type) -> str:
+    """The refusal of a model_type no converter reads: what is supported, and how to describe
+    the model by hand."""
+    return (f"unsupported model_type {model_type!r:.60}; supported: {', '.join(sorted(CONVERTERS))}. "
+            "Describe the model by hand in a spec TOML (the ModelSpec fields of docs/model-families.md, e.g. "
+            + "; ".join(BY_HAND_EXAMPLE.splitlines()[2:]) + ") and pass its path: --model my-model.toml")
+
+
 def from_dict(config: dict, name: str | None = None, source: str = "Hugging Face config.json") -> ModelSpec:
     if not isinstance(config, dict):
         raise PlanError("hf_config", "must be a JSON object (the contents of config.json)")
@@ -270,8 +283,7 @@ def from_dict(config: dict, name: str | None = None, source: str = "Hugging Face
     config = {k: v for k, v in config.items() if v is not None}  # null: the class's default
     model_type = config.get("model_type")
     if model_type not in CONVERTERS:
-        raise PlanError("hf_config.model_type",
-                        f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(CONVERTERS))}")
+        raise PlanError("hf_config.model_type", unsupported_family(model_type))
     try:
         fields = CONVERTERS[model_type](config)
     except KeyError as exc:

@@ -122,11 +122,16 @@ def rope_tables(seq: int, dim: int, device, dtype, base: float = 10000.0):
 
 
 def rope_dim(spec: ModelSpec) -> int:
-    """The width RoPE rotates: a head, or MLA's rotary part."""
-    return spec.qk_rope_head_dim if spec.is_mla else spec.dim_head
+    """The width RoPE rotates: a head (its first `rotary_fraction`), or MLA's rotary part."""
+    return spec.rotary_dim
 
 
-def _rotate(x, cos, sin):
+def _rotate(x, cos, sin, concat: bool = False):
+    """RoPE on the first cos.shape[-1] dims of x; with `concat` (partial rotary, as transformers'
+    GPT-NeoX, Phi and GLM write it) the rotated part and the rest are concatenated."""
+    dim = cos.shape[-1]
+    if concat:
+        return torch.cat([_rotate(x[..., :dim], cos, sin), x[..., dim:]], dim=-1)
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rot * sin
@@ -164,7 +169,8 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, kvh, d).transpose(1, 2)
         if cos is not None:
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            concat = self.spec.rope_concat
+            q, k = _rotate(q, cos, sin, concat), _rotate(k, cos, sin, concat)
         if self.selective:  # recompute the attention core in backward (Korthikanti et al.)
             out = checkpoint(self.core, q, k, v, causal, use_reentrant=True)
         else:
@@ -187,6 +193,9 @@ class Attention(nn.Module):
 
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=kvh != a)
+        if self.spec.kv_broadcast and kvh != a:  # Falcon's multi-query: K/V broadcast, SDPA's math kernel
+            k, v = k.expand(-1, a, -1, -1), v.expand(-1, a, -1, -1)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=kvh != a)
 
 
@@ -215,10 +224,11 @@ class MLP(nn.Module):
         self.swiglu, self.p, self.fused = spec.mlp == "swiglu", dropout, fused
         default = F.silu if self.swiglu else partial(F.gelu, approximate="tanh")
         self.act = ACTIVATION_FNS[spec.activation] if spec.activation else default
-        self.up = nn.Linear(h, f, bias=spec.bias)
-        self.down = nn.Linear(f, h, bias=spec.bias)
+        bias = spec.bias if spec.mlp_bias is None else spec.mlp_bias
+        self.up = nn.Linear(h, f, bias=bias)
+        self.down = nn.Linear(f, h, bias=bias)
         if self.swiglu:
-            self.gate = nn.Linear(h, f, bias=spec.bias)
+            self.gate = nn.Linear(h, f, bias=bias)
 
     def forward(self, x, weight=None):
         """`weight`: each row's gate weight, applied inside a fused SwiGLU (MoE experts)."""
@@ -317,7 +327,9 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec, attention: str, dropout: float, moe: bool = False,
                  selective: bool = False, fused: bool = False, gate_in_act: bool = False):
         super().__init__()
-        self.norm1, self.norm2 = _norm(spec, spec.hidden, fused), _norm(spec, spec.hidden, fused)
+        self.norm1 = _norm(spec, spec.hidden, fused)
+        # GPT-J, Phi: one norm feeds attention and MLP
+        self.norm2 = None if spec.shared_norm else _norm(spec, spec.hidden, fused)
         if spec.is_mla:
             from .mla import MLAttention
 
@@ -329,7 +341,8 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, causal):
         if self.parallel:  # GPT-NeoX: attention and MLP both read the layer's input
-            return x + self.attn(self.norm1(x), cos, sin, causal) + self.mlp(self.norm2(x))
+            normed = self.norm1(x)
+            return x + self.attn(normed, cos, sin, causal) + self.mlp(normed if self.norm2 is None else self.norm2(x))
         x = x + self.attn(self.norm1(x), cos, sin, causal)
         return x + self.mlp(self.norm2(x))
 
@@ -413,7 +426,7 @@ class DecoderLM(nn.Module):
                   selective=recompute == "selective", fused=fused, gate_in_act=gate_in_act)
             for i in range(spec.layers))
         self.norm = _norm(spec, spec.hidden, fused)
-        self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.head = nn.Linear(spec.hidden, spec.vocab, bias=spec.head_bias)
         if spec.tied_embeddings:
             self.head.weight = self.embed.weight
         self.p = dropout
