@@ -43,9 +43,6 @@ def write_spec(path, name, fields):
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("mbs,seq", [(2, 128), (1, 256)])
 def test_saved_activations_within_5_percent(tmp_path, arch, attention, mbs, seq):
-    if arch == "neox" and attention == "eager":
-        pytest.skip("fused QKV + RoPE under eager attention is over-predicted by 2h per token (measured "
-                    "+4.2%), independently of the activation and the residual layout")
     fields = ARCHS[arch]
     spec_path = write_spec(tmp_path / f"{arch}.toml", arch, fields)
     layout = resolve(make_plan(model=spec_path, gpus=1, precision="fp32", framework="torch",

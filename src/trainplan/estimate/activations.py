@@ -225,14 +225,17 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
     # A fused QKV projection with RoPE: the rotated q and k are new tensors, but v stays a view
     # of the fused output, so keeping v keeps all of it (GPT-NeoX, Phi-3; measured in validate)
-    # under a fused kernel. Eager attention's matmul copies the strided view into a contiguous
-    # (batch·heads, seq, dim) operand and keeps that copy (as eager GQA keeps repeated copies):
-    # the fused output is not kept (measured: GPT-NeoX's eager attention). MLA's q and k are concatenations of their
-    # non-rotary and rotary parts (new tensors) and its v is made contiguous for the attention
-    # kernel (Megatron-Core multi_latent_attention.py @d98e8a64: query, key and value
+    # under a fused kernel. Eager attention's matmul views its operand as (batch·heads, seq,
+    # dim): a strided view of the fused output merges batch and heads only for one sequence, so
+    # with more it copies v and keeps the copy (as eager GQA keeps repeated copies), not the
+    # fused output (measured: GPT-NeoX, eager, micro-batches of 1 and 2; eager attention runs
+    # without context parallelism, so tokens / seq is the micro-batch). MLA's q and k are
+    # concatenations of their non-rotary and rotary parts (new tensors) and its v is made
+    # contiguous for the attention kernel (Megatron-Core multi_latent_attention.py @d98e8a64: query, key and value
     # .contiguous()), so its up-projections' outputs are not kept: q, k and v only.
-    fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary) & ~eager
-                  & (shape.latent == 0))
+    one_sequence = np.asarray(tokens) <= np.asarray(seq)
+    fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary)
+                  & ~(eager & ~(one_sequence & (k_w == shape.k))) & (shape.latent == 0))
     t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
     # Qwen3's per-head RMSNorm on q and k (before RoPE): what a norm over each head keeps, for
     # the q and k widths this rank holds, with one fp32 statistic per head
