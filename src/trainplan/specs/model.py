@@ -239,17 +239,12 @@ class ModelSpec(BaseModel):
             return self.qk_rope_head_dim
         return int(self.dim_head * self.rotary_fraction)
 
-    def attention_kernel(self, attention: str, device: str = "cuda") -> str:
+    def attention_kernel(self, attention: str) -> str:
         """The attention the model runs when `attention` is asked for: SDPA falls back to its
-        math kernel (materialised scores, priced as eager) where PyTorch's fused kernels refuse
-        the inputs: K/V heads broadcast to more query heads (the fused kernels need one head
-        count unless GQA is enabled), or on the CPU, values narrower than queries (MLA; the CPU
-        flash kernel takes one head width). torch 2.x sdp_utils; measured on the CPU."""
-        if attention != "sdpa":
-            return attention
-        if self.kv_broadcast and self.n_kv_heads < self.heads:
-            return "eager"
-        if device == "cpu" and self.is_mla and self.v_head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+        math kernel (materialised scores, priced as eager) where K/V heads are broadcast to more
+        query heads, which PyTorch's fused kernels refuse (they need one head count unless GQA
+        is enabled; torch 2.x sdp_utils, measured with transformers' Falcon on the CPU)."""
+        if attention == "sdpa" and self.kv_broadcast and self.n_kv_heads < self.heads:
             return "eager"
         return attention
 

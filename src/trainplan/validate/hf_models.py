@@ -121,6 +121,13 @@ def hf_config(spec: ModelSpec, attention: str, user: dict | None = None):
     return config
 
 
+def sdpa_runs_math(spec: ModelSpec, device: str) -> bool:
+    """transformers calls SDPA with MLA's values narrower than its queries and keys; on the CPU
+    PyTorch's flash kernel takes one head width for all three, so SDPA runs its math kernel,
+    which keeps the probabilities as eager attention does (measured: DeepSeek-V2, -V3)."""
+    return device == "cpu" and spec.is_mla and spec.v_head_dim != spec.qk_nope_head_dim + spec.qk_rope_head_dim
+
+
 def dropout_settings(config: dict) -> dict:
     """The config's nonzero dropout probabilities, by key."""
     return {k: config[k] for k in DROPOUT_KEYS if isinstance(config.get(k), (int, float)) and config[k] > 0}

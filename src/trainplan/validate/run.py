@@ -34,6 +34,7 @@ from ..estimate.recipe import recipe
 from ..estimate.stage import lora_arguments, recomputed_share
 from ..plan import DTYPE_BYTES, Layout, Plan, resolve
 from ..specs.model import ModelSpec
+from .hf_models import sdpa_runs_math
 
 TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "flops")
 
@@ -130,10 +131,11 @@ class Case:
 
 
 # ---- prediction ---------------------------------------------------------------------
-def predict(layout: Layout, device: str = "cpu", r=None) -> dict:
+def predict(layout: Layout, device: str = "cpu", r=None, sdpa_math: bool = False) -> dict:
     """The plan's per-stage prediction for stage 0 (whole model when pp = 1), with the
     device's kernel semantics: on the CPU dropout masks have the input's dtype and, with
-    dropout, attention runs materialised (`build_model`). r: the plan's recipe unless given."""
+    dropout, attention runs materialised (`build_model`). r: the plan's recipe unless given;
+    sdpa_math: SDPA runs its math kernel (`hf_models.sdpa_runs_math`)."""
     plan = layout.plan
     inputs = layout_inputs(layout)
     r = r or recipe(plan)
@@ -144,7 +146,7 @@ def predict(layout: Layout, device: str = "cpu", r=None) -> dict:
             inputs["mask_bytes"] = 4.0
     if device == "cpu":  # PyTorch's CPU attention kernels return their query's memory order
         inputs["heads_major_copy"] = 1.0
-    kernel = layout.model.attention_kernel(plan.attention, device)
+    kernel = "eager" if sdpa_math and plan.attention == "sdpa" else layout.model.attention_kernel(plan.attention)
     inputs["attention"] = act.ATTENTION_CODE[kernel]
     if device == "cpu" and plan.dropout > 0:
         if plan.attention != "eager":
@@ -531,7 +533,7 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
         if measured.get("experts_impl") and measured["experts_impl"] != layout.model.experts_impl:
             # priced as the experts implementation the library ran (its default unless stated)
             layout = resolve(small_plan, small.model_copy(update={"experts_impl": measured["experts_impl"]}))
-        predicted = predict(layout, device)
+        predicted = predict(layout, device, sdpa_math=impl == "transformers" and sdpa_runs_math(layout.model, device))
         unmeasured = 0.0
         if impl == "transformers" and plan.recompute == "full":
             # transformers re-runs its layers inside its own checkpoint: the re-materialised
