@@ -150,3 +150,20 @@ def test_tiny_config_as_written_matches(data_dir, kind, attention):
     assert err["params_bytes"] == 0 and err["grads_bytes"] == 0, err
     assert abs(err["activations_bytes"]) <= ACT_TOL, (kind, attention, err["activations_bytes"])
     assert abs(err["flops"]) < 1e-9, (kind, attention, err["flops"])
+
+
+def test_falcon_multi_query_under_sdpa_is_priced_as_materialised():
+    """Falcon-7B broadcasts its one K/V head inside SDPA, which PyTorch's fused kernels refuse:
+    SDPA runs its math kernel, so the plan prices sdpa as eager (Falcon-40B's KV groups are
+    expanded before the kernel: fused)."""
+    import numpy as np
+
+    from trainplan.estimate.memory import estimate_memory
+    from trainplan.plan import make_plan, resolve
+
+    def activations(name, attention):
+        layout = resolve(make_plan(model=name, gpus=8, attention=attention, seq_len=2048))
+        return float(np.asarray(estimate_memory(layout)["activations"]).ravel()[0])
+
+    assert activations("falcon-7b", "sdpa") == activations("falcon-7b", "eager")
+    assert activations("falcon-40b", "sdpa") < activations("falcon-40b", "eager")

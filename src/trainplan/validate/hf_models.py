@@ -91,6 +91,16 @@ def config_dict(spec: ModelSpec, user: dict | None = None) -> dict:
 
 def _family_config(spec: ModelSpec) -> dict:
     """A config of the family a catalog spec belongs to."""
+    neox = spec.mlp == "gelu" and spec.position == "rotary"
+    unexpressed = [name for name, on in (
+        ("shared_norm", spec.shared_norm), ("head_bias", spec.head_bias), ("mlp_bias", spec.mlp_bias is not None),
+        ("kv_broadcast", spec.kv_broadcast),
+        ("rotary_fraction", spec.rotary_fraction < 1 and not neox), ("rope_concat", spec.rope_concat and not neox),
+    ) if on]
+    if unexpressed:
+        raise PlanError("model", f"validate --impl transformers builds a catalog model as Llama, Qwen2, Mixtral, "
+                        f"Qwen2-MoE, GPT-2 or GPT-NeoX, which cannot state its {', '.join(unexpressed)}: pass the "
+                        "model's config.json instead (built as written)")
     common = dict(tie_word_embeddings=spec.tied_embeddings)
     if spec.mlp == "gelu":
         # a spec without an activation runs one GELU kernel that keeps its input: F.gelu
@@ -98,7 +108,7 @@ def _family_config(spec: ModelSpec) -> dict:
         if spec.position == "learned":
             return dict(model_type="gpt2", activation_function=act, **common)
         return dict(model_type="gpt_neox", hidden_act=act, use_parallel_residual=spec.parallel_residual,
-                    attention_bias=spec.qkv_bias, **common)
+                    attention_bias=spec.qkv_bias, rotary_pct=spec.rotary_fraction, **common)
     common["hidden_act"] = spec.activation or "silu"
     if spec.experts_impl is not None:
         common["experts_implementation"] = EXPERTS_IMPL[spec.experts_impl]
