@@ -65,7 +65,11 @@ def main(kinds: list[str]) -> None:
     for path in paths:
         lines.append(row(path))
         print(lines[-1], end="", flush=True)
-    lines += ["\n", END]
+    lines += ["\n", "SDPA's math kernel (materialised probabilities, priced as eager attention) runs for Falcon's\n",
+              "multi-query attention (its one K/V head broadcast, which the fused kernels refuse) and, on the CPU,\n",
+              "for MLA (DeepSeek-V2: values narrower than queries); its SDPA and eager rows measure the same\n",
+              "bytes. Partial rotary (Phi, Phi-3, StableLM, GLM, GPT-NeoX) makes the CPU kernels' output\n",
+              "heads-major, and the output projection keeps a copy of it (docs/model-families.md).\n", "\n", END]
     if not kinds:  # the table lists every family: a subset is printed only
         write_section(BEGIN, END, lines)
 
