@@ -167,3 +167,21 @@ def test_falcon_multi_query_under_sdpa_is_priced_as_materialised():
 
     assert activations("falcon-7b", "sdpa") == activations("falcon-7b", "eager")
     assert activations("falcon-40b", "sdpa") < activations("falcon-40b", "eager")
+
+
+def test_deepseek_v2_lite_hub_config_scaled(data_dir):
+    """DeepSeek-V2-Lite's config.json as the hub carries it (no query latent), its parameters as the
+    catalog's, then built by transformers with its sizes scaled and the plan's default attention:
+    transformers calls SDPA, which on the CPU runs its math kernel for MLA's narrower values (priced
+    as eager). Measured -1.7% (its interleaved RoPE's copies are not priced), FLOPs exact."""
+    pytest.importorskip("transformers")
+    from trainplan.plan import make_plan
+    from trainplan.validate.run import validate
+
+    path = data_dir / "hf" / "deepseek-v2-lite.json"
+    assert hf.from_file(path).params == catalog.model("deepseek-v2-lite").params
+    plan = make_plan(model=str(path), gpus=1, precision="fp32", framework="torch")
+    (case,) = validate(plan, device="cpu", impl="transformers")["cases"]
+    err = case["rel_error"]
+    assert "scaled" in case["name"] and err["params_bytes"] == 0
+    assert abs(err["activations_bytes"]) <= ACT_TOL and abs(err["flops"]) < 1e-9, err

@@ -131,11 +131,16 @@ def hf_config(spec: ModelSpec, attention: str, user: dict | None = None):
     return config
 
 
-def sdpa_runs_math(spec: ModelSpec, device: str) -> bool:
-    """transformers calls SDPA with MLA's values narrower than its queries and keys; on the CPU
-    PyTorch's flash kernel takes one head width for all three, so SDPA runs its math kernel,
-    which keeps the probabilities as eager attention does (measured: DeepSeek-V2, -V3)."""
-    return device == "cpu" and spec.is_mla and spec.v_head_dim != spec.qk_nope_head_dim + spec.qk_rope_head_dim
+def sdpa_runs_math(spec: ModelSpec, device: str, attention: str) -> bool:
+    """Whether the transformers model runs SDPA's math kernel (materialised probabilities, as
+    eager attention keeps): it calls SDPA for any attention but eager (`hf_config`), and PyTorch
+    falls back to the math kernel for K/V heads broadcast to more query heads (Falcon's
+    multi-query: `ModelSpec.attention_kernel`) and, on the CPU, for MLA's values narrower than
+    its queries and keys (the CPU flash kernel takes one head width; measured: DeepSeek-V2, -V3)."""
+    if attention == "eager":
+        return False
+    mla = device == "cpu" and spec.is_mla and spec.v_head_dim != spec.qk_nope_head_dim + spec.qk_rope_head_dim
+    return mla or spec.attention_kernel("sdpa") == "eager"
 
 
 def dropout_settings(config: dict) -> dict:

@@ -146,7 +146,7 @@ def predict(layout: Layout, device: str = "cpu", r=None, sdpa_math: bool = False
             inputs["mask_bytes"] = 4.0
     if device == "cpu":  # PyTorch's CPU attention kernels return their query's memory order
         inputs["heads_major_copy"] = 1.0
-    kernel = "eager" if sdpa_math and plan.attention == "sdpa" else layout.model.attention_kernel(plan.attention)
+    kernel = "eager" if sdpa_math else layout.model.attention_kernel(plan.attention)
     inputs["attention"] = act.ATTENTION_CODE[kernel]
     if device == "cpu" and plan.dropout > 0:
         if plan.attention != "eager":
@@ -533,7 +533,8 @@ def validate(plan: Plan, scale: Scale | None = None, device: str = "auto", progr
         if measured.get("experts_impl") and measured["experts_impl"] != layout.model.experts_impl:
             # priced as the experts implementation the library ran (its default unless stated)
             layout = resolve(small_plan, small.model_copy(update={"experts_impl": measured["experts_impl"]}))
-        predicted = predict(layout, device, sdpa_math=impl == "transformers" and sdpa_runs_math(layout.model, device))
+        predicted = predict(layout, device, sdpa_math=impl == "transformers" and sdpa_runs_math(layout.model, device,
+                                                                                             plan.attention))
         unmeasured = 0.0
         if impl == "transformers" and plan.recompute == "full":
             # transformers re-runs its layers inside its own checkpoint: the re-materialised
