@@ -166,9 +166,12 @@ class Attention(nn.Module):
         q, k = q.view(b, s, a, d), k.view(b, s, kvh, d)
         if self.spec.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        partial = cos is not None and cos.shape[-1] < d
+        if partial and not self.spec.rope_concat:  # GPT-J: partial rotary before the heads' transpose
+            q, k = (_rotate(t, cos[:, None], sin[:, None], True) for t in (q, k))
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, s, kvh, d).transpose(1, 2)
-        if cos is not None:
+        if cos is not None and not (partial and not self.spec.rope_concat):
             concat = self.spec.rope_concat
             q, k = _rotate(q, cos, sin, concat), _rotate(k, cos, sin, concat)
         if self.selective:  # recompute the attention core in backward (Korthikanti et al.)
@@ -193,8 +196,7 @@ class Attention(nn.Module):
 
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=kvh != a)
-        if self.spec.kv_broadcast and kvh != a:  # Falcon's multi-query: K/V broadcast, SDPA's math kernel
-            k, v = k.expand(-1, a, -1, -1), v.expand(-1, a, -1, -1)
+        if self.spec.kv_broadcast and kvh == 1 != a:  # Falcon's multi-query: one K/V head broadcast, SDPA's math kernel
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=kvh != a)
 
