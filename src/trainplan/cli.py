@@ -10,11 +10,14 @@ import functools
 import inspect
 import json
 import math
+import re
 import sys
 from enum import Enum, StrEnum
+from types import UnionType
 from typing import Annotated, get_args
 
 import typer
+from typer._coercion import build_runtime_param as _build_runtime_param
 from typer.core import TyperGroup
 
 from .errors import PlanError
@@ -62,9 +65,83 @@ def _usage_line(exc) -> str:
     return f"{'command' if message.startswith('No such command') else 'arguments'}: {message}"
 
 
+_PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
+_PLAIN_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,17})?(?:[eE][+-]?[0-9]{1,2})?")
+
+
+def _plain_value(annotation, value):
+    """`value` as `annotation` when it is already of that type or a plain literal every parser
+    reads the same way (an int `42`, a float `0.5`, an enumeration's value); `_NOT_PLAIN`
+    otherwise, for typer's own coercion to parse or to refuse with its message."""
+    if value is None:
+        return None
+    options = get_args(annotation) if isinstance(annotation, UnionType) else (annotation,)
+    for kind in options:
+        if kind is type(None):
+            continue
+        if kind is bool and isinstance(value, bool):
+            return value
+        if kind is int and (type(value) is int or isinstance(value, str) and _PLAIN_INT.fullmatch(value)):
+            return int(value)
+        if kind is float and (type(value) in (int, float) or isinstance(value, str) and _PLAIN_FLOAT.fullmatch(value)):
+            return float(value)
+        if kind is str and type(value) is str:
+            return value
+        if isinstance(kind, type) and issubclass(kind, Enum):
+            if isinstance(value, kind):
+                return value
+            if isinstance(value, str) and value in kind._value2member_map_:
+                return kind(value)
+    return _NOT_PLAIN
+
+
+_NOT_PLAIN = object()
+
+
+class _PlainCoercion:
+    """A parameter's values converted without building typer's validator for it (a pydantic
+    TypeAdapter per option, some 60 per command, most of a command's start-up): defaults and
+    plain literals here, anything else (a malformed number, say) through typer's own coercion,
+    so its result and its error messages stay typer's."""
+
+    def __init__(self, param):
+        self.param = param
+        self.typed = None
+
+    def coerce(self, value, param, ctx):
+        if not (param.multiple or param.nargs == -1):
+            plain = _plain_value(param.type_descriptor.annotation, value)
+            if plain is not _NOT_PLAIN:
+                return plain
+        if self.typed is None:
+            self.typed = _build_runtime_param(param.type_descriptor)
+        return self.typed.coerce(value, param=param, ctx=ctx)
+
+
+def _plain_coercion(params) -> None:
+    """Give each of a command's typer parameters (--help included) the plain coercion (see
+    _PlainCoercion)."""
+    for param in params:
+        info = getattr(param, "type_descriptor", None)
+        info = info and info.parameter_info
+        if (getattr(param, "_runtime_param", 0) is None and info is not None and info.parser is None
+                and info.min is None and info.max is None):
+            param._runtime_param = _PlainCoercion(param)
+
+
 class OneLineErrors(TyperGroup):
     """Click's usage errors (an unknown option, a value of the wrong type or out of range) as
     one line `error: <option>: <rule>`, exit status 2, like every other bad input."""
+
+    def parse_args(self, ctx, args):
+        _plain_coercion(self.get_params(ctx))
+        return super().parse_args(ctx, args)
+
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None:
+            _plain_coercion(command.get_params(ctx))
+        return name, command, rest
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:

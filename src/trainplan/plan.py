@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -48,6 +47,7 @@ from .plan_types import (
     Schedule,
 )
 from .specs import catalog, hf, hf_cache
+from .specs.conventions import conventions, shares_efficiency_defaults  # conventions: re-exported
 from .specs.hardware import GPUSpec
 from .specs.model import LORA_TARGETS, ModelSpec
 
@@ -297,11 +297,6 @@ def _adapter_defaults() -> dict:
 
 
 # ---- conventions --------------------------------------------------------------------
-@lru_cache(maxsize=1)
-def conventions() -> dict:
-    with open(catalog.CATALOG_DIR / "conventions.toml", "rb") as fh:
-        return tomllib.load(fh)
-
 
 def default_zero(framework: str) -> int:
     """The ZeRO stage a framework runs unless told otherwise (FSDP: FULL_SHARD)."""
@@ -566,7 +561,6 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         dp = gpus // model_parallel
     gpu = cluster_links(gpu, plan, gpus)
     if plan.gpu_profile:
-        from .estimate.accuracy import shares_efficiency_defaults
         from .profile import profile_accelerator
 
         measured = profile_accelerator(plan.gpu_profile)

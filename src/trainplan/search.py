@@ -763,8 +763,8 @@ def accelerator_plans(options: dict, accelerators: str | list[str]) -> list[Plan
     # efficiencies); the others keep their catalog defaults
     profile, profiled = options.get("gpu_profile"), None
     if profile:
-        from .estimate.accuracy import shares_efficiency_defaults
         from .profile import profile_accelerator
+        from .specs.conventions import shares_efficiency_defaults
 
         profiled = profile_accelerator(profile)
         if profiled is None:

@@ -10,38 +10,17 @@ comparison, and a plan priced from a measured profile is not the catalog default
 
 from __future__ import annotations
 
-import tomllib
-from functools import lru_cache
+from ..specs.conventions import shares_efficiency_defaults
+from ..specs.index import CATALOG_DIR, catalog_file
 
-from ..plan import conventions
-from ..specs import catalog
+__all__ = ["ACCURACY_FILE", "prediction_accuracy", "published_errors", "shares_efficiency_defaults"]
 
-ACCURACY_FILE = catalog.CATALOG_DIR / "accuracy.toml"
+ACCURACY_FILE = CATALOG_DIR / "accuracy.toml"
 
 
-@lru_cache(maxsize=1)
 def published_errors() -> dict:
     """The generated error table: {gpu name: {runs, fitted_runs, mean_abs_error, worst_abs_error}}."""
-    with open(ACCURACY_FILE, "rb") as fh:
-        return tomllib.load(fh)["gpus"]
-
-
-def _defaults(name: str) -> tuple | None:
-    """The measured efficiency defaults an accelerator is priced with, or None where it has no
-    measured GEMM figure of its own (the generic defaults say nothing about one another)."""
-    eff = conventions()["efficiency"]
-    if name not in eff["gemm"]:
-        return None
-    frac = eff["gemm_training_fraction"].get(name, eff["gemm_training_fraction_of_mamf"])
-    return (eff["gemm"][name], frac, eff["gemm_shape"].get(name), eff["flash_attention"].get(name),
-            eff["flash_attention_curve"].get(name), eff["cudnn_attention_curve"].get(name))
-
-
-def shares_efficiency_defaults(a: str, b: str) -> bool:
-    """Whether two accelerators are priced with the same measured efficiency defaults (one chip:
-    H100, H200 and H800), so that fractions of the datasheet measured on one hold for the other."""
-    mine = _defaults(a)
-    return a == b or (mine is not None and _defaults(b) == mine)
+    return catalog_file("accuracy.toml")["gpus"]
 
 
 def prediction_accuracy(gpu_name: str, profiled: bool = False, moe: bool = False, finetune: str = "full") -> dict:

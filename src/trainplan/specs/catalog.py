@@ -11,9 +11,8 @@ from pydantic import ValidationError
 from ..errors import PlanError, from_pydantic
 from ..files import read_toml_file
 from .hardware import GPUSpec
+from .index import catalog_files
 from .model import ModelSpec
-
-CATALOG_DIR = Path(__file__).parent / "catalog"
 
 
 def _key(name: str) -> str:
@@ -25,19 +24,52 @@ def read_toml(path: Path, field: str) -> dict:
     return read_toml_file(path, field)
 
 
+class _Entries:
+    """{name or alias key: spec} of one kind, each spec validated when first looked up (a
+    command needs one model and one accelerator, not the whole catalog)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.cls = ModelSpec if kind == "models" else GPUSpec
+        self.files: dict[str, str] = {}  # key -> relative path of its file
+        self.specs: dict[str, ModelSpec | GPUSpec] = {}  # relative path -> validated spec
+        for rel, data in catalog_files().items():
+            if rel.startswith(kind + "/"):
+                for alias in (data.get("name", ""), *data.get("aliases", ())):
+                    if isinstance(alias, str):
+                        self.files[_key(alias)] = rel
+
+    def spec(self, rel: str):
+        spec = self.specs.get(rel)
+        if spec is None:
+            try:
+                spec = self.cls(**catalog_files()[rel])
+            except ValidationError as exc:  # a broken catalog file is a bug; say where
+                raise PlanError(rel, str(from_pydantic(exc))) from None
+            self.specs[rel] = spec
+        return spec
+
+    def get(self, key, default=None):
+        rel = self.files.get(key)
+        return default if rel is None else self.spec(rel)
+
+    def __contains__(self, key) -> bool:
+        return key in self.files
+
+    def __iter__(self):
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def values(self):
+        return [self.spec(rel) for rel in self.files.values()]
+
+
+
 @cache
-def _load(kind: str) -> dict[str, ModelSpec | GPUSpec]:
-    cls = ModelSpec if kind == "models" else GPUSpec
-    entries: dict[str, ModelSpec | GPUSpec] = {}
-    for path in sorted((CATALOG_DIR / kind).glob("*.toml")):
-        data = read_toml(path, kind)
-        try:
-            spec = cls(**data)
-        except ValidationError as exc:  # a broken catalog file is a bug; say where
-            raise PlanError(f"{kind}/{path.name}", str(from_pydantic(exc))) from None
-        for alias in (spec.name, *getattr(spec, "aliases", ())):
-            entries[_key(alias)] = spec
-    return entries
+def _load(kind: str) -> _Entries:
+    return _Entries(kind)
 
 
 def _lookup(kind: str, field: str, name: str):

@@ -1,0 +1,98 @@
+"""The catalog's TOML files, parsed once: an index in the user's cache directory, rebuilt when
+any catalog file changes (its name, size or modification time), so that a command reads one
+JSON file instead of parsing some 55 TOML files.
+
+The index lives under $TRAINPLAN_CACHE_DIR, else $XDG_CACHE_HOME/trainplan, else
+~/.cache/trainplan; never beside the package (an installed package may be read-only). Where
+it cannot be read or written the catalog is parsed every time, as before; a file that fails
+to parse is reported as always and no index is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from functools import cache
+from pathlib import Path
+
+from ..files import read_toml_file
+
+CATALOG_DIR = Path(__file__).parent / "catalog"
+FORMAT = 1  # bump when the index's layout changes
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("TRAINPLAN_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trainplan"
+
+
+def _signature(root: Path) -> list[list]:
+    """(relative path, size, mtime_ns) of every catalog TOML file, sorted."""
+    out = []
+    for folder in (root, root / "models", root / "hardware"):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.endswith(".toml") and entry.is_file():
+                st = entry.stat()
+                out.append([os.path.relpath(entry.path, root), st.st_size, st.st_mtime_ns])
+    return sorted(out)
+
+
+def _index_path(root: Path) -> Path:
+    tag = hashlib.sha1(f"{root.resolve()}|{sys.version_info[:2]}|{FORMAT}".encode()).hexdigest()[:16]
+    return cache_dir() / f"catalog-{tag}.json"
+
+
+def _read_index(path: Path, signature: list[list]) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            stored = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict) or stored.get("signature") != signature or not isinstance(stored.get("files"), dict):
+        return None
+    return stored["files"]
+
+
+def _write_index(path: Path, signature: list[list], files: dict) -> None:
+    """Write the index whole (a temporary file renamed over it) or not at all."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"signature": signature, "files": files}, fh, separators=(",", ":"))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+@cache
+def catalog_files(root: Path = CATALOG_DIR) -> dict[str, dict]:
+    """Every catalog TOML file under `root` parsed: {relative path ("models/gpt2.toml"): data}."""
+    signature = _signature(root)
+    path = _index_path(root)
+    files = _read_index(path, signature)
+    if files is not None:
+        return files
+    files = {}
+    for rel, _, _ in signature:
+        kind = rel.split(os.sep)[0] if os.sep in rel else rel.removesuffix(".toml")
+        files[rel.replace(os.sep, "/")] = read_toml_file(root / rel, kind)
+    _write_index(path, signature, files)
+    return files
+
+
+def catalog_file(rel: str) -> dict:
+    """One catalog file's data by its relative path ("conventions.toml", "models/gpt2.toml")."""
+    return catalog_files()[rel]
