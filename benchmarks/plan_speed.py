@@ -1,63 +1,113 @@
-"""Cost of one plan evaluation in-process and of the whole `trainplan plan --json` command.
+"""Cost of one plan in process, in CPU milliseconds: the full plan (`make_plan` + `evaluate` +
+`to_json`, the figures `plan --json` prints) and `evaluate` alone, this tree against a
+baseline revision (alternating rounds in fresh interpreters; the median of each), and
+llm-analysis's `training()` on the first case, side by side, when the benchmark environment
+has it (scripts/bench_setup.sh).
 
-Targets: under 1 ms per in-process evaluation (resolve, the memory model for every stage,
-the step-time model and the training-run figures), and
-under 0.5 s for the command (start-up included). Prints measured figures side by side.
+Target: a full plan in at most 0.25 ms, faster than llm-analysis on the same machine.
 
-    .venv/bin/python benchmarks/plan_speed.py
+    .venv/bin/python benchmarks/plan_speed.py [--baseline REV] [--rounds 5]
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from trainplan.estimate.memory import estimate_memory
-from trainplan.plan import make_plan, resolve
-from trainplan.report import evaluate
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sidebyside import ROOT, alternate, parse_args, ratio, run_worker, trees  # noqa: E402
 
 CASES = {
-    "llama-3-70b 64xH100 tp8 pp4 zero1": dict(model="llama-3-70b", gpus=64, tp=8, pp=4, zero=1, sp=True,
-                                              recompute="selective", gbs=128),
+    "llama-2-70b 64xH100 tp8 pp4 zero1": dict(model="llama-2-70b", gpus=64, tp=8, pp=4, zero=1, sp=True,
+                                              recompute="selective", gbs=128, seq_len=4096),
     "llama-3.1-405b 16384xH100 tp8 pp16": dict(model="llama-3.1-405b", gpus=16384, tp=8, pp=16, gbs=2048),
     "deepseek-v3 2048xH800 pp16 ep64": dict(model="deepseek-v3", gpu="H800", gpus=2048, pp=16, ep=64, zero=1,
                                             gbs=4096),
 }
+PEER_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "llm_analysis_plan.py"
+TARGET_MS = 0.25
+SECONDS = 0.4  # CPU seconds per figure per round
 
 
-def per_call(fn, n=2000):
-    fn()
-    best = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
+def cpu_ms(fn) -> float:
+    """CPU milliseconds per call of `fn`, over some SECONDS of calls after a warm-up."""
+    for _ in range(20):
+        fn()
+    n, t0 = 0, time.process_time()
+    while time.process_time() - t0 < SECONDS:
+        for _ in range(20):
             fn()
-        best.append((time.perf_counter() - t0) / n)
-    return min(best)
+        n += 20
+    return (time.process_time() - t0) / n * 1e3
+
+
+def worker() -> None:
+    from trainplan.plan import make_plan
+    from trainplan.report import evaluate, to_json
+
+    out = {}
+    for name, kw in CASES.items():
+        plan = make_plan(**kw)
+        out[name + " full"] = cpu_ms(lambda kw=kw: to_json(evaluate(make_plan(**kw))))
+        out[name + " evaluate"] = cpu_ms(lambda plan=plan: evaluate(plan))
+    print(json.dumps(out))
+
+
+def peer() -> dict | None:
+    if not PEER_PYTHON.exists():
+        return None
+    res = subprocess.run([str(PEER_PYTHON), str(PEER_SCRIPT), str(SECONDS)], capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"llm-analysis failed: {res.stderr.strip()[-500:]}", file=sys.stderr)
+        return None
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    print(f"{'case':<40s} {'plan: memory+time+run (ms)':>27s} {'memory model only (ms)':>24s}")
-    for name, kw in CASES.items():
-        plan = make_plan(**kw)
-        layout = resolve(plan)
-        full = per_call(lambda plan=plan: evaluate(plan), n=500)
-        mem = per_call(lambda layout=layout: estimate_memory(layout), n=500)
-        print(f"{name:<40s} {full * 1e3:>27.3f} {mem * 1e3:>24.3f}")
-    exe = Path(sys.executable).with_name("trainplan")
-    cmd = [str(exe), "plan", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--json"]
-    subprocess.run(cmd, check=True, capture_output=True)
-    times = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True)
-        times.append(time.perf_counter() - t0)
-    print(f"{'trainplan plan --json (command, median of 7)':<40s} {statistics.median(times) * 1e3:>14.1f} ms"
-          f"   target < 500 ms")
-    print("target per in-process evaluation: < 1 ms")
+    args = parse_args(__doc__)
+    if args.worker:
+        worker()
+        return
+    peers: list[dict] = []
+    with trees(args) as (srcs, label):
+        def measure(src):
+            got = run_worker(Path(__file__), "plan", src)
+            if src == srcs["this tree"]:
+                p = peer()  # the peer alternates with this tree, in the same rounds
+                if p:
+                    peers.append(p)
+            return got
+
+        results = alternate(args.rounds, srcs, measure)
+    print(f"CPU ms per plan, median of {args.rounds} alternating rounds"
+          + (f"; baseline {label}" if label else ""))
+    head = f"{'case':<36s} {'what':<9s} {'this tree':>10s}"
+    if label:
+        head += f" {'baseline':>9s} {'ratio':>7s}"
+    print(head)
+    for name in CASES:
+        for what in ("full", "evaluate"):
+            key = f"{name} {what}"
+            new = statistics.median(r[key] for r in results["this tree"])
+            line = f"{name:<36s} {what:<9s} {new:>10.3f}"
+            if label:
+                old = statistics.median(r[key] for r in results["baseline"])
+                line += f" {old:>9.3f} {ratio(new, old):>7s}"
+            print(line)
+    first = next(iter(CASES)) + " full"
+    ours = statistics.median(r[first] for r in results["this tree"])
+    if peers:
+        theirs = statistics.median(p["ms_per_plan"] for p in peers)
+        print(f"llm-analysis {peers[0]['version']} training(), the first case: {theirs:.3f} ms; trainplan's full "
+              f"plan {ours:.3f} ms = {ours / theirs:.2f}x llm-analysis's time")
+    else:
+        print("llm-analysis: not installed (bash scripts/bench_setup.sh creates .venv-bench with it)")
+    print(f"target: a full plan <= {TARGET_MS} ms and faster than llm-analysis")
 
 
 if __name__ == "__main__":

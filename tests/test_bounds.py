@@ -12,6 +12,8 @@ import pytest
 
 from trainplan.errors import PlanError
 from trainplan.estimate.memory import (
+    estimate_memory,
+    estimate_memory_and_line,
     layout_inputs,
     max_micro_batch,
     numbers_for,
@@ -123,6 +125,27 @@ def _sweep():
     yield dict(model="deepseek-v3", gpu="H800", gpus=256, pp=16, ep=16, zero=1, gbs=512, schedule="dualpipe")
     yield dict(model="llama-3-8b", gpus=8, pp=8, gbs=64, schedule="dualpipe")
     yield dict(model="llama-3-70b", gpus=32, tp=4, pp=8, schedule="interleaved", vpp=2, pp_group=16, gbs=64)
+    # every kind of term the memory line carries: recomputation, offloading, FP8 caches, eager
+    # attention with dropout, ZeRO-3 under FSDP, fused loss, partial recomputation
+    yield dict(model="llama-3-8b", gpus=8, recompute="full", zero=3, framework="fsdp", gbs=64)
+    yield dict(model="llama-3-8b", gpus=8, pp=2, recompute="full", recompute_layers=3, gbs=64)
+    yield dict(model="llama-3-8b", gpus=8, zero=3, offload_optimizer=True, offload_params=True, gbs=32)
+    yield dict(model="deepseek-v3", gpu="H800", gpus=256, pp=16, ep=16, zero=1, gbs=512, precision="fp8",
+               fp8_cache="attn_out,moe_act_input", recompute="selective", recompute_modules="mla_up_proj,moe_act")
+    yield dict(model="gpt2-xl", gpu="V100", gpus=4, precision="fp16", attention="eager", dropout=0.1, gbs=64)
+    yield dict(model="llama-3-8b", gpu="RTX-4090", gpus=1, finetune="qlora", recompute="full", fused_loss=True)
+
+
+def _assert_same(got, want, where):
+    """Equal figures of equal shapes, down to nested dicts (the plan's memory computed alongside
+    its micro-batch line is the plan's memory)."""
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for k in want:
+            _assert_same(got[k], want[k], (where, k))
+        return
+    assert np.shape(got) == np.shape(want), where
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, err_msg=str(where))
 
 
 def test_max_micro_batch_unchanged_on_a_sweep():
@@ -135,7 +158,10 @@ def test_max_micro_batch_unchanged_on_a_sweep():
         except PlanError:
             continue
         want = _old_max_micro_batch(layout)
+        memory, line = estimate_memory_and_line(layout)
         assert max_micro_batch(layout) == want, kw
+        assert max_micro_batch(layout, line=line) == want, kw
+        _assert_same(memory, estimate_memory(layout), kw)
         checked += 1
         nonzero += want > 0
     assert checked > 150 and nonzero > 100

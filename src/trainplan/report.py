@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .estimate.accuracy import prediction_accuracy
-from .estimate.memory import estimate_memory, max_micro_batch
+from .estimate.memory import estimate_memory_and_line, max_micro_batch
 from .estimate.recipe import recipe
 from .plan import Layout, Plan, conventions, resolve
 
@@ -21,6 +21,8 @@ class PlanResult:
     memory: dict
     time: dict | None = None
     training: dict | None = None
+    # each stage's memory line in the micro-batch size, from the same evaluation (max_micro_batch)
+    mbs_line: dict | None = None
 
     @property
     def capacity(self) -> float:
@@ -39,7 +41,8 @@ def evaluate(plan: Plan, with_time: bool = True, spec=None) -> PlanResult:
     """Memory, time and the training run of a plan (for an in-memory model spec if given)."""
     layout = resolve(plan, spec)
     r = recipe(plan)  # derived once for the memory, the step and the run
-    result = PlanResult(layout=layout, memory=estimate_memory(layout, r))
+    memory, line = estimate_memory_and_line(layout, r)
+    result = PlanResult(layout=layout, memory=memory, mbs_line=line)
     if with_time:
         from .estimate.time import step_time
         from .estimate.training import training_figures
@@ -51,11 +54,18 @@ def evaluate(plan: Plan, with_time: bool = True, spec=None) -> PlanResult:
     return result
 
 
+def _per_stage(x, pp: int) -> list[float]:
+    """A term as one list of pp Python floats (a scalar term is the same on every stage)."""
+    if isinstance(x, np.ndarray) and x.ndim:
+        x = x.astype(float, copy=False)
+        return x.tolist() if x.shape == (pp,) else np.broadcast_to(x, (pp,)).tolist()
+    return [float(x)] * pp
+
+
 def stage_rows(result: PlanResult) -> list[dict]:
     m = result.memory
     pp = result.layout.pp
-    # every term as one list of pp Python floats (a scalar term is the same on every stage)
-    per_stage = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (pp,)).tolist()  # noqa: E731
+    per_stage = lambda x: _per_stage(x, pp)  # noqa: E731
     comps = {k: per_stage(m[k]) for k in STAGE_COMPONENTS}
     parts = {k: per_stage(v) for k, v in m["activation_parts"].items()}
     buffers = {k: per_stage(v) for k, v in m["sharding_buffers"].items()}
@@ -106,8 +116,8 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
             "peak_bytes": peak,
             "fits": bool(result.fits),
             "headroom_bytes": result.capacity - peak,
-            "peak_stage": int(np.argmax(np.broadcast_to(result.memory["total"], (L.pp,)))),
-            **({"max_mbs": max_micro_batch(L)} if with_max_mbs else {}),
+            "peak_stage": int(np.argmax(result.memory["total"])) if np.ndim(result.memory["total"]) else 0,
+            **({"max_mbs": max_micro_batch(L, line=result.mbs_line)} if with_max_mbs else {}),
             "stages": stage_rows(result),
             # what each of the stages' sharding_buffers is, with its source (the bytes by which a
             # higher ZeRO stage may need more memory than a lower one)

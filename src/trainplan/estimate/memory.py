@@ -479,9 +479,38 @@ def estimate_memory(layout: Layout, r: Recipe | None = None) -> dict:
     return stage_memory(numbers_for(layout), r if r is not None else recipe(layout.plan), **layout_inputs(layout))
 
 
-# stage x candidate elements per `stage_memory` call in `max_micro_batch` (its temporaries stay
-# a few MB whatever the pipeline's depth)
-MAX_MBS_CELLS = 1 << 16
+def _first_column(value):
+    """The plan's own figures out of a `stage_memory` result evaluated on (stage, 1, column)
+    arrays: column 0 of each, as a (pp,) array where it varies by stage (three axes), a scalar
+    where it does not (two)."""
+    if isinstance(value, dict):
+        return {k: _first_column(v) for k, v in value.items()}
+    ndim = np.ndim(value)
+    return value[:, 0, 0] if ndim == 3 else value[0, 0] if ndim == 2 else value
+
+
+def estimate_memory_and_line(layout: Layout, r: Recipe | None = None) -> tuple[dict, dict]:
+    """`estimate_memory`, and in the same evaluation the line `max_micro_batch` reads: each
+    stage's memory at micro-batch sizes 1 and 2 with one micro-batch (one set of logits) in
+    flight. A stage's memory is affine in the micro-batch size at a given number in flight
+    (every term is a per-token figure times tokens, or none), so these two points give it at
+    any size."""
+    r = r if r is not None else recipe(layout.plan)
+    pp = layout.pp
+    inputs = layout_inputs(layout)
+    kinds = {k: inputs[k] for k in ("dense_layers", "moe_layers", "first", "last")}
+    for k, v in inputs.items():  # per-stage inputs on the first axis
+        if isinstance(v, np.ndarray) and v.ndim == 1:
+            inputs[k] = v[:, None, None]
+    inputs["mbs"] = np.array([[layout.mbs, 1, 2]], dtype=float)
+    flight = np.broadcast_to(inputs["in_flight_mb"], (pp, 1, 1))
+    inputs["in_flight_mb"] = np.concatenate([flight, np.ones((pp, 1, 2))], axis=2)
+    inputs["logits_in_flight"] = np.array([[float(inputs["logits_in_flight"]), 1.0, 1.0]])
+    inputs["head_in_flight"] = np.array([[float(inputs["head_in_flight"]), 1.0, 1.0]])
+    out = stage_memory(numbers_for(layout), r, **inputs)
+    line = {k: np.broadcast_to(out[k], (pp, 1, 3))[:, 0, 1:]
+            for k in ("total", "total_per_in_flight", "total_per_logits", "total_per_loss")}
+    return _first_column(out), {**line, "stage_kinds": kinds}
 
 
 def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batches=None) -> np.ndarray:
@@ -508,11 +537,12 @@ def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batc
     return np.fromiter(first.values(), dtype=np.int64, count=len(first))
 
 
-def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
+def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None) -> int:
     """Largest micro-batch that fits every stage (respecting gbs divisibility when the
-    global batch was given); 0 when even 1 does not fit. Evaluated for all candidates through
-    the same array formula, on the stages that can hold the peak (`peak_candidate_stages`),
-    in blocks of at most MAX_MBS_CELLS stage x candidate elements."""
+    global batch was given); 0 when even 1 does not fit. Every candidate size on the stages
+    that can hold the peak (`peak_candidate_stages`), from each stage's memory line in the
+    micro-batch size (`estimate_memory_and_line`; evaluated here unless given) and its
+    micro-batches in flight at that size."""
     plan = layout.plan
     cands = np.arange(1, limit + 1)
     if plan.gbs is not None:
@@ -520,21 +550,21 @@ def max_micro_batch(layout: Layout, limit: int = 4096) -> int:
         m = layout.gbs // (layout.dp * cands)
     else:
         m = np.full(cands.shape, layout.micro_batches)
-    inputs = layout_inputs(layout)
+    if not len(cands):
+        return 0
+    if line is None:
+        line = estimate_memory_and_line(layout)[1]
     sched = SCHEDULE_CODE[plan.schedule]
-    stages = peak_candidate_stages(layout, inputs, m)
-    per_stage = {k: inputs[k][stages][:, None] for k in ("dense_layers", "moe_layers", "first", "last")}
-    numbers, rec = numbers_for(layout), recipe(plan)
-    fits = np.zeros(cands.shape, dtype=bool)
-    block = max(1, MAX_MBS_CELLS // len(stages))
-    for lo in range(0, len(cands), block):
-        c, mb = cands[lo:lo + block], m[lo:lo + block]
-        inputs.update(
-            mbs=c[None, :],
-            in_flight_mb=in_flight(sched, stages[:, None], layout.pp, mb[None, :], layout.vpp, plan.pp_group,
-                                   plan.framework),
-            logits_in_flight=last_stage_logits_in_flight(sched, mb[None, :], plan.framework, layout.pp),
-            head_in_flight=last_stage_heads_in_flight(sched, mb[None, :], plan.framework, layout.pp), **per_stage)
-        total = stage_memory(numbers, rec, **inputs)["total"]
-        fits[lo:lo + block] = np.max(total, axis=0) <= layout.gpu.capacity_bytes
+    stages = peak_candidate_stages(layout, line["stage_kinds"], m)
+
+    def at(key):  # stages x candidates: the key's value at each candidate size
+        one, two = line[key][stages, 0][:, None], line[key][stages, 1][:, None]
+        return one + (cands[None, :] - 1) * (two - one)
+
+    flight = in_flight(sched, stages[:, None], layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework)
+    logits = last_stage_logits_in_flight(sched, m[None, :], plan.framework, layout.pp)
+    heads = last_stage_heads_in_flight(sched, m[None, :], plan.framework, layout.pp)
+    total = (at("total") + at("total_per_in_flight") * (flight - 1) + at("total_per_logits") * (heads - 1)
+             + at("total_per_loss") * (logits - heads))
+    fits = np.max(total, axis=0) <= layout.gpu.capacity_bytes
     return int(cands[fits].max()) if fits.any() else 0
