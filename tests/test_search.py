@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from trainplan.cli import app
 from trainplan.errors import PlanError
-from trainplan.plan import make_plan
+from trainplan.plan import make_plan, resolve
 from trainplan.report import evaluate
 from trainplan.search import (
     default_space,
@@ -92,10 +92,14 @@ def test_cost_ranks_layouts_as_time_does_on_one_accelerator():
 def test_search_holds_every_layout_to_one_global_batch():
     """Without --gbs every layout trains the same batch: Llama 2's 4M tokens (Touvron et al.
     2023, Table 1), as the GPU count times a power of two so it divides among the data-parallel
-    ranks: 1,024 x 4,096 on 8 or 64 GPUs, 768 on 24, and Llama 3 405B's 4M tokens of 8K on 16K GPUs
-    (512 sequences). Ranking layouts at their own default batches favoured larger batches."""
+    ranks: 1,024 x 4,096 on 8 or 64 GPUs, 768 on 24; past 4,096 GPUs 1,024 tokens per GPU, Llama 3
+    405B's final 16M tokens of 8K sequences on 16K H100s (Dubey et al. 2024, §3.4.1: 2,048
+    sequences). Ranking layouts at their own default batches favoured larger batches."""
     assert search_batch(4096, 8) * 4096 == 4_194_304 == search_batch(4096, 64) * 4096
-    assert search_batch(4096, 24) == 768 and search_batch(8192, 16384) == 512 and search_batch(4096, 1) == 1024
+    assert search_batch(4096, 24) == 768 and search_batch(4096, 1) == 1024
+    assert search_batch(8192, 16384) * 8192 == 16 * 2**20 and search_batch(8192, 4096) * 8192 == 4 * 2**20
+    # the batch grows past 4,096 GPUs: 8M tokens on 8,192
+    assert search_batch(4096, 8192) * 4096 == 8 * 2**20 and search_batch(4096, 65536) * 4096 == 64 * 2**20
     out = search(make_plan(model="llama-3-8b", gpus=8), set(), top=5)
     assert out["gbs"] == 1024 and not out["gbs_given"]
     assert {b["parallel"]["gbs"] for b in out["best"]} == {1024}
@@ -390,9 +394,17 @@ def _scalar_reference(plan, space, gpus: int) -> dict:
     model = load_model(plan)
     seq = plan.seq_len or min(model.max_position, 4096)
     rows = []
-    for tp, pp, cp, ep, mbs, rc, zero, sched, vpp in itertools.product(
-            space.tp, space.pp, space.cp, space.ep, space.mbs, space.recompute, space.zero, space.schedule,
-            space.vpp):
+    # every virtual-stage count up to a stage's layers and one more (one-layer end stages)
+    vpps = space.vpp if space.vpp is not None else range(1, model.layers + 2)
+    problems: dict = {}
+
+    def combinations():
+        for combo in itertools.product(space.tp, space.pp, space.cp, space.ep, space.mbs, space.recompute,
+                                       space.zero, space.schedule):
+            for vpp in (vpps if combo[-1] == "interleaved" else [v for v in vpps if v == 1]):
+                yield *combo, vpp
+
+    for tp, pp, cp, ep, mbs, rc, zero, sched, vpp in combinations():
         if gpus % (tp * pp * cp) or pp > model.layers or model.heads % tp:
             continue
         dp = gpus // (tp * pp * cp)
@@ -414,8 +426,11 @@ def _scalar_reference(plan, space, gpus: int) -> dict:
             continue
         m = gbs // (dp * mbs)
         if sched == "interleaved":
-            split = default_stage_split(model.layers, pp)
-            if pp < 2 or vpp < 2 or m % pp or interleaving_problem(split, vpp, plan.framework):
+            if pp < 2 or vpp < 2 or m % pp:
+                continue
+            if (pp, vpp) not in problems:
+                problems[pp, vpp] = interleaving_problem(default_stage_split(model.layers, pp), vpp, plan.framework)
+            if problems[pp, vpp]:
                 continue
         elif vpp != 1:
             continue
@@ -473,3 +488,39 @@ def test_a_profile_prices_only_the_accelerator_it_was_measured_on(tmp_path):
     with pytest.raises(PlanError) as e:
         accelerator_plans({**opts, "gpu_profile": str(unnamed)}, "H100-SXM,A100-80GB-SXM")
     assert e.value.field == "gpu_profile"
+
+
+def _gpt3_13b():
+    """GPT-3 13B (Brown et al. 2020, Table 2.1: 40 layers, 40 heads of 128, 2,048 tokens; d_model
+    5,120 = 40 x 128 as implementations build it)."""
+    from trainplan.specs.model import ModelSpec
+
+    return ModelSpec(name="gpt3-13b", source="Brown et al. 2020, Table 2.1", layers=40, hidden=5120, heads=40,
+                     ffn=20480, vocab=50257, mlp="gelu", norm="layernorm", position="learned", max_position=2048,
+                     bias=True, qkv_bias=True, tied_embeddings=True)
+
+
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
+def test_search_lists_every_interleaving_a_plan_accepts(framework):
+    """Every (pipeline depth, virtual stages) pair `plan` accepts for GPT-3 13B on 8 GPUs is
+    listed by the search, and no other: 10 virtual stages on 2 and on 4 stages (Calculon's best
+    layout for this model and GPU count uses 10), one-layer virtual stages (20 on 2 stages)."""
+    from trainplan.search import default_space, enumerate_layouts
+
+    spec = _gpt3_13b()
+    plan = make_plan(model="gpt2", gpu="A100-80GB-SXM", gpus=8, seq_len=2048, gbs=64, framework=framework)
+    lay = enumerate_layouts(plan, default_space(plan, set(), 8, spec.layers, 8, False), 8, spec)
+    listed = set(zip(lay["pp"][lay["vpp"] > 1].tolist(), lay["vpp"][lay["vpp"] > 1].tolist(), strict=True))
+    accepted = set()
+    for pp in (2, 4, 8):
+        for v in range(2, spec.layers + 2):
+            try:
+                resolve(plan.model_copy(update={"pp": pp, "tp": 8 // pp, "schedule": "interleaved", "vpp": v}), spec)
+            except PlanError:
+                continue
+            accepted.add((pp, v))
+    assert listed == accepted
+    assert {(2, 10), (4, 10), (2, 20), (4, 5)} <= listed
+    best = search(plan.model_copy(update={"schedule": "interleaved", "vpp": 10}), {"schedule", "vpp"}, top=1,
+                  spec=spec)["best"][0]["parallel"]
+    assert best["schedule"] == "interleaved" and best["vpp"] == 10

@@ -237,7 +237,7 @@ def render_time(c: Console, data: dict) -> None:
 
         batch = search_batch(par["seq_len"], data["gpu"]["gpus"])
         c.print(f"  the default global batch ({par['gbs']:,}, {par['micro_batches']} micro-batches) leaves a "
-                f"{t['bubble_fraction']:.0%} bubble: a training batch of about {search_batch_tokens()} tokens "
+                f"{t['bubble_fraction']:.0%} bubble: a training batch of about {search_batch_tokens(data['gpu']['gpus'])} tokens "
                 f"(--gbs {batch}) amortizes it")
     inp = t.get("input_pipeline_s")
     if inp and b.get("data", 0) > 0:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -74,7 +74,9 @@ class Space:
     mbs: list[int]
     recompute: list[str]
     schedule: list[str]
-    vpp: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])
+    # virtual stages per GPU of the interleaved schedule; None: every count the pipeline's
+    # split allows (`interleavings`), per pipeline depth
+    vpp: list[int] | None = None
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -97,8 +99,20 @@ def default_space(plan: Plan, fixed: set[str], gpus: int, layers: int, max_tp: i
         mbs=dim("mbs", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
         recompute=dim("recompute", ["none", "selective", "full"]),
         schedule=dim("schedule", ["gpipe", "1f1b", "interleaved", "zb"]),
-        vpp=[plan.vpp] if "vpp" in fixed and plan.vpp else [1, 2, 3, 4, 6, 8],
+        vpp=[plan.vpp] if "vpp" in fixed and plan.vpp else None,
     )
+
+
+@lru_cache(maxsize=4096)
+def interleavings(layers: int, pp: int, framework: str) -> tuple[int, ...]:
+    """Every count of virtual stages per GPU (2 or more) the default split of `layers` over `pp`
+    stages allows under `framework`'s conventions: each stage's layers divisible by it, or
+    (outside Megatron) equal but for one layer fewer on the first and last virtual stages, down
+    to ones that hold only the embedding or the head (`interleaving_problem`)."""
+    if pp < 2:
+        return ()
+    split = default_stage_split(layers, pp)
+    return tuple(v for v in range(2, max(split) + 2) if interleaving_problem(split, v, framework) is None)
 
 
 def _expand(cols: dict[str, np.ndarray], values: dict[str, list]) -> dict[str, np.ndarray]:
@@ -111,18 +125,26 @@ def _expand(cols: dict[str, np.ndarray], values: dict[str, list]) -> dict[str, n
     return out
 
 
-def search_batch_tokens() -> str:
-    """The tokens of the search's default global batch, in words ("4M")."""
-    return f"{conventions()['search']['batch_tokens'] / 2**20:g}M"
+def _batch_tokens(gpus: int | None) -> int:
+    """The tokens of the search's default global batch on `gpus` GPUs (conventions.toml
+    [search]): the 4M-token floor, or 1,024 tokens per GPU past 4,096 GPUs."""
+    conv = conventions()["search"]
+    return max(int(conv["batch_tokens"]), int(conv["batch_tokens_per_gpu"]) * (gpus or 0))
+
+
+def search_batch_tokens(gpus: int | None = None) -> str:
+    """The tokens of the search's default global batch on `gpus` GPUs, in words ("4M")."""
+    return f"{_batch_tokens(gpus) / 2**20:g}M"
 
 
 def search_batch(seq: int, gpus: int) -> int:
     """The global batch (sequences) every layout of a search trains when the plan gives none:
-    about conventions.toml [search] batch_tokens, as the GPU count times a power of two (or
-    divided by one), so that it divides among as many data-parallel ranks as it can; where the
-    GPU count does not divide by that power of two (100,000 by 128), its divisor nearest to the
-    batch (1,000), so that data parallelism still can."""
-    sequences = conventions()["search"]["batch_tokens"] / seq
+    about `_batch_tokens` (the 4M-token floor, 1,024 tokens per GPU past 4,096 GPUs), as the
+    GPU count times a power of two (or divided by one), so that it divides among as many
+    data-parallel ranks as it can; where the GPU count does not divide by that power of two
+    (100,000 by 128), its divisor nearest to the batch (1,000), so that data parallelism
+    still can."""
+    sequences = _batch_tokens(gpus) / seq
     shift = round(math.log2(sequences / gpus))
     if shift >= 0 or gpus % 2 ** -shift == 0:
         return max(1, round(gpus * 2.0 ** shift))
@@ -184,7 +206,7 @@ def _layout_blocks(plan: Plan, space: Space, gpus: int, model):
     # memory (but for micro-batches in flight) and stage times alike, ZeRO leaves stage times
     # alike, so equal work lies in adjacent runs (see `_evaluate`)
     if any(len(a) == 0 for a in (space.tp, space.pp, space.cp, space.ep, space.mbs, space.recompute, space.zero,
-                                 space.schedule, space.vpp)):
+                                 space.schedule)) or space.vpp == []:
         return
     cols: dict[str, np.ndarray] = {}
     for name in ("tp", "pp", "cp", "ep"):
@@ -212,36 +234,54 @@ def _layout_blocks(plan: Plan, space: Space, gpus: int, model):
         ok &= ep == 1
     cols = _keep({**cols, "dp": dp}, ok)
 
-    # (schedule, vpp) pairs: interleaving needs v >= 2, every other schedule v = 1
-    inter_code = SCHEDULE_CODE["interleaved"]
-    pairs = [(SCHEDULE_CODE[s], v) for s in space.schedule for v in space.vpp
-             if (SCHEDULE_CODE[s] == inter_code) == (v >= 2)]
-    if not pairs:
+    pairs = _schedule_pairs(plan, space, model, np.unique(cols["pp"]).tolist())
+    if not any(len(p) for p in pairs.values()):
         return
-    # interleaving needs a split into equal virtual stages (or, outside Megatron, ones lighter by
-    # a layer at both ends) of the default split: the (pp, vpp) pairs that cannot, as keys
-    vs = sorted({v for _, v in pairs if v > 1})
-    key_base = max(vs, default=1) + 1
-    no_split = []
-    for p in np.unique(cols["pp"]).tolist() if vs else []:
-        split = default_stage_split(model.layers, p)
-        no_split += [p * key_base + v for v in vs if interleaving_problem(split, v, plan.framework)]
-    no_split = np.array(no_split, dtype=np.int64)
     gbs = plan.gbs or search_batch(seq, gpus)
     n = len(cols["tp"])
     # near-equal blocks of (tp, pp, cp, ep) rows, each expanding to at most ENUM_BLOCK_LAYOUTS
-    per_row = len(space.mbs) * len(space.recompute) * len(space.zero) * len(pairs)
+    per_row = len(space.mbs) * len(space.recompute) * len(space.zero) * max(len(p) for p in pairs.values())
     count = -(-n // max(1, ENUM_BLOCK_LAYOUTS // per_row))
     size = max(1, -(-n // max(count, 1)))
     for lo in range(0, n, size):
         block = {k: v[lo:lo + size] for k, v in cols.items()}
-        out = _expand_block(plan, space, block, gbs, pairs, no_split, key_base)
+        out = _expand_block(plan, space, block, gbs, pairs)
         if len(out["tp"]):
             yield out
 
 
-def _expand_block(plan: Plan, space: Space, cols: dict[str, np.ndarray], gbs: int, pairs: list[tuple[int, int]],
-                  no_split: np.ndarray, key_base: int) -> dict[str, np.ndarray]:
+def _schedule_pairs(plan: Plan, space: Space, model, pps: list[int]) -> dict[int, list[tuple[int, int]]]:
+    """Per pipeline depth, its (schedule code, virtual stages) pairs in the space's schedule
+    order: interleaving with each count its split allows (v >= 2), every other schedule v = 1."""
+    inter = SCHEDULE_CODE["interleaved"]
+    out = {}
+    for p in pps:
+        allowed = interleavings(model.layers, p, plan.framework)
+        vs = allowed if space.vpp is None else [v for v in space.vpp if v in allowed]
+        out[p] = [(SCHEDULE_CODE[s], v) for s in space.schedule
+                  for v in (vs if SCHEDULE_CODE[s] == inter else (1,) if space.vpp is None or 1 in space.vpp else ())]
+    return out
+
+
+def _expand_pairs(cols: dict[str, np.ndarray], pairs: dict[int, list[tuple[int, int]]]) -> dict[str, np.ndarray]:
+    """Every row of `cols` with each (schedule, vpp) pair of its pipeline depth, the pairs
+    innermost (the row order of the full product, restricted to the allowed pairs)."""
+    depths = sorted(pairs)
+    width = max(len(p) for p in pairs.values())
+    table = np.full((len(depths), width, 2), -1, dtype=np.int64)
+    for i, p in enumerate(depths):
+        if pairs[p]:
+            table[i, :len(pairs[p])] = pairs[p]
+    row_pairs = table[np.searchsorted(depths, cols["pp"])]  # rows x width x 2
+    valid = row_pairs[:, :, 0] >= 0
+    rows = np.nonzero(valid)[0]
+    out = {name: col[rows] for name, col in cols.items()}
+    out["schedule"], out["vpp"] = row_pairs[valid, 0], row_pairs[valid, 1]
+    return out
+
+
+def _expand_block(plan: Plan, space: Space, cols: dict[str, np.ndarray], gbs: int,
+                  pairs: dict[int, list[tuple[int, int]]]) -> dict[str, np.ndarray]:
     """Valid (tp, pp, cp, ep) combinations times micro-batch, recompute, ZeRO and schedule, each
     rule applied as soon as its dimensions exist."""
     cols = _expand(cols, {"mbs": space.mbs})
@@ -265,15 +305,13 @@ def _expand_block(plan: Plan, space: Space, cols: dict[str, np.ndarray], gbs: in
         cols = _keep(cols, ok)
 
     inter_code = SCHEDULE_CODE["interleaved"]
-    cols = _expand(cols, {"schedule": [p[0] for p in pairs], "vpp": [p[1] for p in pairs]})
-    pp, vpp, inter = cols["pp"], cols["vpp"], cols["schedule"] == inter_code
+    cols = _expand_pairs(cols, pairs)
+    pp, inter = cols["pp"], cols["schedule"] == inter_code
     ok = ~inter | ((pp >= 2) & ((cols["m"] % np.maximum(pp, 1)) == 0))
     # one stage has no pipeline to schedule: 1F1B is plain gradient accumulation, ZB-H1 the same
     # and GPipe the same or worse (it keeps every micro-batch's activations), so only 1F1B stays
     if "1f1b" in space.schedule:
         ok &= (pp > 1) | (cols["schedule"] == SCHEDULE_CODE["1f1b"])
-    if len(no_split):
-        ok &= ~(inter & np.isin(pp * key_base + vpp, no_split))
     cols = _keep(cols, ok)
     return {k: cols[k] for k in LAYOUT_KEYS}
 
@@ -406,7 +444,13 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stag
     """`evaluate_bulk` for layouts that share one number of representative stages (last axis)."""
     lay0, r, hw = _base(plan, gpus, model)
     n = len(layouts["tp"])
-    col = lambda k: layouts[k].astype(float)[:, None]  # noqa: E731
+    floats: dict[str, np.ndarray] = {}
+
+    def col(k):  # a layout column as floats, one row per layout (converted once)
+        if k not in floats:
+            floats[k] = layouts[k].astype(float)[:, None]
+        return floats[k]
+
     pp, m, vpp, sched = col("pp"), col("m"), col("vpp"), col("schedule")
     seq = lay0.seq_len
     conv = conventions()
@@ -527,7 +571,7 @@ def _layouts(plan: Plan, fixed: set[str], gpus: int, model, max_tp: int | None, 
         resolve(plan.model_copy(update={"gpus": gpus, "gbs": gbs}), model)
     except PlanError as err:
         if plan.gbs is None and err.field == "gbs":
-            raise PlanError("gbs", f"{err.rule} (the search's default global batch, about {search_batch_tokens()} "
+            raise PlanError("gbs", f"{err.rule} (the search's default global batch, about {search_batch_tokens(gpus)} "
                             "tokens; give --gbs)") from None
         raise
     raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
