@@ -531,21 +531,21 @@ def cluster_links(gpu: GPUSpec, plan: Plan, gpus: int) -> GPUSpec:
     return gpu
 
 
-def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
-    """Check a plan against its model (looked up from the plan unless given) and
-    accelerator, and derive the missing values."""
-    model = model or load_model(plan)
-    gpu = catalog.gpu(plan.gpu)
-    warnings: list[str] = []
-    details: list[dict] = []
+class _Warnings:
+    """The warnings a plan collects while it is resolved: messages, and each with its code and
+    parameters (for translation)."""
 
-    def warn(code: str, message: str, **params) -> None:
-        warnings.append(message)
-        details.append({"code": code, "params": params, "message": message})
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.details: list[dict] = []
 
-    tp, pp, cp, ep = plan.tp, plan.pp, plan.cp, plan.ep
-    zero = plan.zero if plan.zero is not None else default_zero(plan.framework)
+    def __call__(self, code: str, message: str, **params) -> None:
+        self.messages.append(message)
+        self.details.append({"code": code, "params": params, "message": message})
 
+
+def _world_size(plan: Plan, tp: int, pp: int, cp: int) -> tuple[int, int]:
+    """(GPUs, data-parallel size): the plan's, checked against tp x pp x cp."""
     # -- world size and data parallelism
     model_parallel = tp * pp * cp
     if plan.dp is not None:
@@ -559,6 +559,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         if gpus % model_parallel:
             raise PlanError("gpus", f"must be a multiple of tp x pp x cp = {model_parallel} (got {gpus})")
         dp = gpus // model_parallel
+    return gpus, dp
+
+
+def _accelerator(plan: Plan, gpu: GPUSpec, gpus: int) -> GPUSpec:
+    """The accelerator with the cluster's links, checked against a measured profile."""
     gpu = cluster_links(gpu, plan, gpus)
     if plan.gpu_profile:
         from .profile import profile_accelerator
@@ -568,6 +573,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("gpu_profile", f"was measured on {measured}, whose efficiencies the plan's {gpu.name} "
                             "does not share (the same chip does: H100, H200 and H800)")
 
+    return gpu
+
+
+def _tensor_parallel(plan: Plan, model: ModelSpec, tp: int, warn: _Warnings) -> bool | None:
+    """Check TP against the model's heads and widths; whether sequence parallelism applies."""
     # -- tensor parallelism
     if model.heads % tp:
         raise PlanError("tp", f"must divide the number of attention heads ({model.heads}); got {tp}")
@@ -586,6 +596,12 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         warn("sp_needs_tp", "sequence parallelism needs tp > 1; ignored")
         sp = False
 
+    return sp
+
+
+def _pipeline(plan: Plan, model: ModelSpec, pp: int) -> tuple[int, list[int], list[int], list[int]]:
+    """(virtual stages per GPU, layers per stage, dense and MoE layers per stage): the schedule
+    and split checked."""
     # -- pipeline
     if pp > model.layers:
         raise PlanError("pp", f"cannot exceed the number of layers ({model.layers}); got {pp}")
@@ -627,6 +643,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         split, stage_moe, stage_dense = ([a + b for a, b in zip(x, x[::-1], strict=True)]
                                          for x in (split, stage_moe, stage_dense))
 
+    return vpp, split, stage_dense, stage_moe
+
+
+def _context_and_experts(plan: Plan, model: ModelSpec, cp: int, ep: int, dp: int) -> int:
+    """Check CP and EP against the sequence, the experts and the ranks; the sequence length."""
     # -- context and expert parallelism
     seq_len = plan.seq_len or min(model.max_position, 4096)
     if cp > 1:
@@ -650,6 +671,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("ep", f"must divide dp x cp = {dp * cp} (experts are spread over "
                             f"data-parallel ranks); got {ep}")
 
+    return seq_len
+
+
+def _hybrid_sharding(plan: Plan, dp: int, cp: int, ep: int, zero: int, warn: _Warnings) -> int:
+    """The ranks ZeRO shards over, checked."""
     # -- hybrid sharding: ZeRO over groups of dp_shard ranks (x cp), replicated across them
     dp_shard = plan.dp_shard or dp
     if dp % dp_shard:
@@ -665,6 +691,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
             raise PlanError("dp_shard", f"dp_shard x cp ({dp_shard} x {cp}) must be a multiple of ep ({ep}): "
                             "expert parameters shard over dp_shard x cp / ep ranks")
 
+    return dp_shard
+
+
+def _batch(plan: Plan, dp: int, pp: int, warn: _Warnings) -> tuple[int, int]:
+    """(global batch, micro-batches per step), checked against the ranks and the schedule."""
     # -- batch
     if plan.gbs is not None:
         gbs = plan.gbs
@@ -686,6 +717,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         warn("few_micro_batches", f"only {micro_batches} micro-batches for {pp} pipeline stages: "
              "most stages sit idle; raise --gbs", m=micro_batches, pp=pp)
 
+    return gbs, micro_batches
+
+
+def _recompute(plan: Plan, model: ModelSpec, vpp: int, split: list[int], warn: _Warnings) -> None:
+    """Check the recomputation options against the model and the stages."""
     # -- recompute
     if plan.recompute_layers is not None:
         if plan.recompute != "full":
@@ -732,6 +768,9 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         warn("early_stop_dropout", "with dropout the recomputation cannot stop early (a dropout mask is saved "
              "after each block's last linear); the whole block is re-run")
 
+
+def _precision_and_optimizer(plan: Plan, gpu: GPUSpec, zero: int, warn: _Warnings) -> None:
+    """Check precision, optimizer, ZeRO stage, offloading and fine-tuning."""
     # -- precision, optimizer, offload, fine-tuning
     conv = conventions()
     if plan.precision != "fp32" and gpu.peak(plan.precision) is None:
@@ -765,6 +804,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                 raise PlanError(name, "applies to --finetune lora or qlora only")
     if plan.finetune != "qlora" and plan.qlora_bits != Plan.model_fields["qlora_bits"].default:
         raise PlanError("qlora_bits", "applies to --finetune qlora only")
+
+
+def _unused_options(plan: Plan, gpus: int, dp: int, cp: int, zero: int, warn: _Warnings) -> None:
+    """Warn about options that change nothing in this layout."""
     if plan.cp_comm != "ring" and cp == 1:
         warn("cp_comm_unused", f"--cp-comm {plan.cp_comm} changes only context parallelism (cp = 1)",
              mode=plan.cp_comm)
@@ -783,6 +826,11 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     if plan.reduce_dtype is not None and dp * cp == 1:
         warn("reduce_unused", "--reduce-dtype changes the data-parallel gradient reduction; there is none with "
              "dp x cp = 1")
+
+
+def _gradient_reduction(plan: Plan, zero: int, warn: _Warnings) -> None:
+    """Check the gradient reduction against Megatron-LM's conventions."""
+    conv = conventions()
     if plan.framework == "megatron" and plan.reduce_dtype is not None:
         fw = conv["frameworks"]["megatron"]
         grad = plan.grad_dtype or ("fp32" if plan.precision == "fp32" or
@@ -793,6 +841,10 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
                             f"(--grad-reduce-in-bf16 keeps the buffer in bf16)")
     if plan.framework == "megatron" and zero == 2:
         warn("megatron_zero2", "Megatron-LM has no ZeRO-2 mode; bytes follow the generic ZeRO-2 rule")
+
+
+def _attention(plan: Plan, gpu: GPUSpec, seq_len: int, warn: _Warnings) -> None:
+    """Warn where the attention kernel asked for is not what the accelerator or framework runs."""
     if plan.attention in ("flash", "triton", "cudnn") and gpu.vendor == "NVIDIA" and gpu.peak("bf16") is None:
         # FlashAttention-2 and its Triton kernel build for Ampere (sm80) and newer, the first with bf16 tensor cores
         warn("flash_needs_ampere", f"FlashAttention needs an Ampere or newer GPU; {gpu.name} would run PyTorch's "
@@ -807,7 +859,29 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         warn("eager_dropout_scores", "eager attention with dropout stores 5 bytes per attention score; "
              "use --attention flash or --recompute selective")
 
-    vocab_multiple = int(conv["frameworks"][plan.framework]["vocab_multiple"])
+
+def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
+    """Check a plan against its model (looked up from the plan unless given) and
+    accelerator, and derive the missing values: one named check per concern, in order."""
+    model = model or load_model(plan)
+    gpu = catalog.gpu(plan.gpu)
+    warn = _Warnings()
+    tp, pp, cp, ep = plan.tp, plan.pp, plan.cp, plan.ep
+    zero = plan.zero if plan.zero is not None else default_zero(plan.framework)
+    gpus, dp = _world_size(plan, tp, pp, cp)
+    gpu = _accelerator(plan, gpu, gpus)
+    sp = _tensor_parallel(plan, model, tp, warn)
+    vpp, split, stage_dense, stage_moe = _pipeline(plan, model, pp)
+    seq_len = _context_and_experts(plan, model, cp, ep, dp)
+    dp_shard = _hybrid_sharding(plan, dp, cp, ep, zero, warn)
+    gbs, micro_batches = _batch(plan, dp, pp, warn)
+    _recompute(plan, model, vpp, split, warn)
+    _precision_and_optimizer(plan, gpu, zero, warn)
+    _unused_options(plan, gpus, dp, cp, zero, warn)
+    _gradient_reduction(plan, zero, warn)
+    _attention(plan, gpu, seq_len, warn)
+
+    vocab_multiple = int(conventions()["frameworks"][plan.framework]["vocab_multiple"])
     pad = vocab_multiple * tp if vocab_multiple > 1 else 1
     vocab_padded = math.ceil(model.vocab / pad) * pad
 
@@ -816,7 +890,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
         zero=zero, dp_shard=dp_shard, sp=sp, mbs=plan.mbs, gbs=gbs, seq_len=seq_len,
         micro_batches=micro_batches, vpp=vpp, stage_layers=split,
         stage_dense_layers=stage_dense, stage_moe_layers=stage_moe,
-        vocab_padded=vocab_padded, warnings=warnings, warning_details=details,
+        vocab_padded=vocab_padded, warnings=warn.messages, warning_details=warn.details,
     )
 
 
