@@ -333,12 +333,13 @@ def test_a_search_without_a_limit_of_its_own_keeps_the_core_one(monkeypatch):
 
 
 def test_the_default_search_batch_divides_among_gpus_that_are_not_a_power_of_two():
-    """4M tokens of 4,096-token sequences are 1,024 sequences: 16,384 GPUs divided by 16; but
-    100,000 GPUs divided by 128 is no whole number (781 sequences, which only 11 and 71 data-
-    parallel ranks divide, so no layout was found): its divisor nearest 1,024, 1,000, instead."""
+    """4M tokens of 4,096-token sequences are 1,024 sequences: 24 GPUs times 32; on 3,375 GPUs
+    (3^3 x 5^3) no power of two gives a whole number near 1,024 (843.75), so no layout was found:
+    its divisor nearest 1,024, 1,125, instead. Past 4,096 GPUs the batch is 1,024 tokens per GPU:
+    4,096 sequences on 16,384 GPUs (Llama 3 405B's 16M tokens), 25,000 on 100,000."""
     from trainplan.search import search, search_batch
 
-    assert search_batch(4096, 16384) == 1024 and search_batch(4096, 24) == 768
-    assert search_batch(4096, 100_000) == 1000 and search_batch(4096, 720_720) == 1040  # 2^4 x 5 x 13
+    assert search_batch(4096, 16384) == 4096 and search_batch(4096, 24) == 768
+    assert search_batch(4096, 3375) == 1125 and search_batch(4096, 100_000) == 25_000
     out = search(make_plan(model="llama-3.1-405b", gpus=100_000), set(), top=1)
-    assert out["gbs"] == 1000 and out["best"][0]["parallel"]["dp"] in (125, 250, 500, 1000)
+    assert out["gbs"] == 25_000 and 25_000 % (out["best"][0]["parallel"]["dp"] * out["best"][0]["parallel"]["mbs"]) == 0

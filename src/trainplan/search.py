@@ -21,6 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -335,7 +336,21 @@ def _representatives(model, p: int, lora: bool) -> tuple[tuple[int, ...], tuple[
     return tuple(reps), tuple((int(kinds[s, 0]), int(kinds[s, 1])) for s in reps)
 
 
-def _stage_tables(model, pps: np.ndarray, lora: bool = False):
+class StageTable(NamedTuple):
+    """Per layout (or per pipeline depth): its representative stages (last axis), each one's
+    index and dense and MoE layer counts, and how many of them are distinct."""
+
+    idx: np.ndarray
+    dense: np.ndarray
+    moe: np.ndarray
+    width: np.ndarray | None = None
+
+    def rows(self, rows, w: int) -> StageTable:
+        """These rows' tables, the first `w` representative stages."""
+        return StageTable(self.idx[rows, :w], self.dense[rows, :w], self.moe[rows, :w])
+
+
+def _stage_tables(model, pps: np.ndarray, lora: bool = False) -> StageTable:
     """Per pp value: the representative stages' indices, dense/MoE layer counts, and how many
     of them are distinct (the rest repeat stage 0 and change no maximum); `lora`: stage 1 too,
     as LoRA's stage 0 keeps nothing for its first layer's input norm and may hold less. The
@@ -353,7 +368,7 @@ def _stage_tables(model, pps: np.ndarray, lora: bool = False):
             k = j if j < len(reps) else 0  # padding repeats stage 0
             idx[row, j] = reps[k]
             dense[row, j], moe[row, j] = kinds[k]
-    return idx, dense, moe, width
+    return StageTable(idx, dense, moe, width)
 
 
 def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=None,
@@ -364,11 +379,11 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
     depth has (one without pipelining, two for an even split), so no stage is computed twice."""
     model = spec or load_model(plan)
     pps, inverse = np.unique(layouts["pp"], return_inverse=True)
-    idx_t, dense_t, moe_t, width_t = _stage_tables(model, pps, lora=plan.finetune != "full")
-    width = width_t[inverse]
+    tables = _stage_tables(model, pps, lora=plan.finetune != "full")
+    width = tables.width[inverse]
     # a small group costs more in per-call overhead than its spare stages: it joins the next
     # wider one (a narrower layout evaluated at a larger width repeats stage 0, changing nothing)
-    wide = idx_t.shape[1]
+    wide = tables.idx.shape[1]
     counts = np.bincount(width, minlength=wide + 1)
     group_width = np.zeros(wide + 1, dtype=np.int64)
     pending = 0
@@ -379,15 +394,13 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
     groups = np.unique(width)
     if len(groups) == 1:
         w = int(groups[0])
-        return _evaluate(plan, layouts, gpus, model, idx_t[inverse, :w], dense_t[inverse, :w], moe_t[inverse, :w],
-                         fitting_only)
+        return _evaluate(plan, layouts, gpus, model, tables.rows(inverse, w), fitting_only)
     n = len(width)
     out: dict[str, np.ndarray] = {}
     for w in groups:
         rows = np.flatnonzero(width == w)
         sub = {k: v[rows] for k, v in layouts.items()}
-        res = _evaluate(plan, sub, gpus, model, idx_t[inverse[rows], :w], dense_t[inverse[rows], :w],
-                        moe_t[inverse[rows], :w], fitting_only)
+        res = _evaluate(plan, sub, gpus, model, tables.rows(inverse[rows], w), fitting_only)
         for k, v in res.items():
             if k == "capacity_bytes":
                 out[k] = v
@@ -439,9 +452,10 @@ def _runs(layouts: dict[str, np.ndarray], keys: tuple[str, ...], within: np.ndar
     return np.cumsum(change) - 1
 
 
-def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stage_idx: np.ndarray,
-              dense: np.ndarray, moe: np.ndarray, fitting_only: bool) -> dict[str, np.ndarray]:
+def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stages: StageTable,
+              fitting_only: bool) -> dict[str, np.ndarray]:
     """`evaluate_bulk` for layouts that share one number of representative stages (last axis)."""
+    stage_idx, dense, moe = stages.idx, stages.dense, stages.moe
     lay0, r, hw = _base(plan, gpus, model)
     n = len(layouts["tp"])
     floats: dict[str, np.ndarray] = {}
