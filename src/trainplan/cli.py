@@ -836,9 +836,24 @@ def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     render_gpus(rows)
 
 
+def _app_for(args: list[str]) -> typer.Typer:
+    """The app with only the command the command line names (building the click commands of
+    all of them, some 300 options, is a good part of start-up); the whole app when the first
+    argument names none (no command, --help, a mistyped one: the group lists or suggests them)."""
+    name = args[0] if args else None
+    chosen = [c for c in app.registered_commands if (c.name or c.callback.__name__) == name]
+    if len(chosen) != 1:
+        return app
+    one = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                      pretty_exceptions_enable=False, help=app.info.help)
+    one.registered_commands = chosen
+    one.callback()(lambda: None)  # a group, as the whole app is, not a lone command
+    return one
+
+
 def main() -> None:
     try:
-        app()
+        _app_for(sys.argv[1:])()
     except PlanError as err:  # raised outside a command body (e.g. a broken catalog)
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
