@@ -118,3 +118,35 @@ def test_gpu_aliases_and_unknown():
     with pytest.raises(PlanError) as e:
         catalog.gpu("h1000")
     assert e.value.field == "gpu" and "h100" in str(e.value).lower()
+
+
+def test_catalog_index_is_rebuilt_when_a_catalog_file_changes(tmp_path, monkeypatch):
+    """The parsed catalog is kept in the user's cache directory and read back while no catalog
+    file changed; an edited file (new size or modification time) rebuilds it."""
+    import shutil
+
+    from trainplan.specs import index
+
+    root = tmp_path / "catalog"
+    shutil.copytree(index.CATALOG_DIR, root)
+    monkeypatch.setenv("TRAINPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    files = index.catalog_files.__wrapped__(root)
+    assert files["models/gpt2.toml"]["layers"] == 12 and len(list((tmp_path / "cache").glob("catalog-*.json"))) == 1
+    again = index.catalog_files.__wrapped__(root)  # read back from the index: the same data
+    assert again == files
+    gpt2 = root / "models" / "gpt2.toml"
+    gpt2.write_text(gpt2.read_text().replace("layers = 12", "layers = 120"))
+    assert index.catalog_files.__wrapped__(root)["models/gpt2.toml"]["layers"] == 120
+
+
+def test_catalog_works_where_no_index_can_be_written(tmp_path, monkeypatch):
+    """A cache directory that cannot be created (here: a file in its way) leaves the catalog
+    parsed directly, as a read-only install needs; nothing is written beside the package."""
+    from trainplan.specs import index
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("TRAINPLAN_CACHE_DIR", str(blocker / "cache"))
+    files = index.catalog_files.__wrapped__(index.CATALOG_DIR)
+    assert files["hardware/h100-sxm.toml"]["name"] == "H100-SXM"
+    assert not list(index.CATALOG_DIR.rglob("*.json"))
