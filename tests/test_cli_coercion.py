@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import typer.main
 from typer._coercion import build_runtime_param
 
 from trainplan import cli
+from trainplan.plan_types import Recompute
 
 LITERALS = ["0", "1", "8", "-3", "+2", "007", "1_000", " 4", "4 ", "1.5", "0.25", "-0.5", "1e-3", "2E+5",
             "1.", ".5", "1e400", "nan", "inf", "-inf", "abc", "", "1e5", "12345678901234567890", "0x10",
@@ -38,8 +41,8 @@ def test_bad_values_keep_typer_messages(capsys):
                                             "string as an integer"),
                           (["--dropout", "x"], "error: --dropout: Input should be a valid number, unable to "
                                                "parse string as a number"),
-                          (["--recompute", "bogus"], "error: --recompute: 'bogus' is not one of 'none', "
-                                                     "'selective', 'full'.")):
+                          (["--recompute", "bogus"], "error: --recompute: 'bogus' is not one of "
+                                                     + ", ".join(map(repr, get_args(Recompute))) + ".")):
         try:
             cli.app(["plan", *args])
         except SystemExit as exc:

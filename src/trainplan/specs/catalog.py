@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from ..errors import PlanError, from_pydantic
 from ..files import read_toml_file
 from .hardware import GPUSpec
+from .index import CATALOG_DIR as CATALOG_DIR  # the catalog's folder, for its other readers
 from .index import catalog_files
 from .model import ModelSpec
 
