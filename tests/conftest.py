@@ -19,7 +19,7 @@ def data_dir() -> Path:
 # in one place, so `pytest -m "not slow"` gives a quick pass; CI (scripts/test.sh) runs them all.
 SLOW_MODULES = {"test_activations_torch", "test_hf_activations", "test_validate", "test_validate_ep_zero2",
                 "test_validate_mla_lora", "test_validate_pipelining", "test_validate_sp_cp", "test_bench",
-                "test_optimizer_step"}
+                "test_optimizer_step", "test_export_frameworks"}
 
 
 def pytest_collection_modifyitems(config, items):
