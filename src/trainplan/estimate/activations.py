@@ -91,6 +91,11 @@ ACTIVATION_SAVES = {
     "relu": (0, 1),  # nn.ReLU: its backward reads the output
     "relu2": (1, 0),  # ReLUSquaredActivation: square(relu(x)) keeps relu(x) (relu's output, square's input)
 }
+# gpt-oss's clamped SwiGLU (GptOssExperts._apply_gate): the two clamps keep gate and up (one
+# storage, the gate_up output, 2f), then gate·sigmoid(α·gate) keeps the clamped gate and the
+# sigmoid, and (up + 1)·glu keeps both factors: 4 more than the product its down projection
+# keeps besides gate and up (counted as a gated MLP's 3f: kept 4 in place of SiLU's 1)
+CLAMPED_SWIGLU_SAVES = (4, 0)
 # The planner's experts implementation when a model states none: transformers 5's default.
 DEFAULT_EXPERTS_IMPL = "grouped"
 
@@ -127,6 +132,15 @@ class LayerShape:
     head_dim: int = 0  # width of one head (for the per-head norms' statistics)
     shared_norm: bool = False  # parallel residual with one norm feeding attention and MLP (GPT-J, Phi)
     rope_concat: bool = False  # RoPE's q is a concatenation (partial rotary), laid out heads-major
+    # norms, attention masks and soft-capping (estimate/norm_features.py)
+    post_norms: int = 0  # norms on a block's output besides the two before them (Gemma 2/3's sandwich: 2)
+    python_layernorm: bool = False  # a LayerNorm written in PyTorch ops (Cohere): keeps 3 fp32 tensors
+    qk_norm_all: bool = False  # the q/k norms span all heads (OLMo 2): one statistic per token
+    attn_softcap: bool = False  # cap·tanh(scores/cap): eager keeps the tanh output
+    sliding_share: float = 0.0  # share of the layers attending through a sliding window
+    sliding_window: int = 0
+    attention_sinks: bool = False  # gpt-oss: a sink logit joins every softmax
+    final_softcap: bool = False  # cap·tanh(logits/cap) on the output head (Gemma 2)
 
 
 def _adapted(shape: LayerShape, saves) -> dict:
