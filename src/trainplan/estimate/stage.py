@@ -28,6 +28,7 @@ from .gemm_rates import (
     lora_gemms,
 )
 from .hardware import Hardware
+from .norm_features import causal_keys
 from .recipe import recipe
 
 
@@ -87,7 +88,9 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # for the s/cp tokens one kernel call spans (a context-parallel ring computes s/cp blocks),
     # over the head dimensions the kernel pads to
     qk_run, vd_run = (flash_head_dim(d, hw.attention_kernel, hw.flash_head_dim_multiple) for d in (qk, vd))
-    attn_flops = 0.5 * tokens * seq * heads_local * 2 * (qk_run + vd_run)
+    # (on sliding-window layers the window's keys: norm_features.causal_keys)
+    attn_flops = tokens * causal_keys(seq, model.sliding_share, model.sliding_window or 0) * heads_local * 2 * (
+        qk_run + vd_run)
     attn_flash = attn_flops / (hw.peak * flash_efficiency(hw, seq / cp))
     attn_bwd = np.where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
     # forward + backward at the kernel's combined efficiency; where its forward alone is

@@ -273,7 +273,8 @@ def from_dict(config: dict, name: str | None = None, source: str = "Hugging Face
         raise PlanError("hf_config", "must be a JSON object (the contents of config.json)")
     config, source = hf_families_norms.language_model(config, source)
     check_config(config)
-    config = {k: v for k, v in config.items() if v is not None}  # null: the class's default
+    # null: the class's default, except where null switches a feature off (no sliding window, no soft-cap)
+    config = {k: v for k, v in config.items() if v is not None or k in hf_families_norms.NULL_IS_OFF}
     model_type = config.get("model_type")
     if model_type not in CONVERTERS:
         raise PlanError("hf_config.model_type", unsupported_family(model_type))

@@ -235,6 +235,9 @@ FAMILIES = {
 FIELD_RANGES = {"sliding_window": (1, 100_000_000), "max_window_layers": (0, 100_000),
                 "sliding_window_pattern": (1, 100_000)}
 FLAGS = ("use_sliding_window", "use_qk_norm", "use_bidirectional_attention")
+# keys whose null turns a feature off rather than meaning the class's default (MistralConfig's
+# sliding_window defaults to 4096, Mistral-7B-v0.3 writes null: no window)
+NULL_IS_OFF = ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping")
 
 # Multimodal configs whose language model is one of these families: its config, nested
 MULTIMODAL = {"gemma3": ("text_config", "gemma3_text")}

@@ -181,7 +181,14 @@ def build_hf_model(spec: ModelSpec, attention: str, recompute: str, device: str,
         if isinstance(getattr(config, key, None), (int, float)):
             setattr(config, key, dropout)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
+    except ValueError as exc:
+        if attention == "sdpa" and "scaled_dot_product_attention" in str(exc):
+            # Gemma 2 (soft-capping) and gpt-oss (attention sinks) run eager or flash attention
+            raise PlanError("attention", f"transformers runs {config.model_type} without SDPA (its attention "
+                            "needs soft-capping or sinks): validate with --attention eager") from None
+        raise
     model.train()
     if recompute == "full":
         # reentrant (transformers' default), or non-reentrant, which stops early (PyTorch >= 2.1)
