@@ -216,7 +216,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     fused_attn = ~eager
     # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
     # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
-    kv_div = np.where(eager & (np.asarray(recompute) == 0), tp, np.minimum(tp, shape.kv_heads))
+    kv_div = np.where(eager & (np.asarray(recompute) == 0) & (shape.kv_heads > tp), tp,
+                      np.minimum(tp, shape.kv_heads))
     t = {}
     # -- attention block
     norm = _norm_bytes(h, eager_norm, residual_bytes, stats, frozen)
@@ -229,9 +230,12 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     t["mla_latents"] = tokens * _latent_bytes(shape, eager_norm, act_bytes, frozen) / rep_in
     no_recompute = np.asarray(recompute) == 0
     # Eager GQA repeats K/V to every query head; the repeated copies are saved unless the
-    # attention core is recomputed (then its inputs, the unrepeated K/V, are kept).
-    k_w = np.where(eager & no_recompute, shape.q, shape.k)
-    v_w = np.where(eager & no_recompute, shape.attn_out, shape.v)
+    # attention core is recomputed (then its inputs, the unrepeated K/V, are kept). transformers'
+    # repeat_kv (expand, reshape) copies only when a rank holds more than one KV head: one head
+    # (MQA, or tp >= kv_heads) is repeated as a view of itself.
+    repeats = eager & no_recompute & (shape.kv_heads > tp)
+    k_w = np.where(repeats, shape.q, shape.k)
+    v_w = np.where(repeats, shape.attn_out, shape.v)
     # Under autocast RoPE's fp32 tables promote q and k to fp32; the attention kernel casts
     # them back, but a recomputed attention core keeps its fp32 inputs.
     qk_bytes = np.where((np.asarray(recompute) == 1) & bool(shape.rotary) & (autocast > 0),

@@ -21,7 +21,8 @@ all take numbers or numpy arrays. From the ops of transformers 5.x's modeling fi
 * sliding-window layers under SDPA, once the sequence reaches the window (transformers then
   passes an explicit mask, masking_utils._ignore_causal_mask_sdpa): the kernel keeps its own
   floating-point copy of the boolean mask (mbs·s² in the queries' dtype) and transformers
-  repeats K and V to every query head (`use_gqa_in_sdpa` is false with a mask); the boolean
+  repeats K and V to every query head (`use_gqa_in_sdpa` is false with a mask; a copy unless a
+  rank holds one KV head, as eager's repeat in `activations.layer_terms`); the boolean
   mask itself is kept once per micro-batch. Eager attention materialises the scores anyway,
   and a flash kernel takes the window as an argument.
 * attention sinks (gpt-oss, eager): the softmax runs over the scores joined with the sink logit
@@ -90,7 +91,7 @@ def adjust_layer_terms(t: dict, shape: LayerShape, *, tokens, seq, tp, sp, act_b
         t["attention_sinks"] = tokens * shape.heads / tp * (INDEX_BYTES + act_bytes) * eager * no_recompute
     if shape.sliding_share:
         masked = sdpa * (np.asarray(seq) >= shape.sliding_window) * shape.sliding_share
-        repeated = (shape.q - shape.k + shape.attn_out - shape.v) / tp
+        repeated = (shape.q - shape.k + shape.attn_out - shape.v) / tp * (shape.kv_heads > tp)  # a view of one head
         t["window_mask"] = masked * tokens * (seq * act_bytes + repeated * act_bytes)
     return t
 

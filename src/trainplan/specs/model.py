@@ -405,6 +405,26 @@ class ModelSpec(BaseModel):
     def sliding_share(self) -> float:
         return self.sliding_layers / self.layers
 
+    def layer_pattern(self, layers: int) -> dict:
+        """`layer_types` and `mlp_only_layers` for the same model at `layers` layers (a scaled-down
+        copy): as many sliding and dense-MLP layers in proportion, at least one of each kind the
+        model has, and at least one full-attention and one MoE layer where it has them."""
+        out: dict = {}
+        if self.layer_types is not None:
+            sliding = round(self.sliding_share * layers)
+            if self.sliding_layers:
+                sliding = max(1, sliding)
+            if self.sliding_layers < self.layers and layers > 1:
+                sliding = min(sliding, layers - 1)
+            # full-attention layers spread evenly, each after its sliding ones (Gemma 2/3, gpt-oss)
+            full = layers - sliding
+            out["layer_types"] = tuple("full_attention" if (i + 1) * full // layers > i * full // layers
+                                       else "sliding_attention" for i in range(layers))
+        if self.mlp_only_layers:
+            dense = max(1, round(len(self.mlp_only_layers) / self.layers * layers))
+            out["mlp_only_layers"] = tuple(range(min(dense, layers - 1)))
+        return out
+
     # ---- parameter counts ----------------------------------------------------------
     def layer_params(self, index: int) -> int:
         return sum(lin.params for lin in self.layer_linears(index)) + self.layer_vector_params(index)
