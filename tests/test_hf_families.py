@@ -48,13 +48,21 @@ def _validate(cfg, attention):
 
 
 # ---- measured -------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,attention", [(n, a) for n, atts in FAMILIES.items() for a in atts])
-def test_tiny_family_matches_transformers(data_dir, name, attention):
+# features a family's flagship may switch on beyond its tiny config: OLMo's clip_qkv (OLMo 7B
+# 0424), Command R+'s per-head q/k LayerNorms
+VARIANTS = [("olmo", {"clip_qkv": 8.0}), ("olmoe", {"clip_qkv": 8.0}), ("cohere", {"use_qk_norm": True})]
+
+
+@pytest.mark.parametrize("name,changes,attention",
+                         [(n, {}, a) for n, atts in FAMILIES.items() for a in atts]
+                         + [(n, c, a) for n, c in VARIANTS for a in FAMILIES[n]])
+def test_tiny_family_matches_transformers(data_dir, name, changes, attention):
     """Measured (transformers 5.24, torch 2.13, CPU): activations within 0.5% for every family and
     attention (e.g. Gemma 2 eager +0.19%, Gemma 3 SDPA -0.10%, Cohere 2 SDPA +0.48%, gpt-oss eager
-    +0.36%, Mistral's window under SDPA +0.43%); before these features, -33% (Gemma 2),
-    -20% (Gemma 3 SDPA), -15% (Cohere 2 SDPA), -21% (gpt-oss), -12% (Mistral SDPA)."""
-    case = _validate(_config(data_dir, name), attention)
+    +0.36%, Mistral's window under SDPA +0.42%, OLMo with clip_qkv eager +0.35%, Cohere with q/k
+    norms SDPA -0.06%); before these features, -33% (Gemma 2), -20% (Gemma 3 SDPA), -15% (Cohere 2
+    SDPA), -21% (gpt-oss), -12% (Mistral SDPA)."""
+    case = _validate(_config(data_dir, name, **changes), attention)
     err = case["rel_error"]
     assert err["params_bytes"] == 0 and err["grads_bytes"] == 0, err
     assert abs(err["activations_bytes"]) <= ACT_TOL, (name, attention, err["activations_bytes"])
@@ -103,8 +111,8 @@ def test_qwen3_moe_dense_layers(data_dir):
 
 @pytest.mark.parametrize("name,key,value", [
     ("gemma2", "use_bidirectional_attention", True),
-    ("olmo", "clip_qkv", 8.0),
-    ("cohere", "use_qk_norm", True),
+    ("olmo", "clip_qkv", -1),
+    ("cohere2", "use_qk_norm", True),
     ("gpt_oss", "swiglu_alpha", 1.5),
     ("gemma2", "layer_types", ["sliding_attention", "chunked_attention"]),
     ("gemma2", "layer_types", ["sliding_attention"]),
@@ -115,6 +123,16 @@ def test_keys_that_change_the_model_are_refused_by_name(data_dir, name, key, val
     with pytest.raises(PlanError) as e:
         hf.from_dict(_config(data_dir, name, **{key: value}))
     assert e.value.field == f"hf_config.{key}"
+
+
+def test_per_head_norms_and_clamps_are_counted(data_dir):
+    """Command R+'s q/k LayerNorms carry a weight per head (no bias): (4 + 2) x 16 per layer;
+    OLMo's clip_qkv adds no parameter."""
+    cohere = hf.from_dict(_config(data_dir, "cohere"))
+    plus = hf.from_dict(_config(data_dir, "cohere", use_qk_norm=True))
+    assert plus.params - cohere.params == 2 * (4 + 2) * 16 and plus.qk_norm_scope == "per_head"
+    clipped = hf.from_dict(_config(data_dir, "olmo", clip_qkv=8.0))
+    assert clipped.clip_qkv == 8.0 and clipped.params == hf.from_dict(_config(data_dir, "olmo")).params
 
 
 def test_family_features_are_read(data_dir):

@@ -141,6 +141,7 @@ class LayerShape:
     sliding_window: int = 0
     attention_sinks: bool = False  # gpt-oss: a sink logit joins every softmax
     final_softcap: bool = False  # cap·tanh(logits/cap) on the output head (Gemma 2)
+    clip_qkv: bool = False  # q, k and v clamped in place (OLMo): each clamp keeps a copy of its input
 
 
 def _adapted(shape: LayerShape, saves) -> dict:

@@ -14,6 +14,10 @@ all take numbers or numpy arrays. From the ops of transformers 5.x's modeling fi
 * CohereLayerNorm (`(x - mean) * rsqrt(var + eps) * w` in fp32 ops): `pow` keeps x - mean, the
   second x - mean and the rsqrt are kept by their product, and the normalised x by the weight's
   product: 3 fp32 tensors of h and one fp32 statistic (2 when the weight is frozen).
+* Cohere's q/k norms (`use_qk_norm`): the same LayerNorm over each head of q and of k (a weight
+  per head): 3 fp32 tensors of the q and k widths and one statistic per head.
+* OLMo's `clip_qkv`: q, k and v clamped in place; each in-place clamp keeps a copy of the tensor it
+  overwrites (its backward reads the unclamped values): q + k + v per token.
 * attention soft-capping (Gemma 2), eager: `tanh(scores / cap)` keeps its output, a·s² per
   sequence in the scores' dtype; a flash kernel caps inside (nothing kept); transformers'
   SDPA refuses it.
@@ -78,6 +82,13 @@ def adjust_layer_terms(t: dict, shape: LayerShape, *, tokens, seq, tp, sp, act_b
         python = python_layernorm_bytes(h, frozen) * (1 - fused)
         t["attn_norm"] = t["attn_norm"] * fused + tokens * python / rep
         t["mlp_norm"] = t["mlp_norm"] * fused + tokens * python / rep * (not shape.shared_norm)
+    kv_div = np.minimum(tp, shape.kv_heads)
+    if shape.python_layernorm and shape.qk_norm:  # Cohere's per-head q/k LayerNorms, in the same ops
+        head_stats = (shape.q / tp + shape.k / kv_div) / max(shape.head_dim, 1) * FP32
+        t["qk_norm"] = t["qk_norm"] * fused + tokens * (1 - fused) * (
+            (shape.q / tp + shape.k / kv_div) * (3 - frozen) * FP32 + head_stats)
+    if shape.clip_qkv:  # clamp_ in place keeps a copy of what it overwrites (ClampBackward1's self)
+        t["clip_qkv"] = tokens * (shape.q / tp + (shape.k + shape.v) / kv_div) * act_bytes
     if shape.post_norms:
         t["post_norms"] = shape.post_norms * tokens * _norm_bytes(h, eager_rms, act_bytes, stats, frozen) / rep
     if shape.qk_norm_all:  # one statistic per token for q and for k, not one per head

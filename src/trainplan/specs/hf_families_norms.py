@@ -125,14 +125,11 @@ def gemma3_text(c: dict, base: dict, activation) -> dict:
 
 
 # ---- OLMo ---------------------------------------------------------------------------------
-def _no_clip(c: dict) -> None:
-    _refuse(c, "clip_qkv", (None,), "clamping q, k and v in place is not modelled")
-
-
 def olmo(c: dict, base: dict, activation) -> dict:
-    """OLMo: LayerNorm without weight or bias (OlmoLayerNorm), pre-norm, SwiGLU."""
-    _no_clip(c)
-    return {**base, "norm": "layernorm", "norm_weight": False, "qkv_bias": _flag(c, "attention_bias", False),
+    """OLMo: LayerNorm without weight or bias (OlmoLayerNorm), pre-norm, SwiGLU, q/k/v clamped
+    to ±clip_qkv where given."""
+    return {**base, "norm": "layernorm", "norm_weight": False, "clip_qkv": _number(c, "clip_qkv", None),
+            "qkv_bias": _flag(c, "attention_bias", False),
             "bias": _flag(c, "attention_bias", False)}
 
 
@@ -144,23 +141,26 @@ def olmo2(c: dict, base: dict, activation) -> dict:
 
 def olmoe(c: dict, base: dict, activation) -> dict:
     """OLMoE: pre-norm, RMSNorm over all heads of q and k, routed experts without shared ones."""
-    _no_clip(c)
-    return {**base, "qk_norm": True, "qk_norm_scope": "all", "qkv_bias": _flag(c, "attention_bias", False),
+    return {**base, "qk_norm": True, "qk_norm_scope": "all", "clip_qkv": _number(c, "clip_qkv", None),
+            "qkv_bias": _flag(c, "attention_bias", False),
             "experts": _int(c, "num_experts", 64), "top_k": _int(c, "num_experts_per_tok", 8),
             "expert_ffn": base["ffn"]}
 
 
 # ---- Cohere -------------------------------------------------------------------------------
 def cohere(c: dict, base: dict, activation) -> dict:
-    """Command R: one LayerNorm without bias feeding attention and MLP in parallel, tied embeddings."""
-    _refuse(c, "use_qk_norm", (False,), "Cohere's per-head q/k LayerNorms are not modelled")
+    """Command R: one LayerNorm without bias feeding attention and MLP in parallel, tied embeddings;
+    with `use_qk_norm` (Command R+) a LayerNorm over each head of q and k, a weight per head."""
+    qk = _flag(c, "use_qk_norm", False)
     return {**base, "norm": "layernorm", "norm_bias": False, "shared_norm": True, "parallel_residual": True,
+            "qk_norm": qk, "qk_norm_scope": "per_head" if qk else "head",
             "tied_embeddings": _flag(c, "tie_word_embeddings", True),
             "qkv_bias": _flag(c, "attention_bias", False), "bias": _flag(c, "attention_bias", False)}
 
 
 def cohere2(c: dict, base: dict, activation) -> dict:
-    """Command R7B / A: Cohere's layer with three sliding layers to a full one."""
+    """Command R7B / A: Cohere's layer (no q/k norms) with three sliding layers to a full one."""
+    _refuse(c, "use_qk_norm", (False,), "Cohere 2's attention has no q/k norms")
     return _windowed(cohere(c, base, activation), c, 4096, _every(_int(c, "sliding_window_pattern", 4)))
 
 

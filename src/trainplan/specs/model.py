@@ -136,7 +136,10 @@ class ModelSpec(BaseModel):
     norm_position: NormPosition = "pre"
     norm_weight: bool = True  # the norms carry a weight (OLMo's LayerNorm has none)
     norm_bias: bool = True  # a LayerNorm's bias (Cohere's LayerNorm has none)
-    qk_norm_scope: Literal["head", "all"] = "head"  # q/k norm over each head (Qwen3, Gemma 3) or all heads (OLMo 2)
+    # q/k norms: over each head with one weight for all heads (Qwen3, Gemma 3), over all heads (OLMo 2),
+    # or over each head with a weight per head (Cohere's use_qk_norm)
+    qk_norm_scope: Literal["head", "all", "per_head"] = "head"
+    clip_qkv: float | None = Field(default=None, gt=0)  # q, k, v clamped in place to ±clip (OLMo)
     attn_softcap: float | None = Field(default=None, gt=0)  # cap·tanh(scores/cap) (Gemma 2)
     final_softcap: float | None = Field(default=None, gt=0)  # cap·tanh(logits/cap) (Gemma 2)
     sliding_window: int | None = Field(default=None, ge=1, le=100_000_000)  # keys a sliding layer's query sees
