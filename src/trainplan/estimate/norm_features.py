@@ -33,6 +33,9 @@ all take numbers or numpy arrays. From the ops of transformers 5.x's modeling fi
   (s + 1 columns, the sink's sliced off after) and keeps the int64 indices of the max its input
   is shifted by (`cat` and the shift keep nothing).
 
+Time: the sandwich norms add their passes over h to a layer's elementwise work and eager
+soft-capping three passes over the scores (`extra_norm_passes`, `softcap_passes`).
+
 Attention work: a causal kernel with a window of w keys does, per query, min(i + 1, w) key
 blocks: over s queries on average w - w²/(2s) keys when s > w (s/2 when it is not), what
 FlashAttention-2's local attention skips to; materialised scores (eager, SDPA with a mask)
@@ -58,6 +61,23 @@ def causal_keys(seq, sliding_share: float, window: int):
     if not sliding_share:
         return 0.5 * np.asarray(seq, dtype=float)
     return (1 - sliding_share) * 0.5 * np.asarray(seq, dtype=float) + sliding_share * window_keys(seq, window)
+
+
+# Memory passes over h per token of one norm's forward (read the input, write the output; a
+# second read for the statistics is cached), as estimate/stage.py prices a layer's norms and residual adds
+NORM_PASSES = 3
+
+
+def extra_norm_passes(model) -> int:
+    """Per-token passes over h a layer's norms add to a pre-norm layer's two (stage.py's 10):
+    Gemma 2/3's two post-norms; Cohere's single norm saves one."""
+    return NORM_PASSES * {"sandwich": 2, "single": -1}.get(model.norm_position, 0)
+
+
+def softcap_passes(model) -> int:
+    """Memory passes over the scores eager soft-capping adds (scores / cap, tanh, x cap: each
+    reads and writes a·s²)."""
+    return 6 if model.attn_softcap is not None else 0
 
 
 def python_layernorm_bytes(h, frozen=0):

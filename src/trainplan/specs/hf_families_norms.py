@@ -246,7 +246,7 @@ MULTIMODAL = {"gemma3": ("text_config", "gemma3_text")}
 def language_model(c: dict, source: str) -> tuple[dict, str]:
     """A multimodal config (Gemma 3's `gemma3`) planned as its language model, `text_config`; the
     source says the vision tower is left out. Other configs pass through."""
-    if c.get("model_type") not in MULTIMODAL:
+    if not isinstance(c.get("model_type"), str) or c["model_type"] not in MULTIMODAL:
         return c, source
     key, kind = MULTIMODAL[c["model_type"]]
     text = c.get(key)
