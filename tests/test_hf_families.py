@@ -144,7 +144,7 @@ def test_family_features_are_read(data_dir):
     assert hf.from_dict(_config(data_dir, "olmo2")).qk_norm_scope == "all"
     assert hf.from_dict(_config(data_dir, "olmo")).norm_weight is False
     cohere = hf.from_dict(_config(data_dir, "cohere"))
-    assert (cohere.norm_position, cohere.norm_bias, cohere.tied_embeddings) == ("single", False, True)
+    assert (cohere.shared_norm, cohere.norm_bias, cohere.tied_embeddings) == (True, False, True)
     oss = hf.from_dict(_config(data_dir, "gpt_oss"))
     assert (oss.attention_sinks, oss.swiglu_limit, oss.expert_bias) == (True, 7.0, True)
     assert hf.from_dict(_config(data_dir, "mistral")).sliding_window == 32

@@ -142,6 +142,7 @@ class LayerShape:
     attention_sinks: bool = False  # gpt-oss: a sink logit joins every softmax
     final_softcap: bool = False  # cap·tanh(logits/cap) on the output head (Gemma 2)
     clip_qkv: bool = False  # q, k and v clamped in place (OLMo): each clamp keeps a copy of its input
+    kv_repeat_view: bool = True  # eager's repeat of a rank's one KV head is a view (transformers' repeat_kv)
 
 
 def _adapted(shape: LayerShape, saves) -> dict:
@@ -217,8 +218,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     fused_attn = ~eager
     # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
     # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
-    kv_div = np.where(eager & (np.asarray(recompute) == 0) & (shape.kv_heads > tp), tp,
-                      np.minimum(tp, shape.kv_heads))
+    copies_kv = (shape.kv_heads > tp) | (not shape.kv_repeat_view)  # a view of one head otherwise
+    kv_div = np.where(eager & (np.asarray(recompute) == 0) & copies_kv, tp, np.minimum(tp, shape.kv_heads))
     t = {}
     # -- attention block
     norm = _norm_bytes(h, eager_norm, residual_bytes, stats, frozen)
@@ -233,8 +234,9 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # Eager GQA repeats K/V to every query head; the repeated copies are saved unless the
     # attention core is recomputed (then its inputs, the unrepeated K/V, are kept). transformers'
     # repeat_kv (expand, reshape) copies only when a rank holds more than one KV head: one head
-    # (MQA, or tp >= kv_heads) is repeated as a view of itself.
-    repeats = eager & no_recompute & (shape.kv_heads > tp)
+    # (MQA, or tp >= kv_heads) is repeated as a view of itself; a broadcast into SDPA's math kernel
+    # (Falcon's `kv_broadcast`) copies it.
+    repeats = eager & no_recompute & copies_kv
     k_w = np.where(repeats, shape.q, shape.k)
     v_w = np.where(repeats, shape.attn_out, shape.v)
     # Under autocast RoPE's fp32 tables promote q and k to fp32; the attention kernel casts

@@ -129,6 +129,7 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         attn_softcap=model.attn_softcap is not None, final_softcap=model.final_softcap is not None,
         sliding_share=model.sliding_share, sliding_window=model.sliding_window or 0,
         attention_sinks=model.attention_sinks, clip_qkv=model.clip_qkv is not None,
+        kv_repeat_view=not model.kv_broadcast,
     )
     return ModelNumbers(
         dense=group(dense_i), moe=group(moe_i), shape=shape, kv_heads=kvh, hidden=model.hidden,

@@ -70,8 +70,8 @@ NORM_PASSES = 3
 
 def extra_norm_passes(model) -> int:
     """Per-token passes over h a layer's norms add to a pre-norm layer's two (stage.py's 10):
-    Gemma 2/3's two post-norms; Cohere's single norm saves one."""
-    return NORM_PASSES * {"sandwich": 2, "single": -1}.get(model.norm_position, 0)
+    Gemma 2/3's two post-norms; a shared norm (Cohere, GPT-J) saves one."""
+    return NORM_PASSES * ({"sandwich": 2}.get(model.norm_position, 0) - bool(model.shared_norm))
 
 
 def softcap_passes(model) -> int:

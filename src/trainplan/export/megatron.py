@@ -33,7 +33,7 @@ def _refuse(field: str, what: str) -> PlanError:
 # The spec's norm, mask and soft-capping features (specs/hf_families_norms.py) Megatron's GPT
 # model has no flag for, by field: (its value in a Llama layer, what Megatron-LM cannot express).
 NORM_FEATURES = {
-    "norm_position": ("pre", "norms after a block (post or sandwich norms) or one norm for attention and MLP"),
+    "norm_position": ("pre", "norms after a block (post or sandwich norms)"),
     "norm_weight": (True, "a norm without a weight"),
     "norm_bias": (True, "a LayerNorm without a bias"),
     "qk_norm_scope": ("head", "q/k norms over all heads or with a weight per head (its --qk-layernorm is per head)"),
