@@ -49,6 +49,17 @@ PUBLISHED = [
     ("granite-3-3b-a800m", 3.3e9, None, "Granite 3.0 3B-A800M card: 3.3B total"),
     ("glm-4-9b", 9.4e9, None, "GLM-4-9B card: 9.4B"),
     ("gpt-j-6b", 6_053_381_344, None, "GPT-J 6B card: 6,053,381,344"),
+    # families defined by their norms, masks and soft-capping (specs/hf_families_norms.py)
+    ("gemma-2-9b", 9.24e9, None, "Gemma 2 report (arXiv 2408.00118): 9.24B (9,241,705,984 counted)"),
+    ("gemma-2-27b", 27.2e9, None, "Gemma 2 report: 27.2B"),
+    ("olmo-2-7b", 7.3e9, None, "OLMo 2 card: 7.3B"),
+    ("olmo-2-13b", 13.7e9, None, "OLMo 2 card: 13.7B"),
+    ("olmoe-1b-7b", 6.9e9, None, "OLMoE (arXiv 2409.02060): 6.9B total (its 1.3B active is 1.28B rounded)"),
+    ("gpt-oss-20b", 20.91e9, None, "gpt-oss card (arXiv 2508.10925) Table 1: 20.91B"),
+    ("gpt-oss-120b", 116.83e9, None, "gpt-oss card Table 1: 116.83B"),
+    ("qwen3-8b", 8.2e9, None, "Qwen3 card: 8.2B"),
+    ("qwen3-32b", 32.8e9, None, "Qwen3 card: 32.8B"),
+    ("command-r", 35e9, None, "c4ai-command-r-v01 card: 35B"),
 ]
 
 # Model-card figures truncated to the digits shown (e.g. 494,032,768 published as "0.49B",

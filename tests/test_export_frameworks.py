@@ -517,7 +517,14 @@ def test_torchtitan_refuses_what_it_cannot_express(kw, field):
 # Megatron's GPT model has no parallel residual; torchtitan 0.3 builds only its own configs'
 # models (TORCHTITAN_CONFIGS); a DeepSpeed config carries no model (the script's does).
 TORCHTITAN_MODELS = {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen3-30b-a3b"}
-REFUSED = {"megatron": {"gpt-neox-20b": "model.parallel_residual"}, "deepspeed": {},
+REFUSED = {"megatron": {"gpt-neox-20b": "model.parallel_residual", "command-r": "model.parallel_residual",
+                        # Gemma 2/3's sandwich and OLMo 2's post-norms, OLMoE's q/k norms over all heads,
+                        # gpt-oss's sliding window and sinks (export/megatron.py NORM_FEATURES)
+                        **dict.fromkeys(("gemma-2-9b", "gemma-2-27b", "gemma-3-12b", "gemma-3-27b", "olmo-2-7b",
+                                         "olmo-2-13b"), "model.norm_position"),
+                        "olmoe-1b-7b": "model.qk_norm_scope", "gpt-oss-20b": "model.sliding_window",
+                        "gpt-oss-120b": "model.sliding_window"},
+           "deepspeed": {},
            "torchtitan": {m.name: "model" for m in catalog.models() if m.name not in TORCHTITAN_MODELS}}
 
 

@@ -91,6 +91,11 @@ ACTIVATION_SAVES = {
     "relu": (0, 1),  # nn.ReLU: its backward reads the output
     "relu2": (1, 0),  # ReLUSquaredActivation: square(relu(x)) keeps relu(x) (relu's output, square's input)
 }
+# gpt-oss's clamped SwiGLU (GptOssExperts._apply_gate): the two clamps keep gate and up (one
+# storage, the gate_up output, 2f), then gate·sigmoid(α·gate) keeps the clamped gate and the
+# sigmoid, and (up + 1)·glu keeps both factors: 4 more than the product its down projection
+# keeps besides gate and up (counted as a gated MLP's 3f: kept 4 in place of SiLU's 1)
+CLAMPED_SWIGLU_SAVES = (4, 0)
 # The planner's experts implementation when a model states none: transformers 5's default.
 DEFAULT_EXPERTS_IMPL = "grouped"
 
@@ -127,6 +132,17 @@ class LayerShape:
     head_dim: int = 0  # width of one head (for the per-head norms' statistics)
     shared_norm: bool = False  # parallel residual with one norm feeding attention and MLP (GPT-J, Phi)
     rope_concat: bool = False  # RoPE's q is a concatenation (partial rotary), laid out heads-major
+    # norms, attention masks and soft-capping (estimate/norm_features.py)
+    post_norms: int = 0  # norms on a block's output besides the two before them (Gemma 2/3's sandwich: 2)
+    python_layernorm: bool = False  # a LayerNorm written in PyTorch ops (Cohere): keeps 3 fp32 tensors
+    qk_norm_all: bool = False  # the q/k norms span all heads (OLMo 2): one statistic per token
+    attn_softcap: bool = False  # cap·tanh(scores/cap): eager keeps the tanh output
+    sliding_share: float = 0.0  # share of the layers attending through a sliding window
+    sliding_window: int = 0
+    attention_sinks: bool = False  # gpt-oss: a sink logit joins every softmax
+    final_softcap: bool = False  # cap·tanh(logits/cap) on the output head (Gemma 2)
+    clip_qkv: bool = False  # q, k and v clamped in place (OLMo): each clamp keeps a copy of its input
+    kv_repeat_view: bool = True  # eager's repeat of a rank's one KV head is a view (transformers' repeat_kv)
 
 
 def _adapted(shape: LayerShape, saves) -> dict:
@@ -202,7 +218,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     fused_attn = ~eager
     # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
     # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
-    kv_div = np.where(eager & (np.asarray(recompute) == 0), tp, np.minimum(tp, shape.kv_heads))
+    copies_kv = (shape.kv_heads > tp) | (not shape.kv_repeat_view)  # a view of one head otherwise
+    kv_div = np.where(eager & (np.asarray(recompute) == 0) & copies_kv, tp, np.minimum(tp, shape.kv_heads))
     t = {}
     # -- attention block
     norm = _norm_bytes(h, eager_norm, residual_bytes, stats, frozen)
@@ -215,9 +232,13 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     t["mla_latents"] = tokens * _latent_bytes(shape, eager_norm, act_bytes, frozen) / rep_in
     no_recompute = np.asarray(recompute) == 0
     # Eager GQA repeats K/V to every query head; the repeated copies are saved unless the
-    # attention core is recomputed (then its inputs, the unrepeated K/V, are kept).
-    k_w = np.where(eager & no_recompute, shape.q, shape.k)
-    v_w = np.where(eager & no_recompute, shape.attn_out, shape.v)
+    # attention core is recomputed (then its inputs, the unrepeated K/V, are kept). transformers'
+    # repeat_kv (expand, reshape) copies only when a rank holds more than one KV head: one head
+    # (MQA, or tp >= kv_heads) is repeated as a view of itself; a broadcast into SDPA's math kernel
+    # (Falcon's `kv_broadcast`) copies it.
+    repeats = eager & no_recompute & copies_kv
+    k_w = np.where(repeats, shape.q, shape.k)
+    v_w = np.where(repeats, shape.attn_out, shape.v)
     # Under autocast RoPE's fp32 tables promote q and k to fp32; the attention kernel casts
     # them back, but a recomputed attention core keeps its fp32 inputs.
     qk_bytes = np.where((np.asarray(recompute) == 1) & bool(shape.rotary) & (autocast > 0),

@@ -15,6 +15,8 @@ prices (estimate/time.py). PaLM (Chowdhery et al. 2022, App. B: 6N + 12·L·H·Q
 Megatron-LM (training.py num_floating_point_operations) count the full s² instead; at 4K tokens
 that differs by a few percent, at 128K it doubles the count and would report more FLOP/s than
 the accelerator has (calibration.py keeps those counts to compare with the papers' figures).
+  On sliding-window layers (Mistral, Gemma 2/3, gpt-oss) a causal kernel attends at most the
+  window: w - w²/(2s) keys per query on average when s > w (norm_features.window_keys).
 * output head: 2·h·V per token.
 
 Backward costs 2x the forward GEMMs (input and weight gradients), 1x where the weights are
@@ -40,6 +42,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..specs.model import ModelSpec
+from .norm_features import causal_keys
 
 ATTN_BWD_FUSED = 2.5  # flash/SDPA backward: 5 matmuls vs 2 in forward
 ATTN_BWD_EAGER = 2.0  # materialised scores: 2 bmm per forward bmm
@@ -139,7 +142,8 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     low_precision_mm: 1 when the linears run in float8 (per-op checkpointing saves them all).
     """
     lf = layer_flops(model)
-    keys = seq * np.where(causal, 0.5, 1.0)
+    # a causal kernel's keys per query: s/2, fewer on sliding-window layers (norm_features.causal_keys)
+    keys = np.where(causal, causal_keys(seq, model.sliding_share, model.sliding_window or 0), seq)
     attn_fwd = tokens * lf.attn_per_key * keys * (dense_layers + moe_layers)
     frozen = lora_targets is not None
     targets = tuple(lora_targets or ())

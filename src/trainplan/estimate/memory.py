@@ -21,6 +21,7 @@ from ..plan import Layout, conventions
 from ..specs.model import LORA_TARGETS, Linear, ModelSpec
 from ..units import GiB
 from . import activations as act
+from . import norm_features
 from .flops import ATTENTION_INPUTS
 from .pipeline import (
     SCHEDULE_CODE,
@@ -117,17 +118,23 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
         qkv_projections=2 if model.is_mla else 1 if model.fused_qkv else 3,
         rotary=model.position == "rotary",
         rope_concat=model.position == "rotary" and not model.is_mla and model.rope_concat,
-        activation_saves=act.ACTIVATION_SAVES[model.activation], parallel_residual=model.parallel_residual,
-        shared_norm=model.shared_norm,
+        activation_saves=(act.CLAMPED_SWIGLU_SAVES if model.swiglu_limit else act.ACTIVATION_SAVES[model.activation]),
+        parallel_residual=model.parallel_residual, shared_norm=model.shared_norm,
         grouped_experts=(model.experts_impl or act.DEFAULT_EXPERTS_IMPL) == "grouped",
         qk_norm=model.qk_norm, head_dim=0 if model.is_mla else model.dim_head,
         latent_rope=model.qk_rope_head_dim if model.is_mla else 0,
         latent_norms=(1 + bool(model.q_lora_rank)) if model.is_mla else 0,
+        post_norms=2 if model.norm_position == "sandwich" else 0,
+        python_layernorm=model.family in ("cohere", "cohere2"), qk_norm_all=model.qk_norm_scope == "all",
+        attn_softcap=model.attn_softcap is not None, final_softcap=model.final_softcap is not None,
+        sliding_share=model.sliding_share, sliding_window=model.sliding_window or 0,
+        attention_sinks=model.attention_sinks, clip_qkv=model.clip_qkv is not None,
+        kv_repeat_view=not model.kv_broadcast,
     )
     return ModelNumbers(
         dense=group(dense_i), moe=group(moe_i), shape=shape, kv_heads=kvh, hidden=model.hidden,
         position_params=model.max_position * model.hidden if model.position == "learned" else 0,
-        norm_params=(2 if model.norm == "layernorm" else 1) * model.hidden,
+        norm_params=model.final_norm_params,
         tied=model.tied_embeddings, layernorm=model.norm == "layernorm",
         rope_dim=model.rotary_dim, head_bias=model.head_bias,
     )
@@ -256,8 +263,16 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   modules=modules, fp8_cache=fp8_cache, heads_major_copy=heads_major_copy,
                   gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs),
                   cp_output_copy=float(r.cp_ring_output_copy) * (np.asarray(cp) > 1))
-    dense_terms = act.layer_terms(mn.shape, moe=False, **common)
-    moe_terms = act.layer_terms(mn.shape, moe=True, **common) if mn.moe.expert or mn.moe.split else {}
+
+    def layer_terms(moe, **kw):  # activations' terms with the norm, mask and soft-capping features
+        return norm_features.adjust_layer_terms(
+            act.layer_terms(mn.shape, moe=moe, **kw), mn.shape, tokens=tokens, seq=seq, tp=tp, sp=sp,
+            act_bytes=r.act_bytes, residual_bytes=r.residual_bytes, attention=kw["attention"],
+            recompute=kw["recompute"], fused=float(r.fused_kernels), autocast=float(r.casts_linear_inputs),
+            frozen=float(lora_saves is not None))
+
+    dense_terms = layer_terms(False, **common)
+    moe_terms = layer_terms(True, **common) if mn.moe.expert or mn.moe.split else {}
     dense_layer = sum(dense_terms.values())
     moe_layer = sum(moe_terms.values()) if moe_terms else 0.0
     ckpt = act.checkpoint_bytes(h, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes)
@@ -279,8 +294,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # a layer that full recomputation leaves out, or re-runs in the backward, saves what it
         # saves without recomputation
         plain = {**common, "recompute": act.RECOMPUTE_CODE["none"]}
-        dense_plain = sum(act.layer_terms(mn.shape, moe=False, **plain).values())
-        moe_plain = sum(act.layer_terms(mn.shape, moe=True, **plain).values()) if moe_terms else 0.0
+        dense_plain = sum(layer_terms(False, **plain).values())
+        moe_plain = sum(layer_terms(True, **plain).values()) if moe_terms else 0.0
         working_set = np.maximum(np.where(dense_layers > 0, dense_plain, 0.0),
                                  np.where(moe_layers > 0, moe_plain, 0.0))
         dense_layer = np.where(full, dense_plain, dense_layer)
@@ -307,12 +322,19 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                         linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
                         fused=float(r.fused_kernels), logit_bytes=r.logit_bytes, frozen=float(lora_saves is not None),
                         sp_gathered=float(r.sp_gathers_saved_inputs))
+    if mn.shape.final_softcap:
+        hd["final_softcap"] = norm_features.final_softcap_bytes(vocab_padded, tokens=tokens, tp=tp,
+                                                                logit_act_bytes=r.linear_in_bytes)
+    if mn.shape.python_layernorm and not r.fused_kernels:
+        hd["final_norm"] = tokens * norm_features.python_layernorm_bytes(h, float(lora_saves is not None)) / np.where(
+            sp, tp, 1)
     # what one more micro-batch in flight (or one more set of live logits) holds
     per_in_flight = {
         "layers": per_mb_layers,
         "embedding": first * sum(emb.values()),
         "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
-                                             attention=attention).values()),
+                                             attention=attention).values())
+        + norm_features.window_stage_bytes(mn.shape, seq=seq, cp=cp, attention=attention),
     }
     per_logits = last * sum(hd.values())
     per_loss = last * hd["logits"]

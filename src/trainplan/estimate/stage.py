@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import activations as act
-from . import all_to_all, comm
+from . import all_to_all, comm, norm_features
 from .attention_rates import flash_efficiency, flash_head_dim
 from .collectives import collective, link, overlapped
 from .flops import (
@@ -28,6 +28,7 @@ from .gemm_rates import (
     lora_gemms,
 )
 from .hardware import Hardware
+from .norm_features import causal_keys
 from .recipe import recipe
 
 
@@ -82,12 +83,14 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     vd = model.attn_out_dim / model.heads
     eff16, curve16 = hw.gemm16
     attn_eager = 2 * _gemm_time(seq, seq, qk, mbs * heads_local / cp, hw.peak, eff16, hw.sms, elem, curve16) \
-        + (mbs * heads_local * seq * seq / cp) * elem * 4 / hw.hbm  # softmax in and out, mask
+        + (mbs * heads_local * seq * seq / cp) * elem * (4 + norm_features.softcap_passes(model)) / hw.hbm  # softmax, mask
     # FlashAttention: the causal half of 2·s·(qk + v) per token and head, at its efficiency
     # for the s/cp tokens one kernel call spans (a context-parallel ring computes s/cp blocks),
     # over the head dimensions the kernel pads to
     qk_run, vd_run = (flash_head_dim(d, hw.attention_kernel, hw.flash_head_dim_multiple) for d in (qk, vd))
-    attn_flops = 0.5 * tokens * seq * heads_local * 2 * (qk_run + vd_run)
+    # (on sliding-window layers the window's keys: norm_features.causal_keys)
+    attn_flops = tokens * causal_keys(seq, model.sliding_share, model.sliding_window or 0) * heads_local * 2 * (
+        qk_run + vd_run)
     attn_flash = attn_flops / (hw.peak * flash_efficiency(hw, seq / cp))
     attn_bwd = np.where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
     # forward + backward at the kernel's combined efficiency; where its forward alone is
@@ -110,8 +113,9 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     for kind, width in mlp_width.items():
         sharded = model.mlp_matrices * width / tp \
             + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0)
-        elementwise[kind] = tokens * ((10 + drop_fwd * dropped) * h / hidden_shard + sharded) * elem / hw.hbm
-        elementwise_bwd[kind] = tokens * ((20 + drop_bwd * dropped) * h / hidden_shard + 2 * sharded) * elem / hw.hbm
+        passes = 10 + norm_features.extra_norm_passes(model)  # norms, residual adds (and sandwich norms)
+        elementwise[kind] = tokens * ((passes + drop_fwd * dropped) * h / hidden_shard + sharded) * elem / hw.hbm
+        elementwise_bwd[kind] = tokens * ((2 * passes + drop_bwd * dropped) * h / hidden_shard + 2 * sharded) * elem / hw.hbm
     # QLoRA (bitsandbytes' MatMul4Bit): every use of a quantized weight dequantizes it to the
     # compute dtype first, in the forward (and a recomputed forward) and for the backward's input
     # gradient: a pass reading the packed weight and writing the 16-bit one

@@ -30,6 +30,30 @@ def _refuse(field: str, what: str) -> PlanError:
     return PlanError(field, f"Megatron-LM cannot express {what}")
 
 
+# The spec's norm, mask and soft-capping features (specs/hf_families_norms.py) Megatron's GPT
+# model has no flag for, by field: (its value in a Llama layer, what Megatron-LM cannot express).
+NORM_FEATURES = {
+    "norm_position": ("pre", "norms after a block (post or sandwich norms)"),
+    "norm_weight": (True, "a norm without a weight"),
+    "norm_bias": (True, "a LayerNorm without a bias"),
+    "qk_norm_scope": ("head", "q/k norms over all heads or with a weight per head (its --qk-layernorm is per head)"),
+    "attn_softcap": (None, "attention soft-capping"),
+    "final_softcap": (None, "final-logit soft-capping"),
+    "sliding_window": (None, "a sliding attention window per layer type"),
+    "attention_sinks": (False, "attention sinks"),
+    "swiglu_limit": (None, "a clamped SwiGLU"),
+    "expert_bias": (False, "biases on the routed experts and the router"),
+    "clip_qkv": (None, "q, k and v clamped"),
+    "mlp_only_layers": ((), "dense MLP layers listed between MoE layers"),
+}
+
+
+def _refuse_norm_features(m) -> None:
+    for field, (plain, what) in NORM_FEATURES.items():
+        if getattr(m, field) != plain and not (field == "norm_bias" and m.norm != "layernorm"):
+            raise _refuse(f"model.{field}", what)
+
+
 def _model_args(m) -> list[tuple[str, object]]:
     """The model's own flags: the architecture Megatron builds must be the planned one."""
     a: list[tuple[str, object]] = [
@@ -42,6 +66,7 @@ def _model_args(m) -> list[tuple[str, object]]:
     if m.parallel_residual:
         raise _refuse("model.parallel_residual", "a parallel residual (GPT-NeoX / GPT-J blocks): its GPT model "
                       "adds attention and MLP in sequence")
+    _refuse_norm_features(m)
     act = m.activation
     if m.mlp == "swiglu":
         if act not in (None, "silu", "swish"):

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from ..errors import PlanError, from_pydantic
 from ..files import read_json_file
 from ..limits import MAX_LAYERS
-from . import catalog
+from . import catalog, hf_families_norms
 from .hf_families_residual import CONVERTERS as RESIDUAL_FAMILIES
 from .hf_families_residual import rotary_fraction
 from .model import ActivationKind, ModelSpec
@@ -68,9 +68,11 @@ FIELD_RANGES: dict[str, tuple[int, int]] = {
     "decoder_sparse_step": LAYERS, "moe_layer_freq": LAYERS, "first_k_dense_replace": (0, MAX_LAYERS),
     "q_lora_rank": WIDTH, "kv_lora_rank": WIDTH,
     "num_kv_heads": HEADS, "ffn_hidden_size": FFN,  # Falcon
+    **hf_families_norms.FIELD_RANGES,
 }
 FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_parallel_residual", "parallel_attn",
-         "new_decoder_architecture", "multi_query", "use_qkv_bias", "use_bias", "lm_head_bias")
+         "new_decoder_architecture", "multi_query", "use_qkv_bias", "use_bias", "lm_head_bias",
+         *hf_families_norms.FLAGS)
 STRINGS = ("model_type", "topk_method", "_name_or_path")
 MAX_ROPE_THETA = 1e12  # published: 1e4 (Llama 2) to 5e5 (Llama 3) and 1e6-1e7 (Qwen, long context)
 
@@ -175,10 +177,6 @@ def _qwen2(c: dict) -> dict:
     return {**_common(c), "qkv_bias": True}  # Qwen2Attention always has q/k/v biases
 
 
-def _qwen3(c: dict) -> dict:
-    return {**_common(c), "qkv_bias": bool(c.get("attention_bias", False)), "qk_norm": True}
-
-
 def _mixtral(c: dict) -> dict:
     d = _common(c)
     d.update(experts=c.get("num_local_experts", 8), top_k=c.get("num_experts_per_tok", 2),
@@ -188,23 +186,11 @@ def _mixtral(c: dict) -> dict:
 
 def _qwen2_moe(c: dict) -> dict:
     d = _qwen2(c)
-    step = c.get("decoder_sparse_step", 1)
-    if c.get("mlp_only_layers"):
-        raise PlanError("hf_config.mlp_only_layers", "dense-only layer lists are not supported; "
-                        "use first_dense_layers in a TOML spec instead")
-    d.update(experts=c["num_experts"], top_k=c["num_experts_per_tok"],
-             expert_ffn=c["moe_intermediate_size"], moe_layer_freq=step, experts_impl=_experts_impl(c))
+    d.update(top_k=c["num_experts_per_tok"], expert_ffn=c["moe_intermediate_size"], experts_impl=_experts_impl(c),
+             **hf_families_norms.sparse_layers(c, d["layers"], "num_experts"))
     shared = c.get("shared_expert_intermediate_size", 0)
     if shared:
         d.update(shared_experts=1, shared_expert_ffn=shared, shared_expert_gate=True)
-    return d
-
-
-def _qwen3_moe(c: dict) -> dict:
-    d = _qwen3(c)
-    d.update(experts=c["num_experts"], top_k=c["num_experts_per_tok"],
-             expert_ffn=c["moe_intermediate_size"], moe_layer_freq=c.get("decoder_sparse_step", 1),
-             experts_impl=_experts_impl(c))
     return d
 
 
@@ -248,18 +234,24 @@ def _gpt_neox(c: dict) -> dict:
     )
 
 
+def _norm_family(convert) -> Callable[[dict], dict]:
+    """A converter of hf_families_norms, given the shared fields and the activation reader."""
+    def converter(c: dict) -> dict:
+        d = convert(c, _common(c), _activation)
+        return {**d, "experts_impl": _experts_impl(c)} if d.get("experts") else d
+    return converter
+
+
 CONVERTERS: dict[str, Callable[[dict], dict]] = {
     "llama": _llama,
-    "mistral": _llama,
     "mixtral": _mixtral,
     "qwen2": _qwen2,
-    "qwen3": _qwen3,
     "qwen2_moe": _qwen2_moe,
-    "qwen3_moe": _qwen3_moe,
     "deepseek_v3": _deepseek_v3,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     **RESIDUAL_FAMILIES,
+    **{kind: _norm_family(convert) for kind, convert in hf_families_norms.FAMILIES.items()},
 }
 
 
@@ -279,8 +271,10 @@ def unsupported_family(model_type) -> str:
 def from_dict(config: dict, name: str | None = None, source: str = "Hugging Face config.json") -> ModelSpec:
     if not isinstance(config, dict):
         raise PlanError("hf_config", "must be a JSON object (the contents of config.json)")
+    config, source = hf_families_norms.language_model(config, source)
     check_config(config)
-    config = {k: v for k, v in config.items() if v is not None}  # null: the class's default
+    # null: the class's default, except where null switches a feature off (no sliding window, no soft-cap)
+    config = {k: v for k, v in config.items() if v is not None or k in hf_families_norms.NULL_IS_OFF}
     model_type = config.get("model_type")
     if model_type not in CONVERTERS:
         raise PlanError("hf_config.model_type", unsupported_family(model_type))

@@ -32,6 +32,13 @@ ActivationKind = Literal["gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "
 ExpertsImpl = Literal["grouped", "eager"]
 NormKind = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rotary", "none"]
+# Where a layer's norms sit: "pre" (one before attention and one before the MLP: Llama), "post"
+# (after each block, before its residual add: OLMo 2) or "sandwich" (both: Gemma 2/3). One norm
+# feeding attention and MLP in parallel (GPT-J, Phi, Cohere) is `shared_norm`.
+NormPosition = Literal["pre", "post", "sandwich"]
+NORMS_PER_LAYER = {"pre": 2, "post": 2, "sandwich": 4}
+# An attention layer's mask (transformers' `layer_types`).
+LayerType = Literal["full_attention", "sliding_attention"]
 
 RouterScore = Literal["softmax", "sigmoid"]
 
@@ -125,6 +132,23 @@ class ModelSpec(BaseModel):
     mlp_bias: bool | None = None  # biases on the MLP linears; None: as `bias`
     head_bias: bool = False  # a bias on the output head (Phi, GPT-J, PhiMoE's lm_head_bias)
 
+    # Norms, attention masks and soft-capping (Gemma, OLMo, Cohere, gpt-oss; `norm_features`).
+    norm_position: NormPosition = "pre"
+    norm_weight: bool = True  # the norms carry a weight (OLMo's LayerNorm has none)
+    norm_bias: bool = True  # a LayerNorm's bias (Cohere's LayerNorm has none)
+    # q/k norms: over each head with one weight for all heads (Qwen3, Gemma 3), over all heads (OLMo 2),
+    # or over each head with a weight per head (Cohere's use_qk_norm)
+    qk_norm_scope: Literal["head", "all", "per_head"] = "head"
+    clip_qkv: float | None = Field(default=None, gt=0)  # q, k, v clamped in place to ±clip (OLMo)
+    attn_softcap: float | None = Field(default=None, gt=0)  # cap·tanh(scores/cap) (Gemma 2)
+    final_softcap: float | None = Field(default=None, gt=0)  # cap·tanh(logits/cap) (Gemma 2)
+    sliding_window: int | None = Field(default=None, ge=1, le=100_000_000)  # keys a sliding layer's query sees
+    layer_types: tuple[LayerType, ...] | None = None  # per layer; None: all sliding when sliding_window is set
+    attention_sinks: bool = False  # a learned per-head logit in every softmax (gpt-oss)
+    swiglu_limit: float | None = Field(default=None, gt=0)  # clamped SwiGLU (gpt-oss): gate <= l, |up| <= l
+    expert_bias: bool = False  # biases on the routed experts' linears and the router (gpt-oss)
+    mlp_only_layers: tuple[int, ...] = ()  # layers with a dense MLP in an MoE model (Qwen-MoE)
+
     # Mixture of experts.
     experts: int = Field(default=0, ge=0, le=100_000)
     top_k: int = Field(default=0, ge=0, le=100_000)
@@ -190,6 +214,13 @@ class ModelSpec(BaseModel):
         if self.rotary_fraction < 1 and self.rotary_dim % 2:
             raise ValueError(f"rotary_fraction x head width must be an even number of dimensions "
                              f"(got {self.rotary_fraction} x {self.dim_head})")
+        if self.layer_types is not None and len(self.layer_types) != self.layers:
+            raise ValueError(f"layer_types must name one attention type per layer ({self.layers}); "
+                             f"got {len(self.layer_types)}")
+        if self.sliding_layers and self.sliding_window is None:
+            raise ValueError("sliding_attention layers need sliding_window")
+        if any(not 0 <= i < self.layers for i in self.mlp_only_layers):
+            raise ValueError(f"mlp_only_layers must be layer indices from 0 to {self.layers - 1}")
         if self.is_mla and (self.qk_rope_head_dim is None or self.qk_nope_head_dim is None
                             or self.v_head_dim is None):
             raise ValueError("MLA needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
@@ -286,8 +317,8 @@ class ModelSpec(BaseModel):
 
     def is_moe_layer(self, index: int) -> bool:
         """DeepSeek rule (modeling_deepseek.py): dense below first_dense_layers, then MoE
-        on every layer whose index is a multiple of moe_layer_freq."""
-        if not self.is_moe or index < self.first_dense_layers:
+        on every layer whose index is a multiple of moe_layer_freq; Qwen-MoE's `mlp_only_layers` dense."""
+        if not self.is_moe or index < self.first_dense_layers or index in self.mlp_only_layers:
             return False
         return index % self.moe_layer_freq == 0
 
@@ -320,7 +351,7 @@ class ModelSpec(BaseModel):
 
     def mlp_linears(self, ffn: int, *, expert: bool = False, count: int = 1) -> list[Linear]:
         h = self.hidden
-        bias = self.bias if self.mlp_bias is None else self.mlp_bias
+        bias = (self.bias if self.mlp_bias is None else self.mlp_bias) or (expert and self.expert_bias)
         up = [Linear("up", h, ffn, "col", bias=bias, expert=expert, count=count)]
         if self.mlp == "swiglu":
             up.insert(0, Linear("gate", h, ffn, "col", bias=bias, expert=expert, count=count))
@@ -337,7 +368,7 @@ class ModelSpec(BaseModel):
             out += self.mlp_linears(self.expert_ffn or self.ffn, expert=True, count=self.experts)
             if self.shared_experts:
                 out += self.mlp_linears(self.shared_ffn_total)
-            out.append(Linear("router", self.hidden, self.experts, "none"))
+            out.append(Linear("router", self.hidden, self.experts, "none", bias=self.expert_bias))
             if self.shared_expert_gate:
                 out.append(Linear("shared_gate", self.hidden, 1, "none"))
         else:
@@ -346,15 +377,56 @@ class ModelSpec(BaseModel):
 
     def layer_vector_params(self, index: int) -> int:
         """Norm weights/biases and other per-layer vectors not in `layer_linears`."""
-        norm = 2 * self.hidden if self.norm == "layernorm" else self.hidden
-        n = (1 if self.shared_norm else 2) * norm  # pre-attention and pre-MLP norms (or one shared)
+        # pre-attention and pre-MLP norms, one shared (parallel residual), or Gemma's four
+        n = (1 if self.shared_norm else NORMS_PER_LAYER[self.norm_position]) * self.norm_params(self.hidden)
         if self.qk_norm:
-            n += 2 * self.dim_head
+            n += self.norm_params(2 * self.dim_head if self.qk_norm_scope == "head" else self.q_dim + self.kv_dim)
+        if self.attention_sinks:
+            n += self.heads
         if self.is_mla:
             n += self.kv_lora_rank + (self.q_lora_rank or 0)  # latent RMSNorms
         if self.is_moe_layer(index) and self.router_bias:
             n += self.experts
         return n
+
+    def norm_params(self, width: int) -> int:
+        """The weight (and a LayerNorm's bias) of a norm over `width` elements."""
+        if not self.norm_weight:
+            return 0
+        return width * (2 if self.norm == "layernorm" and self.norm_bias else 1)
+
+    # ---- norms, attention masks and soft-capping ---------------------------------------
+    @cached_property
+    def sliding_layers(self) -> int:
+        """How many layers attend through a sliding window (transformers' `layer_types`; every
+        layer when only `sliding_window` is given, as Mistral's)."""
+        if self.layer_types is None:
+            return self.layers if self.sliding_window is not None else 0
+        return sum(t == "sliding_attention" for t in self.layer_types)
+
+    @property
+    def sliding_share(self) -> float:
+        return self.sliding_layers / self.layers
+
+    def layer_pattern(self, layers: int) -> dict:
+        """`layer_types` and `mlp_only_layers` for the same model at `layers` layers (a scaled-down
+        copy): as many sliding and dense-MLP layers in proportion, at least one of each kind the
+        model has, and at least one full-attention and one MoE layer where it has them."""
+        out: dict = {}
+        if self.layer_types is not None:
+            sliding = round(self.sliding_share * layers)
+            if self.sliding_layers:
+                sliding = max(1, sliding)
+            if self.sliding_layers < self.layers and layers > 1:
+                sliding = min(sliding, layers - 1)
+            # full-attention layers spread evenly, each after its sliding ones (Gemma 2/3, gpt-oss)
+            full = layers - sliding
+            out["layer_types"] = tuple("full_attention" if (i + 1) * full // layers > i * full // layers
+                                       else "sliding_attention" for i in range(layers))
+        if self.mlp_only_layers:
+            dense = max(1, round(len(self.mlp_only_layers) / self.layers * layers))
+            out["mlp_only_layers"] = tuple(range(min(dense, layers - 1)))
+        return out
 
     # ---- parameter counts ----------------------------------------------------------
     def layer_params(self, index: int) -> int:
@@ -375,8 +447,12 @@ class ModelSpec(BaseModel):
     @property
     def head_params(self) -> int:
         """Final norm plus the output projection (zero extra when tied)."""
-        norm = 2 * self.hidden if self.norm == "layernorm" else self.hidden
-        return norm + (0 if self.tied_embeddings else self.vocab * self.hidden) + (self.vocab if self.head_bias else 0)
+        return (self.final_norm_params + (0 if self.tied_embeddings else self.vocab * self.hidden)
+                + (self.vocab if self.head_bias else 0))
+
+    @property
+    def final_norm_params(self) -> int:
+        return self.norm_params(self.hidden)
 
     @cached_property
     def params(self) -> int:

@@ -26,8 +26,13 @@ SIZE_KEYS = {
                 "expert_ffn": "intermediate_size"},
     "qwen2_moe": {**_DECODER, "experts": "num_experts", "top_k": "num_experts_per_tok",
                   "expert_ffn": "moe_intermediate_size"},
-    "qwen3_moe": {**_DECODER, "experts": "num_experts", "top_k": "num_experts_per_tok",
+    "qwen3_moe": {**_DECODER, "experts": "num_local_experts", "top_k": "num_experts_per_tok",
                   "expert_ffn": "moe_intermediate_size"},
+    # the norms / attention masks / soft-capping families (specs/hf_families_norms.py)
+    **{kind: _DECODER for kind in ("gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "cohere", "cohere2")},
+    "olmoe": {**_DECODER, "experts": "num_experts", "top_k": "num_experts_per_tok", "expert_ffn": "intermediate_size"},
+    "gpt_oss": {**_DECODER, "experts": "num_local_experts", "top_k": "num_experts_per_tok",
+                "expert_ffn": "intermediate_size"},
     # multi-head latent attention (DeepSeek-V3): the latent ranks and head widths are sizes too
     "deepseek_v3": {**{k: v for k, v in _DECODER.items() if k != "head_dim"}, "experts": "n_routed_experts",
                     "top_k": "num_experts_per_tok", "expert_ffn": "moe_intermediate_size",
@@ -84,9 +89,23 @@ def config_dict(spec: ModelSpec, user: dict | None = None) -> dict:
         cfg[key] = value
     if spec.shared_experts and kind == "qwen2_moe":
         cfg["shared_expert_intermediate_size"] = spec.shared_ffn_total
+    _layer_pattern(spec, cfg)
     # token ids of the full vocabulary would fall outside a scaled-down one; unused in training
     cfg.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
     return cfg
+
+
+def _layer_pattern(spec: ModelSpec, cfg: dict) -> None:
+    """The per-layer keys of the (scaled) spec: its attention types and, for Qwen-MoE, its dense
+    layers in place of the config's; the expert count in whichever spelling the config uses."""
+    if spec.layer_types is not None and ("layer_types" in cfg or spec.sliding_layers < spec.layers):
+        cfg["layer_types"] = list(spec.layer_types)
+    if cfg.get("model_type") in ("qwen2_moe", "qwen3_moe") and spec.is_moe:
+        cfg["mlp_only_layers"] = list(spec.mlp_only_layers)
+        cfg["decoder_sparse_step"] = 1
+        for key in ("num_experts", "num_local_experts"):  # both spellings say the scaled count
+            if key in cfg:
+                cfg[key] = spec.experts
 
 
 def _family_config(spec: ModelSpec) -> dict:
@@ -162,7 +181,14 @@ def build_hf_model(spec: ModelSpec, attention: str, recompute: str, device: str,
         if isinstance(getattr(config, key, None), (int, float)):
             setattr(config, key, dropout)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
+    except ValueError as exc:
+        if attention == "sdpa" and "scaled_dot_product_attention" in str(exc):
+            # Gemma 2 (soft-capping) and gpt-oss (attention sinks) run eager or flash attention
+            raise PlanError("attention", f"transformers runs {config.model_type} without SDPA (its attention "
+                            "needs soft-capping or sinks): validate with --attention eager") from None
+        raise
     model.train()
     if recompute == "full":
         # reentrant (transformers' default), or non-reentrant, which stops early (PyTorch >= 2.1)

@@ -185,9 +185,14 @@ class Attention(nn.Module):
         a, kvh, d = self.heads, self.kv_heads, self.spec.dim_head
         p = self.p if self.training else 0.0
         if self.attention == "eager":
-            if kvh != a:  # repeat K/V to every query head, as transformers' repeat_kv does
+            if kvh != a and self.spec.kv_broadcast:  # Falcon's eager broadcast: a copy per head
                 k = k.repeat_interleave(a // kvh, dim=1)
                 v = v.repeat_interleave(a // kvh, dim=1)
+            elif kvh != a:  # repeat K/V to every query head as transformers' repeat_kv does (expand and
+                # reshape: a copy, or a view of the one KV head a rank holds)
+                b_, _, s_, _ = k.shape
+                k = k[:, :, None].expand(b_, kvh, a // kvh, s_, d).reshape(b_, a, s_, d)
+                v = v[:, :, None].expand(b_, kvh, a // kvh, s_, d).reshape(b_, a, s_, d)
             scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
             probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
             return F.dropout(probs, p, self.training) @ v

@@ -89,6 +89,7 @@ def scale_model(spec: ModelSpec, scale: Scale, tp: int = 1) -> ModelSpec:
         max_position=max(spec.max_position if not scale.seq_len else 0, scale.seq_len or 0, 1),
         published_params=None, published_active_params=None,
     )
+    fields.update(spec.layer_pattern(layers))  # sliding and dense-MLP layers in proportion
     if spec.is_mla and scale.hidden:
         from .mla import scaled_mla_fields
 
