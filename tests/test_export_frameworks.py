@@ -523,7 +523,13 @@ REFUSED = {"megatron": {"gpt-neox-20b": "model.parallel_residual", "command-r": 
                         **dict.fromkeys(("gemma-2-9b", "gemma-2-27b", "gemma-3-12b", "gemma-3-27b", "olmo-2-7b",
                                          "olmo-2-13b"), "model.norm_position"),
                         "olmoe-1b-7b": "model.qk_norm_scope", "gpt-oss-20b": "model.sliding_window",
-                        "gpt-oss-120b": "model.sliding_window"},
+                        "gpt-oss-120b": "model.sliding_window",
+                        **dict.fromkeys(("falcon-7b", "falcon-40b", "gpt-j-6b", "phi-2"), "model.parallel_residual"),
+                        # catalog entries that state no RoPE base: refused rather than exported with
+                        # Megatron's default 10,000 (their config.json carries it: plan --hf-config)
+                        **dict.fromkeys(("glm-4-9b", "granite-3-8b", "granite-3-3b-a800m", "internlm3-8b",
+                                         "phi-3-mini-4k", "phi-3-medium-4k", "phi-4", "phi-3.5-moe",
+                                         "stablelm-2-1.6b"), "model.rope_theta")},
            "deepspeed": {},
            "torchtitan": {m.name: "model" for m in catalog.models() if m.name not in TORCHTITAN_MODELS}}
 
