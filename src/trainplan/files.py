@@ -30,21 +30,27 @@ def looks_like_path(name: str) -> bool:
     return any(s in name for s in _PATH_SEPS) or name.lower().endswith((".json", ".toml"))
 
 
+def shown_path(path: str | Path) -> str:
+    """A file name for a message: quoted when it holds control characters (one line, visible)."""
+    return str(path) if str(path).isprintable() else repr(str(path))
+
+
 def read_text_file(path: str | Path, field: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The text of a user's file, or a PlanError naming `field`: missing, a directory,
     unreadable, larger than `max_bytes` or not UTF-8 (a byte-order mark is allowed)."""
     path = Path(path)
+    shown = shown_path(path)
     if path.is_dir():
-        raise PlanError(field, f"{path} is a directory, not a file")
+        raise PlanError(field, f"{shown} is a directory, not a file")
     try:
         with open(path, "rb") as fh:
             data = fh.read(max_bytes + 1)
     except OSError as exc:
-        raise PlanError(field, f"cannot read {path} ({exc.strerror or exc})") from None
+        raise PlanError(field, f"cannot read {shown} ({exc.strerror or exc})") from None
     except ValueError as exc:  # a NUL byte in the name
         raise PlanError(field, f"cannot read {str(path)!r} ({exc})") from None
     if len(data) > max_bytes:
-        raise PlanError(field, f"{path} is larger than {max_bytes // 1024 ** 2} MiB; is it the right file?")
+        raise PlanError(field, f"{shown} is larger than {max_bytes // 1024 ** 2} MiB; is it the right file?")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from .errors import PlanError, from_pydantic
-from .files import looks_like_path
+from .files import looks_like_path, shown_path
 
 # upper bounds that catch typos (e.g. an extra zero) without limiting real clusters, and bound a
 # plan's work: trainplan.limits says why each is where it is (re-exported here for the callers)
@@ -337,7 +337,7 @@ def _model_from_path(path: str) -> ModelSpec:
     try:
         st = Path(path).stat()
     except OSError as exc:
-        raise PlanError("model", f"cannot read {path} ({exc.strerror or exc})") from None
+        raise PlanError("model", f"cannot read {shown_path(path)} ({exc.strerror or exc})") from None
     except ValueError as exc:  # a NUL byte in the name
         raise PlanError("model", f"cannot read {path!r} ({exc})") from None
     return _model_from_file(path, st.st_mtime_ns, st.st_size)
