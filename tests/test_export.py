@@ -352,7 +352,7 @@ def test_the_rotary_norm_and_router_settings_come_from_config_json():
     assert old_style.rope_scaling == new_style.rope_scaling == catalog.model("llama-3.1-8b").rope_scaling
     assert new_style.rope_theta == 500000.0
     with pytest.raises(PlanError) as err:
-        hf.from_dict({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+        hf.from_dict({**base, "rope_scaling": {"rope_type": "ntk-by-parts", "factor": 2.0}})
     assert err.value.field == "hf_config.rope_scaling"
 
 

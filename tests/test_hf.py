@@ -49,3 +49,30 @@ def test_invalid_values_are_rejected(data_dir):
     with pytest.raises(PlanError) as e:
         hf.from_dict(cfg)
     assert e.value.field == "hf_config.num_key_value_heads" and "must divide num_attention_heads (32)" in e.value.rule
+
+
+def test_linear_dynamic_and_longrope_scaling_are_read_by_name():
+    """Gemma 3 (linear, factor 8), InternLM3 (dynamic) and Phi-3.5 (longrope, per-frequency
+    factors) stretch the rotation's frequencies only: planned like the unscaled model, kept by
+    name, refused by the Megatron-LM export (no flag), and an unknown type refused by name."""
+    import json
+    from pathlib import Path
+
+    from trainplan.errors import PlanError
+    from trainplan.export import export_plan
+
+    base = json.loads((Path(__file__).parent / "data" / "hf_families" / "phi3.json").read_text())
+    plain = hf.from_dict(base)
+    for scaling, kind, factor in (({"rope_type": "linear", "factor": 8.0}, "linear", 8.0),
+                                  ({"type": "dynamic", "factor": 6.0}, "dynamic", 6.0),
+                                  ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0],
+                                    "original_max_position_embeddings": 4096}, "longrope", None)):
+        spec = hf.from_dict({**base, "rope_scaling": scaling})
+        assert (spec.rope_scaling.kind, spec.rope_scaling.factor) == (kind, factor)
+        assert spec.params == plain.params
+        with pytest.raises(PlanError) as err:
+            export_plan({"hf_config": {**base, "rope_scaling": scaling}, "gpus": 8, "framework": "megatron"}, "megatron")
+        assert err.value.field == "model.rope_scaling" and kind in err.value.rule
+    with pytest.raises(PlanError) as err:
+        hf.from_dict({**base, "rope_scaling": {"rope_type": "weird"}})
+    assert err.value.field == "hf_config.rope_scaling" and "'weird'" in err.value.rule

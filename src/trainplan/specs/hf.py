@@ -317,8 +317,13 @@ def rope_norm_router(c: dict) -> dict:
         out["rope_scaling"] = {"kind": "yarn", "factor": scaling.get("factor"),
                                "original_max_position": scaling.get("original_max_position_embeddings"),
                                **{k: scaling.get(k) for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")}}
+    elif kind in ("linear", "dynamic", "longrope"):  # frequencies only: kept by name for the exports
+        factor = scaling.get("factor")
+        out["rope_scaling"] = {"kind": kind, "factor": factor if isinstance(factor, (int, float)) and factor > 0 else None,
+                               "original_max_position": scaling.get("original_max_position_embeddings")}
     elif kind not in (None, "default"):
-        raise PlanError("hf_config.rope_scaling", f"rope type {kind!r} is not modelled; llama3 and yarn are")
+        raise PlanError("hf_config.rope_scaling", f"rope type {kind!r} is not known; llama3, yarn, linear, dynamic "
+                        "and longrope are")
     if c.get("scoring_func") is not None:
         out["router_score"] = c["scoring_func"]
     if c.get("norm_topk_prob") is not None:

@@ -46,13 +46,15 @@ RouterScore = Literal["softmax", "sigmoid"]
 class RopeScaling(BaseModel):
     """Rotary frequencies stretched for long context: Llama 3.1's "llama3" rule (factor,
     low/high frequency factors) or YaRN (factor, beta_fast/slow, mscale), from the original
-    context length (Hugging Face `rope_scaling`)."""
+    context length (Hugging Face `rope_scaling`); or transformers' "linear" (Gemma 3), "dynamic"
+    (InternLM3) and "longrope" (Phi-3.5) rules, kept by name. Scaling changes the rotation's
+    frequencies only: no shape, no memory, no time (what an export must repeat)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["llama3", "yarn"]
-    factor: float = Field(gt=0, le=10_000)
-    original_max_position: int = Field(ge=1, le=100_000_000)
+    kind: Literal["llama3", "yarn", "linear", "dynamic", "longrope"]
+    factor: float | None = Field(default=None, gt=0, le=10_000)
+    original_max_position: int | None = Field(default=None, ge=1, le=100_000_000)
     low_freq_factor: float | None = Field(default=None, gt=0)  # llama3
     high_freq_factor: float | None = Field(default=None, gt=0)  # llama3
     beta_fast: float | None = Field(default=None, gt=0)  # yarn
