@@ -16,7 +16,7 @@ import pytest
 from trainplan.errors import PlanError
 from trainplan.specs import catalog, hf
 
-FAMILIES = ["phi", "phi3", "phimoe", "deepseek_v2", "stablelm", "falcon", "granite", "granitemoe", "glm",
+FAMILIES = ["phi", "phi3", "phimoe", "deepseek_v2", "stablelm", "falcon", "granite", "granitemoe", "glm", "glm4",
             "starcoder2", "gptj", "gpt_neox", "internlm3"]
 ACT_TOL = 0.03
 

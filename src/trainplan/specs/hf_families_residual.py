@@ -221,6 +221,15 @@ def glm(c: dict) -> dict:
     return d
 
 
+def glm4(c: dict) -> dict:
+    """Glm4ForCausalLM (GLM-4-9B-0414, GLM-Z1): GLM's layer with sandwich norms, an RMSNorm after
+    the attention (post_self_attn_layernorm) and after the MLP (post_mlp_layernorm) besides the
+    two before them (transformers modeling_glm4.py Glm4DecoderLayer)."""
+    d = glm(c)
+    d.update(norm_position="sandwich")
+    return d
+
+
 # ---- StarCoder2, GPT-J, InternLM3 ---------------------------------------------------------
 def starcoder2(c: dict) -> dict:
     """Starcoder2ForCausalLM: LayerNorms, a GELU MLP (c_fc, c_proj), `use_bias` on every linear."""
@@ -260,6 +269,6 @@ def internlm3(c: dict) -> dict:
 
 CONVERTERS: dict[str, Callable[[dict], dict]] = {
     "phi": phi, "phi3": phi3, "phimoe": phimoe, "deepseek_v2": deepseek_v2, "stablelm": stablelm,
-    "falcon": falcon, "granite": granite, "granitemoe": granitemoe, "glm": glm, "starcoder2": starcoder2,
+    "falcon": falcon, "granite": granite, "granitemoe": granitemoe, "glm": glm, "glm4": glm4, "starcoder2": starcoder2,
     "gptj": gptj, "internlm3": internlm3,
 }

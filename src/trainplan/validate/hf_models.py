@@ -44,7 +44,7 @@ SIZE_KEYS = {
 _MIXTRAL_LIKE = {**_DECODER, "experts": "num_local_experts", "top_k": "num_experts_per_tok",
                  "expert_ffn": "intermediate_size"}
 SIZE_KEYS.update({
-    **dict.fromkeys(("phi", "phi3", "stablelm", "granite", "starcoder2", "glm", "internlm3"), _DECODER),
+    **dict.fromkeys(("phi", "phi3", "stablelm", "granite", "starcoder2", "glm", "glm4", "internlm3"), _DECODER),
     "phimoe": _MIXTRAL_LIKE, "granitemoe": _MIXTRAL_LIKE, "deepseek_v2": SIZE_KEYS["deepseek_v3"],
     "falcon": dict(layers="num_hidden_layers", hidden="hidden_size", heads="num_attention_heads",
                    kv_heads="num_kv_heads", ffn="ffn_hidden_size", vocab="vocab_size",
