@@ -248,21 +248,21 @@ def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None,
         options, extras = validate("import", parse(raw))
         return jobs.import_json(extras["text"], extras["name"], options.get("model"))
 
-    @app.post("/api/import")
-    async def import_config(request: Request) -> Response:
+    async def light_request(request: Request, answer) -> Response:
+        """A request answered in the thread pool (`answer`: its raw body -> the JSON answer)."""
         try:
-            payload = await on_cpu(import_answer, await _read(request))
+            payload = await on_cpu(answer, await _read(request))
         except (Refusal, PlanError) as err:
             return _refused(err)
         return Response(payload, media_type="application/json")
 
+    @app.post("/api/import")
+    async def import_config(request: Request) -> Response:
+        return await light_request(request, import_answer)
+
     @app.post("/api/export")
     async def export_run(request: Request) -> Response:
-        try:
-            payload = await on_cpu(export_answer, await _read(request))
-        except (Refusal, PlanError) as err:
-            return _refused(err)
-        return Response(payload, media_type="application/json")
+        return await light_request(request, export_answer)
 
     @app.post("/api/plan")
     async def plan(request: Request) -> Response:
