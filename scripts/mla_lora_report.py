@@ -60,9 +60,9 @@ def qlora_lines():
             f"  CPU, one 4096 x 4096 weight: {parts} bytes; {m['bits_per_param']:.4f} bits per parameter\n",
             f"  without the two per-tensor code tables (planner: {NF4_BITS}), "
             f"{m['bytes'] * 8 / m['params']:.4f} with them.\n",
-            "  QLoRA's saved activations and a whole QLoRA step are not measured here: bitsandbytes' CPU\n",
-            "  4-bit matmul falls back to dequantizing in PyTorch (its `kernels` package is absent), and\n",
-            "  validate does not build a quantized transformers model yet.\n"]
+            "  QLoRA's saved activations and a whole QLoRA step are not measurable on the CPU: bitsandbytes'\n",
+            "  CPU 4-bit matmul falls back to dequantizing in PyTorch (its `kernels` package is absent), so\n",
+            "  what it saves for backward is that fallback's, not the CUDA kernel's the planner prices.\n"]
 
 
 def main() -> None:
