@@ -26,6 +26,9 @@ FAMILIES = {
     "olmo": ("sdpa", "eager"), "olmo2": ("sdpa", "eager"), "olmoe": ("sdpa", "eager"),
     "cohere": ("sdpa", "eager"), "cohere2": ("sdpa", "eager"), "gpt_oss": ("eager",),
     "mistral": ("sdpa", "eager"), "qwen3": ("sdpa", "eager"), "qwen3_moe": ("sdpa", "eager"),
+    # the families supported before these, as transformers 5 saves their configs (Qwen2-MoE writes
+    # its unused window as 0), in the same table
+    **dict.fromkeys(("llama", "mixtral", "qwen2", "qwen2_moe", "gpt2", "deepseek_v3"), ("sdpa", "eager")),
 }
 
 

@@ -387,8 +387,9 @@ class ModelSpec(BaseModel):
             n += self.heads
         if self.is_mla:
             n += self.kv_lora_rank + (self.q_lora_rank or 0)  # latent RMSNorms
-        if self.is_moe_layer(index) and self.router_bias:
-            n += self.experts
+        # (DeepSeek-V3's per-expert score-correction bias, `router_bias`, is a buffer moved by its
+        # balancing rule, not a trained parameter: transformers' e_score_correction_bias is an
+        # nn.Buffer, Megatron-Core's expert_bias a registered buffer; E floats, left out)
         return n
 
     def norm_params(self, width: int) -> int:
