@@ -18,9 +18,10 @@ from . import bad, defaults
 if TYPE_CHECKING:
     from .megatron import Flags
 
-# the architecture fields compared with the catalog
+# the architecture fields compared with the catalog (shared experts by their total width: Megatron's
+# flags describe them as one MLP of the summed width)
 ARCH = ("layers", "hidden", "heads", "n_kv_heads", "dim_head", "ffn", "mlp", "tied_embeddings", "norm", "position",
-        "qkv_bias", "bias", "qk_norm", "parallel_residual", "experts", "top_k", "shared_experts", "first_dense_layers",
+        "qkv_bias", "bias", "qk_norm", "parallel_residual", "experts", "top_k", "shared_ffn_total", "first_dense_layers",
         "moe_layer_freq", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
