@@ -532,7 +532,15 @@ def test_an_imported_launch_script_becomes_the_pages_plan(server, browser, lang,
     (8 GPUs, FP8 with FP8 weights, global batch 128, Megatron's conventions): the verdict is the
     CLI's for `plan --from` (it fits, 78.36 GiB), and the inputs the page lacks are named."""
     page = _open(browser, server, lang, view)
-    page.fill("#import-text", (DATA / "megatron_train_llama3_8b_h100_fp8.sh").read_text())
+    script = DATA / "megatron_train_llama3_8b_h100_fp8.sh"
+    if view == "phone":  # pasted
+        page.fill("#import-text", script.read_text())
+    else:  # chosen as a file (the page's own translated button opens the chooser)
+        with page.expect_file_chooser() as chooser:
+            page.click("#import-choose")
+        chooser.value.set_files(str(script))
+        page.wait_for_function("document.querySelector('#import-text').value.length > 0")
+        assert page.inner_text("#import-name") == script.name
     page.click("#import")
     page.wait_for_function("document.body.dataset.import === 'ready'")
     page.wait_for_function("document.body.dataset.state === 'ready' && !location.search.includes('zero=2')")

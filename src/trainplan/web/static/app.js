@@ -489,8 +489,10 @@
       if (!file) return;
       importName = file.name.replace(/[^\w.-]/g, "_").slice(-100) || "config";
       $("import-text").value = await file.text();
+      $("import-name").textContent = file.name;
     });
-    $("import-text").addEventListener("input", () => { importName = "config"; });
+    $("import-choose").addEventListener("click", () => $("import-file").click());
+    $("import-text").addEventListener("input", () => { importName = "config"; $("import-name").textContent = ""; });
     $("compare-objective").addEventListener("change", () => { if (lastCompare) compareAll(); });
     applyLanguage();
     update();

@@ -162,7 +162,7 @@ const I18N = {
     model_option: "{name} ({params})", gpu_option: "{name} ({mem} GiB)",
     compare_skip: "{gpu}: {field}: {rule}",
     summary_speed: "step {step} · {tps} tokens/s · MFU {mfu}",
-    import_title: "Import a config", import_button: "Import", import_file: "or a file",
+    import_title: "Import a config", import_button: "Import", import_file: "or choose a file",
     import_placeholder: "Paste a Megatron-LM launch script or arguments, a DeepSpeed JSON config (for the model chosen above) or a torchtitan config",
     import_done: "{format} config read: {n} settings set on the page",
     import_unknown: "not understood, not planned: {list}",
