@@ -221,7 +221,8 @@ def test_a_search_past_the_layout_limit_is_refused_while_listing():
     t0 = time.perf_counter()
     with pytest.raises(PlanError) as err:
         search(_deepest_moe_search(), set(), top=1, max_layouts=200_000, max_seconds=5.0)
-    assert time.perf_counter() - t0 < 3
+    # (wall time, with room for a loaded machine: listing them all took tens of seconds)
+    assert time.perf_counter() - t0 < 10
     assert err.value.field == "search" and "more than 200,000 layouts" in err.value.rule
 
 
@@ -230,7 +231,7 @@ def test_a_search_stops_by_its_deadline_with_the_best_so_far():
 
     t0 = time.perf_counter()
     out = search(_deepest_moe_search(), set(), top=1, max_seconds=1.0)
-    assert time.perf_counter() - t0 < 5
+    assert time.perf_counter() - t0 < 10  # a deadline ignored while listing took 24.5 s
     assert out["interrupted"] and 0 < out["evaluated"] < 1_303_056 and len(out["best"]) == 1
 
 
@@ -238,7 +239,7 @@ def test_a_web_search_of_100000_layers_is_refused_by_name():
     client = _web_client()
     t0 = time.perf_counter()
     res = client.post("/api/search", json={"hf_config": _llama(100_000), "gpus": 720_720})
-    assert time.perf_counter() - t0 < 3
+    assert time.perf_counter() - t0 < 10  # it ran past a 60 s timeout before the layer limit
     assert res.status_code == 422 and res.json()["field"] == "hf_config.num_hidden_layers"
     res = client.post("/api/plan", json={"hf_config": _llama(20_000), "gpus": 20_000, "pp": 20_000})
     assert res.status_code == 422 and res.json()["field"] == "pp"
