@@ -50,6 +50,8 @@ def test_selective_op_keeps_the_block_input_sdpa_and_every_second_matmul():
         63_616 + 2 * (1024 + 4096 + 14336)
     # recomputed in the backward: wk, wo and w3, 2 FLOPs per multiply-add
     assert op_sac_recomputed(model) == 2 * 4096 * (1024 + 4096 + 14336)
+    # a fused QKV projection is one matmul: GPT-NeoX-20B re-runs its output and down projections
+    assert op_sac_recomputed(catalog.model("gpt-neox-20b")) == 2 * 6144 * (6144 + 24576)
 
 
 def test_selective_op_plans_torchtitans_llama3_8b_run_against_megatrons_selective():

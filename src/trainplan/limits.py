@@ -30,4 +30,5 @@ MAX_GPUS = 1_000_000  # GPUs of a cluster, and any one parallel degree
 MAX_SEQ_LEN = 16 * 1024 * 1024  # tokens of a sequence
 MAX_BATCH = 100_000_000  # sequences of a global batch or micro-batch
 MAX_SEARCH_LAYOUTS = 10_000_000  # layouts one search may list (each is evaluated)
+MAX_IMPORT_CHARS = 200_000  # a pasted launch script or config (published ones are a few KB)
 MAX_TIMELINE_STEPS = 1 << 19  # operation x stage steps of a simulated timeline

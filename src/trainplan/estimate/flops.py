@@ -115,8 +115,10 @@ def op_sac_recomputed(model: ModelSpec) -> float:
     """Forward FLOPs per token of the matmuls per-op selective checkpointing re-runs in a dense
     layer: the 2nd, 4th, ... in forward order (torchtitan's SelectiveAC saves every second mm's
     output; activations.op_sac_saved)."""
-    linears = model.layer_linears(0)
-    return sum(2.0 * lin.fan_in * lin.fan_out for i, lin in enumerate(linears) if i % 2 == 1)
+    linears = [2.0 * lin.fan_in * lin.fan_out for lin in model.layer_linears(0)]
+    if model.fused_qkv:  # one matmul for q, k and v (activations.op_sac_matmuls counts it once)
+        linears = [sum(linears[:3])] + linears[3:]
+    return sum(f for i, f in enumerate(linears) if i % 2 == 1)
 
 
 def _first_input_grad_flops(model: ModelSpec, targets: tuple, rank: int) -> float:

@@ -275,6 +275,8 @@ def from_dict(config: dict, name: str | None = None, source: str = "Hugging Face
     check_config(config)
     # null: the class's default, except where null switches a feature off (no sliding window, no soft-cap)
     config = {k: v for k, v in config.items() if v is not None or k in hf_families_norms.NULL_IS_OFF}
+    if config.get("sliding_window") == 0:  # transformers 5 saves an unused window (Qwen2-MoE's) as 0
+        config["sliding_window"] = None
     model_type = config.get("model_type")
     if model_type not in CONVERTERS:
         raise PlanError("hf_config.model_type", unsupported_family(model_type))

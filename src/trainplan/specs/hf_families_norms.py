@@ -30,7 +30,7 @@ def _refuse(c: dict, key: str, allowed: tuple, why: str) -> None:
 def _number(c: dict, key: str, default: float | None) -> float | None:
     """A positive number (a soft-cap, a clamp limit), or None where the family has none."""
     value = c.get(key, default)
-    if value is None or (key == "sliding_window" and value == 0):  # no window (FIELD_RANGES)
+    if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise PlanError(f"hf_config.{key}", f"must be a positive number or null (got {value!r:.60})")
@@ -232,7 +232,7 @@ FAMILIES = {
     "mistral": mistral, "qwen3": qwen3, "qwen3_moe": qwen3_moe,
 }
 # config.json keys whose integers these families read (checked like specs.hf.FIELD_RANGES)
-# (a sliding_window of 0 is no window: transformers 5 saves Qwen2-MoE's unused window as 0)
+# (a sliding_window of 0 is no window, read as null by specs.hf.from_dict)
 FIELD_RANGES = {"sliding_window": (0, 100_000_000), "max_window_layers": (0, 100_000),
                 "sliding_window_pattern": (1, 100_000)}
 FLAGS = ("use_sliding_window", "use_qk_norm", "use_bidirectional_attention")

@@ -53,7 +53,7 @@ def _sliding_window(c: dict, d: dict) -> None:
     from .model import ModelSpec
 
     window = c.get("sliding_window")
-    if window is None or window == 0:  # 0: no window, as transformers 5 saves an unused one
+    if window is None:
         return
     if "sliding_window" in ModelSpec.model_fields:
         d["sliding_window"] = window

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import PlanError, from_pydantic
+from ..limits import MAX_IMPORT_CHARS
 from ..plan import Plan
 from ..search import LAYOUT_DIMENSIONS, OBJECTIVES
 
@@ -87,10 +88,6 @@ class ExportRequest(Plan):
                         "(the plan's framework must be the target's: deepspeed, megatron or fsdp)")
     timeline: bool = Field(default=False, description="accepted and ignored (the page sends its plan's options)")
     explain: bool = Field(default=False, description="accepted and ignored (the page sends its plan's options)")
-
-
-# a pasted launch script or config: the longest published ones are a few KB
-MAX_IMPORT_CHARS = 200_000
 
 
 class ImportRequest(BaseModel):
