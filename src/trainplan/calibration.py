@@ -21,11 +21,16 @@ not give are chosen by one rule for all rows, never fitted per row:
   loss_fn default), learned position embeddings (the published parameter counts grow with
   the sequence length), gradients reduce-scattered in bf16 (the tables' FSDP mixed precision
   "DEFAULT" set no reduce_dtype before Composer PR #2628 of October 2023, and FSDP then
-  reduces in the bf16 parameter dtype; the sharded gradients stay fp32), activation
+  reduces in the bf16 parameter dtype; the sharded gradients stay fp32; the large-scale table,
+  run in January 2024 on Composer 0.17, where "DEFAULT" sets reduce_dtype float32, reduces in
+  fp32: its table's reduce_dtype), activation
   checkpointing non-reentrant (the script sets activation_checkpointing_reentrant false;
   PyTorch 2.1's early stop then skips each block's down projection in the recomputation, the
   fsdp conventions' default), FSDP's backward prefetch BACKWARD_POST (Composer's default, which
-  the yamls keep: each backward gather waits until the layer before has its gradients);
+  the yamls keep: each backward gather waits until the layer before has its gradients); the
+  large-scale table's sweep script (llm-foundry scripts/train/benchmarking/sweep.py at 5e85bd62d)
+  passes BACKWARD_PRE and, for four of its six models, FlashAttention-2, which the table itself
+  does not state: its rows keep these rules (docs/accuracy.md gives the table priced both ways);
 * Llama 3 405B: as published, no recompute, the interleaved schedule on the paper's split
   (one layer fewer on the first and last stages: 7, 8, ..., 8, 7) and ZeRO-2 (FSDP sharding
   optimizer states and gradients: the ZeRO paper's byte accounting, 16-bit gradients
@@ -249,7 +254,7 @@ def mosaicml_setup(cfg: dict, row: list, attention: str = "triton") -> tuple[Mod
                      max_position=seq, fused_qkv=True)
     return spec, dict(gpu=cfg["gpu"], gpus=g, zero=zero, framework="fsdp1", optimizer_impl="for-loop",
                       precision=cfg.get("precision", "bf16"), mbs=mb, gbs=gbs, seq_len=seq, attention=attention,
-                      fused_loss=True, reduce_dtype="bf16", backward_prefetch="post",
+                      fused_loss=True, reduce_dtype=cfg.get("reduce_dtype", "bf16"), backward_prefetch="post",
                       recompute="full" if ckpt else "none")
 
 
