@@ -37,6 +37,8 @@ def test_each_family_reads_its_features(data_dir):
     assert [k for k in FAMILIES if spec[k].shared_norm] == ["phi", "falcon", "gptj"]
     assert [k for k in FAMILIES if spec[k].parallel_residual] == ["phi", "falcon", "gptj", "gpt_neox"]
     assert [k for k in FAMILIES if spec[k].head_bias] == ["phi", "phimoe", "gptj"]
+    # RoPE on adjacent pairs (transformers' GPT-J rotate_every_two, GLM's rotate_half), not halves
+    assert [k for k in FAMILIES if spec[k].rope_interleaved] == ["glm", "glm4", "gptj"]
     # biases as each family defines them: (q/k/v, attention output, MLP)
     biases = {k: (spec[k].qkv_bias, spec[k].bias, spec[k].bias if spec[k].mlp_bias is None else spec[k].mlp_bias)
               for k in FAMILIES}
@@ -122,8 +124,8 @@ def test_unsupported_family_says_how_to_describe_it_by_hand(tmp_path):
 def test_catalog_entries_have_their_familys_features(data_dir, name, kind):
     """The catalog's flagship of each family states the features its config.json implies."""
     model, tiny = catalog.model(name), hf.from_dict(_config(data_dir, kind))
-    for field in ("mlp", "norm", "parallel_residual", "shared_norm", "head_bias", "rope_concat", "fused_qkv",
-                  "kv_broadcast", "is_mla", "is_moe"):
+    for field in ("mlp", "norm", "parallel_residual", "shared_norm", "head_bias", "rope_concat", "rope_interleaved",
+                  "fused_qkv", "kv_broadcast", "is_mla", "is_moe"):
         assert getattr(model, field) == getattr(tiny, field), (name, field)
 
 

@@ -97,6 +97,7 @@ def _model_args(m) -> list[tuple[str, object]]:
         if m.rope_theta != int(m.rope_theta):
             raise _refuse("model.rope_theta", f"a rotary base of {m.rope_theta} (--rotary-base is an integer)")
         a += [("--position-embedding-type", "rope"), ("--rotary-base", int(m.rope_theta))]
+        a += _rotary_share_args(m)
         a += _rope_scaling_args(m)
     elif m.position == "learned":
         a.append(("--position-embedding-type", "learned_absolute"))
@@ -118,6 +119,24 @@ def _model_args(m) -> list[tuple[str, object]]:
             a.append(("--q-lora-rank", m.q_lora_rank))
     if m.is_moe:
         a += _moe_args(m)
+    return a
+
+
+def _rotary_share_args(m) -> list[tuple[str, object]]:
+    """Partial and pair-wise RoPE. Megatron Core rotates the first `rotary_percent` of each
+    head's width and passes the rest, as transformers' partial rotary does; `rotary_interleaved`
+    rotates adjacent pairs (GPT-J, GLM), which its multi-latent attention refuses
+    (rope_utils._apply_rotary_pos_emb_bshd, TransformerConfig.__post_init__ at core_v0.16)."""
+    a: list[tuple[str, object]] = []
+    if m.rotary_fraction < 1:
+        if m.is_mla:
+            raise _refuse("model.rotary_fraction", "partial rotary inside multi-latent attention (its rotated "
+                          "width is --qk-pos-emb-head-dim)")
+        a.append(("--rotary-percent", m.rotary_fraction))
+    if m.rope_interleaved:
+        if m.is_mla:
+            raise _refuse("model.rope_interleaved", "interleaved RoPE with multi-latent attention")
+        a.append(("--rotary-interleaved", True))
     return a
 
 

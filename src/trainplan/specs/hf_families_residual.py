@@ -217,7 +217,7 @@ def glm(c: dict) -> dict:
     RMSNorms, interleaved partial rotary (0.5 by default)."""
     d = _base(c)
     d.update(head_dim=c.get("head_dim", 128), qkv_bias=bool(c.get("attention_bias", True)),
-             rotary_fraction=rotary_fraction(c, 0.5), rope_concat=True)
+             rotary_fraction=rotary_fraction(c, 0.5), rope_concat=True, rope_interleaved=True)
     return d
 
 
@@ -253,7 +253,7 @@ def gptj(c: dict) -> dict:
         vocab=c.get("vocab_size", 50400), tied_embeddings=bool(c.get("tie_word_embeddings", False)),
         max_position=c.get("n_positions", 2048), mlp="gelu", norm="layernorm", position="rotary",
         activation=_activation(c, "activation_function", "gelu_new"), qkv_bias=False, bias=False, mlp_bias=True,
-        head_bias=True, parallel_residual=True, shared_norm=True,
+        head_bias=True, parallel_residual=True, shared_norm=True, rope_interleaved=True,
         rotary_fraction=rotary_fraction(c, 1.0, head_dim=head_dim) if c.get("rotary_dim") is not None else 1.0,
     )
 

@@ -128,6 +128,10 @@ class ModelSpec(BaseModel):
     # `apply_rotary_pos_emb` of transformers' Phi, Phi-3, StableLM, GLM, GPT-NeoX, whatever the
     # share rotated): q comes out heads-major (estimate/activations.py `_heads_major_output`).
     rope_concat: bool = False
+    # RoPE that rotates adjacent pairs (x[2i], x[2i+1]: GPT-J's rotate_every_two, GLM's
+    # rotate_half) rather than the two halves of the rotated width (Llama, GPT-NeoX): the same
+    # FLOPs and bytes, another model; exports name it (Megatron-LM `--rotary-interleaved`).
+    rope_interleaved: bool = False
     # K/V heads broadcast to the query heads inside SDPA, not repeated (transformers' Falcon with
     # `multi_query`): `attention_kernel`.
     kv_broadcast: bool = False
@@ -213,6 +217,8 @@ class ModelSpec(BaseModel):
             raise ValueError("shared_norm needs parallel_residual (one norm feeding attention and MLP)")
         if self.rotary_fraction < 1 and self.position != "rotary":
             raise ValueError("rotary_fraction below 1 needs rotary positions")
+        if self.rope_interleaved and self.position != "rotary":
+            raise ValueError("rope_interleaved needs rotary positions")
         if self.rotary_fraction < 1 and self.rotary_dim % 2:
             raise ValueError(f"rotary_fraction x head width must be an even number of dimensions "
                              f"(got {self.rotary_fraction} x {self.dim_head})")
