@@ -73,6 +73,25 @@ def test_megatron_carries_the_model_it_plans():
     assert q15["--moe-router-pre-softmax"] is True and q15["--moe-shared-expert-gate"] is True  # norm_topk_prob false
 
 
+def test_megatron_rotates_as_the_model_card_does():
+    """The rotary base each config.json states (catalog comments cite the copies): Phi-4 250,000,
+    Phi-3 10,000; GLM-4-9B-chat 10,000 x rope_ratio 500 on half of each head, on adjacent pairs
+    (transformers' GLM rotate_half); StableLM 2 on a quarter, on halves. Megatron's defaults
+    (10,000, all of the head, halves) are not what these models run."""
+    phi4 = megatron(planned("megatron", model="phi-4", gpus=8))
+    assert phi4["--rotary-base"] == "250000" and "--rotary-percent" not in phi4 and "--rotary-interleaved" not in phi4
+    phi3 = megatron(planned("megatron", model="phi-3-mini-4k", gpus=8))
+    assert (phi3["--rotary-base"], phi3["--norm-epsilon"]) == ("10000", "1e-05")
+    glm = megatron(planned("megatron", model="glm-4-9b", gpus=8))
+    assert (glm["--rotary-base"], glm["--rotary-percent"], glm["--rotary-interleaved"]) == ("5000000", "0.5", True)
+    slm = megatron(planned("megatron", model="stablelm-2-1.6b", gpus=8))
+    assert (slm["--rotary-base"], slm["--rotary-percent"]) == ("10000", "0.25") and "--rotary-interleaved" not in slm
+    # a rotary model whose spec states no base is still refused, not given Megatron's default
+    with pytest.raises(PlanError) as err:
+        megatron(planned("megatron", model="granite-3-8b", gpus=8))
+    assert err.value.field == "model.rope_theta"
+
+
 def test_megatron_uneven_pipeline_splits_are_flags_not_comments():
     """405B on PP 16 (7, 8 x 14, 7): Megatron's first/last stage flags; DeepSeek-V3 on PP 8
     (7, 8 x 5, 7, 7): its pipeline layout string. Both used to fail "Number of layers should

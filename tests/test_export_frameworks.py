@@ -39,6 +39,9 @@ MEGATRON_PLANS = [
          recompute="selective"),
     dict(model="qwen2.5-7b", gpus=16, cp=2, gbs=32, seq_len=32768, precision="fp8", fp8_params=True, zero=1),
     dict(model="llama-3-8b", gpus=32, zero=3, gbs=64),
+    # GLM-4-9B: RoPE on half of each head, on adjacent pairs, base 5,000,000; StableLM 2: a quarter
+    dict(model="glm-4-9b", gpus=8, tp=2, gbs=32),
+    dict(model="stablelm-2-1.6b", gpus=8, gbs=32),
 ]
 
 
@@ -157,6 +160,7 @@ def test_megatron_core_builds_the_planned_model_and_layout(kw):
     assert cfg.qk_layernorm == m.qk_norm
     if m.position == "rotary":  # Llama 3: 500,000, not Megatron's default 10,000
         assert ns.position_embedding_type == "rope" and ns.rotary_base == m.rope_theta
+        assert ns.rotary_percent == m.rotary_fraction and cfg.rotary_interleaved == m.rope_interleaved
         s = m.rope_scaling
         if s is not None and s.kind == "llama3":
             assert ns.use_rope_scaling and ns.rope_scaling_factor == s.factor
@@ -525,11 +529,10 @@ REFUSED = {"megatron": {"gpt-neox-20b": "model.parallel_residual", "command-r": 
                         "olmoe-1b-7b": "model.qk_norm_scope", "gpt-oss-20b": "model.sliding_window",
                         "gpt-oss-120b": "model.sliding_window",
                         **dict.fromkeys(("falcon-7b", "falcon-40b", "gpt-j-6b", "phi-2"), "model.parallel_residual"),
-                        # catalog entries that state no RoPE base: refused rather than exported with
-                        # Megatron's default 10,000 (their config.json carries it: plan --hf-config)
-                        **dict.fromkeys(("glm-4-9b", "granite-3-8b", "granite-3-3b-a800m", "internlm3-8b",
-                                         "phi-3-mini-4k", "phi-3-medium-4k", "phi-4", "phi-3.5-moe",
-                                         "stablelm-2-1.6b"), "model.rope_theta")},
+                        # catalog entries whose RoPE base no cited copy of their config.json confirms:
+                        # refused rather than exported with Megatron's default 10,000 (--model config.json)
+                        **dict.fromkeys(("granite-3-8b", "granite-3-3b-a800m", "internlm3-8b", "phi-3.5-moe"),
+                                        "model.rope_theta")},
            "deepspeed": {},
            "torchtitan": {m.name: "model" for m in catalog.models() if m.name not in TORCHTITAN_MODELS}}
 
