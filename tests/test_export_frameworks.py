@@ -531,8 +531,8 @@ REFUSED = {"megatron": {"gpt-neox-20b": "model.parallel_residual", "command-r": 
                         **dict.fromkeys(("falcon-7b", "falcon-40b", "gpt-j-6b", "phi-2"), "model.parallel_residual"),
                         # catalog entries whose RoPE base no cited copy of their config.json confirms:
                         # refused rather than exported with Megatron's default 10,000 (--model config.json)
-                        **dict.fromkeys(("granite-3-8b", "granite-3-3b-a800m", "internlm3-8b", "phi-3.5-moe"),
-                                        "model.rope_theta")},
+                        **dict.fromkeys(("granite-3-8b", "granite-3-3b-a800m", "phi-3.5-moe"), "model.rope_theta"),
+                        "internlm3-8b": "model.rope_scaling"},  # dynamic NTK: no Megatron-LM flag
            "deepspeed": {},
            "torchtitan": {m.name: "model" for m in catalog.models() if m.name not in TORCHTITAN_MODELS}}
 

@@ -151,8 +151,8 @@ def _rope_scaling_args(m) -> list[tuple[str, object]]:
                           f"{LLAMA3_ROPE_FIXED}; only the factor is a flag)")
         return [("--use-rope-scaling", True), ("--rope-scaling-factor", s.factor)]
     if s.kind != "yarn":
-        raise _refuse("model.rope_scaling", f"{s.kind} rotary scaling has no Megatron-LM flag (its GPT model scales "
-                      "by the llama3 rule or YaRN)")
+        raise _refuse("model.rope_scaling", f"{s.kind} rotary scaling (its GPT model scales by the llama3 rule or "
+                      "YaRN)")
     fixed = {k: getattr(s, k) for k in YARN_FIXED}
     if fixed != YARN_FIXED or not m.is_mla:
         raise _refuse("model.rope_scaling", f"YaRN with {fixed}{'' if m.is_mla else ' outside multi-latent attention'}"
