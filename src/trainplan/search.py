@@ -59,7 +59,6 @@ from .units import GiB
 # the layout dimensions a search enumerates unless the plan fixes them
 LAYOUT_DIMENSIONS = ("tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp")
 REPRESENTATIVE = 4
-MIN_GROUP = 2048  # layouts: a smaller group of one stage width is evaluated with a wider one
 OBJECTIVES = ("time", "cost")
 
 
@@ -375,40 +374,23 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
                   fitting_only: bool = False) -> dict[str, np.ndarray]:
     """Peak memory, fit and step time of every layout, with the plan formulas on arrays
     (`fitting_only`: step time only for layouts that fit; the others get inf).
-    Layouts are evaluated in groups by how many distinct representative stages their pipeline
-    depth has (one without pipelining, two for an even split), so no stage is computed twice."""
+
+    The memory model runs once over a grid, (tp, pp, cp, ep, dp) x micro-batch x recompute x
+    ZeRO x representative stage, each input on its own axis, so that numpy's broadcasting
+    computes each term at the dimensions it depends on (a weight's bytes once per ZeRO stage,
+    not once per micro-batch); the micro-batches in flight, which depend on the schedule, once
+    per distinct (pipeline, micro-batches, schedule, interleaving) (see `_grid`)."""
     model = spec or load_model(plan)
-    pps, inverse = np.unique(layouts["pp"], return_inverse=True)
-    tables = _stage_tables(model, pps, lora=plan.finetune != "full")
-    width = tables.width[inverse]
-    # a small group costs more in per-call overhead than its spare stages: it joins the next
-    # wider one (a narrower layout evaluated at a larger width repeats stage 0, changing nothing)
-    wide = tables.idx.shape[1]
-    counts = np.bincount(width, minlength=wide + 1)
-    group_width = np.zeros(wide + 1, dtype=np.int64)
-    pending = 0
-    for w in range(wide, 0, -1):
-        pending = w if counts[w] >= MIN_GROUP or not pending else pending
-        group_width[w] = pending if counts[w] else 0
-    width = group_width[width]
-    groups = np.unique(width)
-    if len(groups) == 1:
-        w = int(groups[0])
-        return _evaluate(plan, layouts, gpus, model, tables.rows(inverse, w), fitting_only)
-    n = len(width)
-    out: dict[str, np.ndarray] = {}
-    for w in groups:
-        rows = np.flatnonzero(width == w)
-        sub = {k: v[rows] for k, v in layouts.items()}
-        res = _evaluate(plan, sub, gpus, model, tables.rows(inverse[rows], w), fitting_only)
-        for k, v in res.items():
-            if k == "capacity_bytes":
-                out[k] = v
-                continue
-            if k not in out:
-                out[k] = np.empty(n, dtype=v.dtype)
-            out[k][rows] = v
-    return out
+    if not len(layouts["tp"]):
+        return _empty_result(_base(plan, gpus, model)[0])
+    grid = _grid(plan, layouts, model)
+    return _evaluate(plan, layouts, gpus, model, grid, fitting_only)
+
+
+def _empty_result(lay0) -> dict[str, np.ndarray]:
+    empty = np.zeros(0)
+    return {"peak_bytes": empty, "fits": np.zeros(0, dtype=bool), "step_s": empty, "tokens_per_s": empty,
+            "mfu": empty, "hfu": empty, "capacity_bytes": lay0.gpu.capacity_bytes}
 
 
 _BASE: list = [None, None]  # (plan, gpus, model) and what `_base` derived from them
@@ -439,6 +421,63 @@ def _base(plan: Plan, gpus: int, model):
     return value
 
 
+def _codes(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a column of non-negative integers, ascending, and each element's
+    position among them (a table lookup where the values are small: no sort)."""
+    top = int(col.max()) + 1
+    if top > 4 * len(col) + 4096:
+        values, code = np.unique(col, return_inverse=True)
+        return values, code.reshape(-1)
+    present = np.zeros(top, dtype=bool)
+    present[col] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[col]
+
+
+def _first_of(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For keys that are small non-negative integers: one element holding each distinct key
+    (an index into `key`), and each element's distinct key's position among them."""
+    values, code = _codes(key)
+    first = np.zeros(len(values), dtype=np.int64)
+    first[code] = np.arange(len(key))
+    return first, code
+
+
+class Grid(NamedTuple):
+    """Where each layout lies on the memory grid (run of (tp, pp, cp, ep, dp) x micro-batch x
+    recompute x ZeRO, flattened: `cell`), the grid's axes (`head`: each run's first layout;
+    the values on the micro-batch, recompute and ZeRO axes) and the runs' representative
+    stages (last axis)."""
+
+    run: np.ndarray
+    cell: np.ndarray
+    head: np.ndarray
+    mbs: np.ndarray
+    recompute: np.ndarray
+    zero: np.ndarray
+    stages: StageTable
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        return (len(self.head), len(self.mbs), len(self.recompute), len(self.zero), self.stages.idx.shape[-1])
+
+
+def _grid(plan: Plan, layouts: dict[str, np.ndarray], model) -> Grid:
+    """The memory grid of `layouts` (see `Grid`). A run is a stretch of adjacent layouts of one
+    (tp, pp, cp, ep, dp): enumeration lists them outermost, so there are few runs. Each run is
+    evaluated on the representative stages of the widest pipeline among them (a narrower one
+    repeats its stage 0, which changes no maximum)."""
+    run = _runs(layouts, ("tp", "pp", "cp", "ep", "dp"))
+    head = np.flatnonzero(np.diff(run, prepend=-1))
+    pps, inverse = np.unique(layouts["pp"][head], return_inverse=True)
+    tables = _stage_tables(model, pps, lora=plan.finetune != "full")
+    wide = int(tables.width.max())
+    mbs, mi = _codes(layouts["mbs"])
+    rc, ri = _codes(layouts["recompute"])
+    zero, zi = _codes(layouts["zero"])
+    cell = ((run * len(mbs) + mi) * len(rc) + ri) * len(zero) + zi
+    return Grid(run, cell, head, mbs, rc, zero, tables.rows(inverse, wide))
+
+
 def _runs(layouts: dict[str, np.ndarray], keys: tuple[str, ...], within: np.ndarray | None = None) -> np.ndarray:
     """Run number of each layout: a new run starts wherever one of `keys` (or the run in
     `within`) changes from the previous layout."""
@@ -452,102 +491,150 @@ def _runs(layouts: dict[str, np.ndarray], keys: tuple[str, ...], within: np.ndar
     return np.cumsum(change) - 1
 
 
-def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, stages: StageTable,
-              fitting_only: bool) -> dict[str, np.ndarray]:
-    """`evaluate_bulk` for layouts that share one number of representative stages (last axis)."""
-    stage_idx, dense, moe = stages.idx, stages.dense, stages.moe
-    lay0, r, hw = _base(plan, gpus, model)
-    n = len(layouts["tp"])
-    floats: dict[str, np.ndarray] = {}
+def _on_axis(values, axis: int) -> np.ndarray:
+    """`values` as floats along one axis of the 5-axis memory grid."""
+    shape = [1] * 5
+    shape[axis] = -1
+    return np.asarray(values, dtype=float).reshape(shape)
 
-    def col(k):  # a layout column as floats, one row per layout (converted once)
-        if k not in floats:
-            floats[k] = layouts[k].astype(float)[:, None]
-        return floats[k]
 
-    pp, m, vpp, sched = col("pp"), col("m"), col("vpp"), col("schedule")
-    seq = lay0.seq_len
+def _grid_memory(plan: Plan, layouts: dict[str, np.ndarray], model, grid: Grid, r, seq: int) -> dict:
+    """`stage_memory` at one micro-batch in flight over the whole grid (5 axes: run, micro-batch,
+    recompute, ZeRO, stage)."""
     conv = conventions()
-    mult = int(conv["frameworks"][plan.framework]["vocab_multiple"])
-    tp = col("tp")
-    dp_shard = np.full_like(col("dp"), plan.dp_shard) if plan.dp_shard else col("dp")
-    sequence_parallel = _sequence_parallel(plan)
-    vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
     run = conv["runtime"]
-    # Memory depends on the schedule only through the micro-batches in flight, linearly
-    # (stage_memory: activations x in-flight count, then + fragmentation share). Layouts that
-    # differ only in schedule and interleaving (adjacent in enumeration order) share one
-    # evaluation at one micro-batch in flight, scaled to each schedule's count.
-    time_run = _runs(layouts, ("tp", "pp", "cp", "ep", "dp", "mbs", "recompute"))
-    group = _runs(layouts, ("zero",), time_run)
-    heads = np.flatnonzero(np.diff(group, prepend=-1))
-    g = lambda a: a[heads]  # noqa: E731
+    head = grid.head
+    tp, pp, cp, ep, dp = (_on_axis(layouts[k][head], 0) for k in ("tp", "pp", "cp", "ep", "dp"))
+    stage_idx, dense, moe = (a[:, None, None, None, :] for a in grid.stages[:3])
+    mult = int(conv["frameworks"][plan.framework]["vocab_multiple"])
+    vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
+    dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
     fragmentation = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
-    mem = stage_memory(
-        plan_numbers(model, plan), r, dense_layers=g(dense), moe_layers=g(moe),
-        first=g(stage_idx == 0).astype(float), last=g(stage_idx == pp - 1).astype(float),
+    return stage_memory(
+        plan_numbers(model, plan), r, dense_layers=dense, moe_layers=moe,
+        first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
         in_flight_mb=1.0, logits_in_flight=1.0,
-        tp=g(tp), sp=(g(tp) > 1) & sequence_parallel,
-        cp=g(col("cp")), ep=g(col("ep")), dp=g(col("dp")), dp_shard=g(dp_shard), zero=g(col("zero")),
-        mbs=g(col("mbs")), seq=seq,
-        vocab_padded=g(vocab_padded), attention=act.ATTENTION_CODE[model.attention_kernel(plan.attention)], recompute=g(col("recompute")),
+        tp=tp, sp=(tp > 1) & _sequence_parallel(plan), cp=cp, ep=ep, dp=dp, dp_shard=dp_shard,
+        zero=_on_axis(grid.zero, 3), mbs=_on_axis(grid.mbs, 1), seq=seq,
+        vocab_padded=vocab_padded, attention=act.ATTENTION_CODE[model.attention_kernel(plan.attention)],
+        recompute=_on_axis(grid.recompute, 2),
         recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
-        lora_saves=lora_saves(plan), lora_rank=plan.lora_rank, offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=g(pp),
+        lora_saves=lora_saves(plan), lora_rank=plan.lora_rank, offload_optimizer=plan.offload_optimizer,
+        offload_params=plan.offload_params, pp=pp,
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
         fragmentation=fragmentation)
-    total = (mem["total"][group]
-             + mem["total_per_in_flight"][group] * (in_flight(sched, stage_idx, pp, m, vpp, framework=plan.framework) - 1)
-             + mem["total_per_logits"][group] * (last_stage_heads_in_flight(sched, m, plan.framework, pp) - 1)
-             + mem["total_per_loss"][group] * (last_stage_logits_in_flight(sched, m, plan.framework, pp)
-                                               - last_stage_heads_in_flight(sched, m, plan.framework, pp)))
+
+
+def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid) -> tuple[np.ndarray, ...]:
+    """Per layout: the micro-batches in flight on each representative stage, and the last
+    stage's heads and logits in flight; worked out once per distinct (run, micro-batches,
+    schedule, interleaving)."""
+    sched, vpp, m = layouts["schedule"], layouts["vpp"], layouts["m"]
+    key = grid.run
+    for col in (m, sched, vpp):
+        values, code = _codes(col)
+        key = key * len(values) + code
+    first, code = _first_of(key)
+    f = lambda a: a[first].astype(float)[:, None]  # noqa: E731
+    s, mm, v, pp = f(sched), f(m), f(vpp), f(layouts["pp"])
+    stage_idx = grid.stages.idx[grid.run[first]]
+    fw = plan.framework
+    inflight = in_flight(s, stage_idx, pp, mm, v, framework=fw)
+    heads = last_stage_heads_in_flight(s, mm, fw, pp)
+    logits = last_stage_logits_in_flight(s, mm, fw, pp)
+    return inflight[code], np.broadcast_to(heads, (len(first), 1))[code], \
+        np.broadcast_to(logits, (len(first), 1))[code]
+
+
+def _per_cell(a: np.ndarray, grid: Grid) -> np.ndarray:
+    """A grid quantity (broadcastable to the grid) as rows of cells x stages."""
+    shape = grid.shape
+    return np.broadcast_to(a, shape).reshape(-1, shape[-1])
+
+
+def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid,
+              fitting_only: bool) -> dict[str, np.ndarray]:
+    """`evaluate_bulk` on its grid."""
+    lay0, r, hw = _base(plan, gpus, model)
+    n = len(layouts["tp"])
+    seq = lay0.seq_len
+    # Memory depends on the schedule only through the micro-batches in flight, linearly
+    # (stage_memory: activations x in-flight count, then + fragmentation share): one
+    # evaluation at one micro-batch in flight, scaled to each layout's count.
+    mem = _grid_memory(plan, layouts, model, grid, r, seq)
+    inflight, heads, logits = _in_flight(plan, layouts, grid)
+    cell = grid.cell
+    total = (_per_cell(mem["total"], grid)[cell]
+             + _per_cell(mem["total_per_in_flight"], grid)[cell] * (inflight - 1)
+             + _per_cell(mem["total_per_logits"], grid)[cell] * (heads - 1)
+             + _per_cell(mem["total_per_loss"], grid)[cell] * (logits - heads))
     peak = np.max(total, axis=-1)
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)
     # a search ranks only layouts that fit, so it times only those
     rows = np.flatnonzero(fits) if fitting_only else np.arange(n)
     if len(rows):
-        trainable = np.max(np.broadcast_to(mem["trainable_params"], mem["total"].shape), axis=-1)[group[rows], None]
-        sel = lambda a: a[rows]  # noqa: E731
-        rc = sel(col("recompute"))
-        fl = step_flops(model, tokens=sel(col("gbs")) * seq, seq=seq,
-                        dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                        attention_eager=model.attention_kernel(plan.attention) == "eager", recompute=rc, vocab_padded=model.vocab,
-                        causal=True, skip_last=r.recompute_skips_last_linear,
-                        low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
-        # per-stage times do not depend on the schedule either: once per group, then each
-        # layout's pipeline schedule, data-parallel communication and optimizer
-        # runs of fitting layouts that differ only in ZeRO stage, schedule and interleaving
-        starts = np.diff(time_run[rows], prepend=-1) != 0
-        heads_fit, at = rows[starts], np.cumsum(starts) - 1
-        h = lambda a: a[heads_fit]  # noqa: E731
-        stages = stage_times(
-            model, hw, r, tp=h(tp), pp=h(pp), dp=h(col("dp")), cp=h(col("cp")), ep=h(col("ep")), mbs=h(col("mbs")),
-            seq=seq, recompute=h(col("recompute")), eager=model.attention_kernel(plan.attention) == "eager", dropout=plan.dropout,
-            overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=h(dense), stage_moe=h(moe),
-            first=h(stage_idx == 0).astype(float), last=h(stage_idx == pp - 1).astype(float),
-            total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
-            vocab_padded=h(vocab_padded), sp=(h(tp) > 1) & sequence_parallel, sharp=plan.sharp,
-            cp_allgather=plan.cp_comm == "allgather", ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap,
-            **lora_arguments(plan))
-        spread = lambda a: np.broadcast_to(a, (len(heads_fit),) + np.shape(a)[1:])[at]  # noqa: E731
-        stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
-                  "p2p": spread(stages["p2p"]), "ep_saving": spread(stages["ep_saving"]),
-                  "ep_saving_total": spread(stages["ep_saving_total"]),
-                  "slowest_parts": {k: spread(v) for k, v in stages["slowest_parts"].items()}}
-        t = step_from_stages(
-            stages, hw, r, pp=sel(pp), dp=sel(col("dp")), cp=sel(col("cp")), tp=sel(tp), zero=sel(col("zero")),
-            m=sel(m), vpp=sel(vpp), schedule=sel(sched), overlap_dp=plan.overlap_dp,
-            offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=trainable,
-            gbs=sel(col("gbs")), seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
-            sharp=plan.sharp, data_s=data_step_seconds(plan, model, sel(col("gbs")) * seq / sel(col("dp"))),
-            prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-            stage_layers=model.layers / sel(pp), dp_shard=sel(dp_shard), offload_params=plan.offload_params,
-            recompute=rc, modules_per_layer=modules_per_layer(model, r))
+        trainable = np.max(_per_cell(mem["trainable_params"], grid), axis=-1)[cell[rows], None]
+        t = _step(plan, layouts, gpus, model, grid, rows, trainable)
         step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
         mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
         hfu[rows] = np.asarray(t["hfu"], dtype=float).reshape(len(rows))
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,
             "mfu": mfu, "hfu": hfu, "capacity_bytes": lay0.gpu.capacity_bytes}
+
+
+def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid, rows: np.ndarray,
+          trainable: np.ndarray) -> dict:
+    """`step_from_stages` for the layouts `rows`, their stage times worked out once per run of
+    layouts that differ only in ZeRO stage, schedule and interleaving (adjacent in enumeration
+    order)."""
+    lay0, r, hw = _base(plan, gpus, model)
+    seq = lay0.seq_len
+    sel = lambda k: layouts[k][rows].astype(float)[:, None]  # noqa: E731
+    tp, pp, dp, cp, ep, mbs, rc, zero, m, vpp, sched, gbs = (
+        sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "vpp", "schedule", "gbs"))
+    mult = int(conventions()["frameworks"][plan.framework]["vocab_multiple"])
+    sequence_parallel = _sequence_parallel(plan)
+    eager = model.attention_kernel(plan.attention) == "eager"
+    fl = step_flops(model, tokens=gbs * seq, seq=seq,
+                    dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
+                    attention_eager=eager, recompute=rc, vocab_padded=model.vocab,
+                    causal=True, skip_last=r.recompute_skips_last_linear,
+                    low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
+    # per-stage times do not depend on the schedule, nor on the ZeRO stage: once per run of
+    # layouts that differ only in those, then each layout's pipeline schedule, data-parallel
+    # communication and optimizer
+    time_run = (grid.cell // len(grid.zero))[rows]
+    starts = np.diff(time_run, prepend=-1) != 0
+    at = np.cumsum(starts) - 1
+    h = lambda a: a[starts]  # noqa: E731
+    stage_idx, dense, moe = (a[grid.run[rows[starts]]] for a in grid.stages[:3])
+    tph, pph = h(tp), h(pp)
+    vocab_padded = np.ceil(model.vocab / (mult * tph)) * (mult * tph) if mult > 1 else np.full_like(tph, model.vocab)
+    stages = stage_times(
+        model, hw, r, tp=tph, pp=pph, dp=h(dp), cp=h(cp), ep=h(ep), mbs=h(mbs),
+        seq=seq, recompute=h(rc), eager=eager, dropout=plan.dropout,
+        overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=dense, stage_moe=moe,
+        first=(stage_idx == 0).astype(float), last=(stage_idx == pph - 1).astype(float),
+        total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
+        vocab_padded=vocab_padded, sp=(tph > 1) & sequence_parallel, sharp=plan.sharp,
+        cp_allgather=plan.cp_comm == "allgather", ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap,
+        **lora_arguments(plan))
+    spread = lambda a: np.broadcast_to(a, (len(dense),) + np.shape(a)[1:])[at]  # noqa: E731
+    stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
+              "p2p": spread(stages["p2p"]), "ep_saving": spread(stages["ep_saving"]),
+              "ep_saving_total": spread(stages["ep_saving_total"]),
+              "slowest_parts": {k: spread(v) for k, v in stages["slowest_parts"].items()}}
+    dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
+    return step_from_stages(
+        stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero,
+        m=m, vpp=vpp, schedule=sched, overlap_dp=plan.overlap_dp,
+        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=trainable,
+        gbs=gbs, seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
+        sharp=plan.sharp, data_s=data_step_seconds(plan, model, gbs * seq / dp),
+        prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
+        stage_layers=model.layers / pp, dp_shard=dp_shard, offload_params=plan.offload_params,
+        recompute=rc, modules_per_layer=modules_per_layer(model, r))
 
 
 def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -> Plan:
