@@ -576,65 +576,80 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
     if len(rows):
         trainable = np.max(_per_cell(mem["trainable_params"], grid), axis=-1)[cell[rows], None]
         t = _step(plan, layouts, gpus, model, grid, rows, trainable)
-        step[rows] = np.asarray(t["step_s"], dtype=float).reshape(len(rows))
-        mfu[rows] = np.asarray(t["mfu"], dtype=float).reshape(len(rows))
-        hfu[rows] = np.asarray(t["hfu"], dtype=float).reshape(len(rows))
+        step[rows], mfu[rows], hfu[rows] = t["step_s"], t["mfu"], t["hfu"]
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,
             "mfu": mfu, "hfu": hfu, "capacity_bytes": lay0.gpu.capacity_bytes}
 
 
 def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid, rows: np.ndarray,
-          trainable: np.ndarray) -> dict:
-    """`step_from_stages` for the layouts `rows`, their stage times worked out once per run of
-    layouts that differ only in ZeRO stage, schedule and interleaving (adjacent in enumeration
-    order)."""
+          trainable: np.ndarray) -> dict[str, np.ndarray]:
+    """Step time, MFU and HFU of the layouts `rows` (`step_from_stages`). Adjacent layouts that
+    differ only in schedule and interleaving form a group: everything but the pipeline schedule
+    (stage times, data-parallel communication, optimizer) is worked out once per group, on a
+    groups x schedules table (the groups' layouts side by side, a short group's row padded
+    with its first layout); stage times once per run of groups differing only in ZeRO stage."""
     lay0, r, hw = _base(plan, gpus, model)
     seq = lay0.seq_len
-    sel = lambda k: layouts[k][rows].astype(float)[:, None]  # noqa: E731
-    tp, pp, dp, cp, ep, mbs, rc, zero, m, vpp, sched, gbs = (
-        sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "vpp", "schedule", "gbs"))
-    mult = int(conventions()["frameworks"][plan.framework]["vocab_multiple"])
-    sequence_parallel = _sequence_parallel(plan)
+    cell, m, gbs = grid.cell[rows], layouts["m"][rows], layouts["gbs"][rows]
+    change = np.ones(len(rows), dtype=bool)
+    change[1:] = (cell[1:] != cell[:-1]) | (m[1:] != m[:-1]) | (gbs[1:] != gbs[:-1])
+    first = np.flatnonzero(change)
+    group = np.cumsum(change) - 1
+    col = np.arange(len(rows)) - first[group]
+    slot = np.repeat(first[:, None], int(col.max()) + 1, axis=1)
+    slot[group, col] = np.arange(len(rows))
+    heads = rows[first]
+    sel = lambda k: layouts[k][heads].astype(float)[:, None]  # noqa: E731
+    tp, pp, dp, cp, ep, mbs, rc, zero, m, gbs = (
+        sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "gbs"))
+    sched, vpp = (layouts[k][rows[slot]].astype(float) for k in ("schedule", "vpp"))
     eager = model.attention_kernel(plan.attention) == "eager"
     fl = step_flops(model, tokens=gbs * seq, seq=seq,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
                     attention_eager=eager, recompute=rc, vocab_padded=model.vocab,
                     causal=True, skip_last=r.recompute_skips_last_linear,
                     low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
-    # per-stage times do not depend on the schedule, nor on the ZeRO stage: once per run of
-    # layouts that differ only in those, then each layout's pipeline schedule, data-parallel
-    # communication and optimizer
-    time_run = (grid.cell // len(grid.zero))[rows]
-    starts = np.diff(time_run, prepend=-1) != 0
-    at = np.cumsum(starts) - 1
-    h = lambda a: a[starts]  # noqa: E731
-    stage_idx, dense, moe = (a[grid.run[rows[starts]]] for a in grid.stages[:3])
-    tph, pph = h(tp), h(pp)
-    vocab_padded = np.ceil(model.vocab / (mult * tph)) * (mult * tph) if mult > 1 else np.full_like(tph, model.vocab)
-    stages = stage_times(
-        model, hw, r, tp=tph, pp=pph, dp=h(dp), cp=h(cp), ep=h(ep), mbs=h(mbs),
-        seq=seq, recompute=h(rc), eager=eager, dropout=plan.dropout,
-        overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=dense, stage_moe=moe,
-        first=(stage_idx == 0).astype(float), last=(stage_idx == pph - 1).astype(float),
-        total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
-        vocab_padded=vocab_padded, sp=(tph > 1) & sequence_parallel, sharp=plan.sharp,
-        cp_allgather=plan.cp_comm == "allgather", ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap,
-        **lora_arguments(plan))
-    spread = lambda a: np.broadcast_to(a, (len(dense),) + np.shape(a)[1:])[at]  # noqa: E731
-    stages = {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
-              "p2p": spread(stages["p2p"]), "ep_saving": spread(stages["ep_saving"]),
-              "ep_saving_total": spread(stages["ep_saving_total"]),
-              "slowest_parts": {k: spread(v) for k, v in stages["slowest_parts"].items()}}
+    stages = _group_stage_times(plan, gpus, model, grid, heads, dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, rc=rc))
     dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
-    return step_from_stages(
+    t = step_from_stages(
         stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero,
         m=m, vpp=vpp, schedule=sched, overlap_dp=plan.overlap_dp,
-        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=trainable,
+        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=trainable[first],
         gbs=gbs, seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
         sharp=plan.sharp, data_s=data_step_seconds(plan, model, gbs * seq / dp),
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
         stage_layers=model.layers / pp, dp_shard=dp_shard, offload_params=plan.offload_params,
         recompute=rc, modules_per_layer=modules_per_layer(model, r))
+    return {k: np.broadcast_to(np.asarray(t[k], dtype=float), slot.shape)[group, col] for k in ("step_s", "mfu", "hfu")}
+
+
+def _group_stage_times(plan: Plan, gpus: int, model, grid: Grid, heads: np.ndarray,
+                       cols: dict[str, np.ndarray]) -> dict:
+    """`stage_times` for groups whose first layouts are `heads` (their columns `cols`, one row
+    per group), once per run of groups that differ only in ZeRO stage: the per-stage times do
+    not depend on it."""
+    lay0, r, hw = _base(plan, gpus, model)
+    run = (grid.cell // len(grid.zero))[heads]
+    starts = np.diff(run, prepend=-1) != 0
+    at = np.cumsum(starts) - 1
+    tp, pp, dp, cp, ep, mbs, rc = (cols[k][starts] for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "rc"))
+    stage_idx, dense, moe = (a[grid.run[heads[starts]]] for a in grid.stages[:3])
+    mult = int(conventions()["frameworks"][plan.framework]["vocab_multiple"])
+    vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
+    stages = stage_times(
+        model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs,
+        seq=lay0.seq_len, recompute=rc, eager=model.attention_kernel(plan.attention) == "eager",
+        dropout=plan.dropout, overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=dense,
+        stage_moe=moe, first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
+        total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
+        vocab_padded=vocab_padded, sp=(tp > 1) & _sequence_parallel(plan), sharp=plan.sharp,
+        cp_allgather=plan.cp_comm == "allgather", ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap,
+        **lora_arguments(plan))
+    spread = lambda a: np.broadcast_to(a, (len(dense),) + np.shape(a)[1:])[at]  # noqa: E731
+    return {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
+            "p2p": spread(stages["p2p"]), "ep_saving": spread(stages["ep_saving"]),
+            "ep_saving_total": spread(stages["ep_saving_total"]),
+            "slowest_parts": {k: spread(v) for k, v in stages["slowest_parts"].items()}}
 
 
 def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -> Plan:
