@@ -588,8 +588,6 @@ def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Gr
     (stage times, data-parallel communication, optimizer) is worked out once per group, on a
     groups x schedules table (the groups' layouts side by side, a short group's row padded
     with its first layout); stage times once per run of groups differing only in ZeRO stage."""
-    lay0, r, hw = _base(plan, gpus, model)
-    seq = lay0.seq_len
     cell, m, gbs = grid.cell[rows], layouts["m"][rows], layouts["gbs"][rows]
     change = np.ones(len(rows), dtype=bool)
     change[1:] = (cell[1:] != cell[:-1]) | (m[1:] != m[:-1]) | (gbs[1:] != gbs[:-1])
@@ -600,27 +598,55 @@ def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Gr
     slot[group, col] = np.arange(len(rows))
     heads = rows[first]
     sel = lambda k: layouts[k][heads].astype(float)[:, None]  # noqa: E731
-    tp, pp, dp, cp, ep, mbs, rc, zero, m, gbs = (
-        sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "gbs"))
-    sched, vpp = (layouts[k][rows[slot]].astype(float) for k in ("schedule", "vpp"))
-    eager = model.attention_kernel(plan.attention) == "eager"
+    cols = {k: sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "gbs")}
+    stages = _group_stage_times(plan, gpus, model, grid, heads, cols)
+    cols["trainable"] = trainable[first]
+    # groups of more than half the largest group's layouts in one table, the others in another
+    # (fewer calls, less padding)
+    size = np.diff(np.append(first, len(rows)))
+    bucket = (size > (size.max() + 1) // 2).astype(np.int64)
+    out = {k: np.empty(len(rows)) for k in ("step_s", "mfu", "hfu")}
+    for b in np.unique(bucket).tolist():
+        ids = np.flatnonzero(bucket == b)
+        width = int(size[ids].max())
+        table = slot[ids, :width]
+        t = _group_steps(plan, gpus, model, {k: v[ids] for k, v in cols.items()}, _take(stages, ids),
+                         {k: layouts[k][rows[table]].astype(float) for k in ("schedule", "vpp")})
+        local = np.full(len(first), -1)
+        local[ids] = np.arange(len(ids))
+        at = np.flatnonzero(bucket[group] == b)
+        for k, v in out.items():
+            v[at] = np.broadcast_to(np.asarray(t[k], dtype=float), table.shape)[local[group[at]], col[at]]
+    return out
+
+
+def _take(stages: dict, ids: np.ndarray) -> dict:
+    """These groups' rows of `_group_stage_times`'s arrays."""
+    return {k: _take(v, ids) if isinstance(v, dict) else v[ids] for k, v in stages.items()}
+
+
+def _group_steps(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray], stages: dict,
+                 table: dict[str, np.ndarray]) -> dict:
+    """`step_from_stages` on a groups x schedules table: `cols` and `stages` one row per group,
+    `table` (schedule, vpp) a row of the group's layouts each."""
+    lay0, r, hw = _base(plan, gpus, model)
+    seq = lay0.seq_len
+    tp, pp, dp, cp, zero, m, gbs, rc = (cols[k] for k in ("tp", "pp", "dp", "cp", "zero", "m", "gbs", "recompute"))
     fl = step_flops(model, tokens=gbs * seq, seq=seq,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                    attention_eager=eager, recompute=rc, vocab_padded=model.vocab,
-                    causal=True, skip_last=r.recompute_skips_last_linear,
+                    attention_eager=model.attention_kernel(plan.attention) == "eager", recompute=rc,
+                    vocab_padded=model.vocab, causal=True, skip_last=r.recompute_skips_last_linear,
                     low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
-    stages = _group_stage_times(plan, gpus, model, grid, heads, dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, rc=rc))
     dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
-    t = step_from_stages(
+    return step_from_stages(
         stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero,
-        m=m, vpp=vpp, schedule=sched, overlap_dp=plan.overlap_dp,
-        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=trainable[first],
+        m=m, vpp=table["vpp"], schedule=table["schedule"], overlap_dp=plan.overlap_dp,
+        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=cols["trainable"],
         gbs=gbs, seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
         sharp=plan.sharp, data_s=data_step_seconds(plan, model, gbs * seq / dp),
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
         stage_layers=model.layers / pp, dp_shard=dp_shard, offload_params=plan.offload_params,
         recompute=rc, modules_per_layer=modules_per_layer(model, r))
-    return {k: np.broadcast_to(np.asarray(t[k], dtype=float), slot.shape)[group, col] for k in ("step_s", "mfu", "hfu")}
 
 
 def _group_stage_times(plan: Plan, gpus: int, model, grid: Grid, heads: np.ndarray,
@@ -632,7 +658,7 @@ def _group_stage_times(plan: Plan, gpus: int, model, grid: Grid, heads: np.ndarr
     run = (grid.cell // len(grid.zero))[heads]
     starts = np.diff(run, prepend=-1) != 0
     at = np.cumsum(starts) - 1
-    tp, pp, dp, cp, ep, mbs, rc = (cols[k][starts] for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "rc"))
+    tp, pp, dp, cp, ep, mbs, rc = (cols[k][starts] for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute"))
     stage_idx, dense, moe = (a[grid.run[heads[starts]]] for a in grid.stages[:3])
     mult = int(conventions()["frameworks"][plan.framework]["vocab_multiple"])
     vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
