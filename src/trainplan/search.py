@@ -154,6 +154,8 @@ def search_batch(seq: int, gpus: int) -> int:
 
 
 def _keep(cols: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, np.ndarray]:
+    if ok.all():
+        return cols
     return {name: col[ok] for name, col in cols.items()}
 
 
@@ -263,20 +265,28 @@ def _schedule_pairs(plan: Plan, space: Space, model, pps: list[int]) -> dict[int
     return out
 
 
-def _expand_pairs(cols: dict[str, np.ndarray], pairs: dict[int, list[tuple[int, int]]]) -> dict[str, np.ndarray]:
-    """Every row of `cols` with each (schedule, vpp) pair of its pipeline depth, the pairs
-    innermost (the row order of the full product, restricted to the allowed pairs)."""
+def _expand_pairs(cols: dict[str, np.ndarray], pairs: dict[int, list[tuple[int, int]]],
+                  one_stage_1f1b: bool) -> dict[str, np.ndarray]:
+    """Every row of `cols` with each (schedule, vpp) pair of its pipeline depth that the rules
+    allow, the pairs innermost (the row order of the full product, restricted to them):
+    interleaving needs two stages or more and micro-batches a multiple of them; without a
+    pipeline, `one_stage_1f1b`, 1F1B alone (1F1B is then plain gradient accumulation, ZB-H1
+    the same and GPipe the same or worse: it keeps every micro-batch's activations)."""
     depths = sorted(pairs)
     width = max(len(p) for p in pairs.values())
     table = np.full((len(depths), width, 2), -1, dtype=np.int64)
     for i, p in enumerate(depths):
-        if pairs[p]:
-            table[i, :len(pairs[p])] = pairs[p]
-    row_pairs = table[np.searchsorted(depths, cols["pp"])]  # rows x width x 2
-    valid = row_pairs[:, :, 0] >= 0
-    rows = np.nonzero(valid)[0]
-    out = {name: col[rows] for name, col in cols.items()}
-    out["schedule"], out["vpp"] = row_pairs[valid, 0], row_pairs[valid, 1]
+        kept = [q for q in pairs[p] if p > 1 or not one_stage_1f1b or q[0] == SCHEDULE_CODE["1f1b"]]
+        if kept:
+            table[i, :len(kept)] = kept
+    depth = np.searchsorted(depths, cols["pp"])
+    pp = cols["pp"]
+    unsplit = (pp < 2) | ((cols["m"] % np.maximum(pp, 1)) != 0)  # micro-batches interleaving cannot take
+    valid = (table[:, :, 0] >= 0)[depth] & ~((table[:, :, 0] == SCHEDULE_CODE["interleaved"])[depth] & unsplit[:, None])
+    row, slot = np.nonzero(valid)
+    counts = np.count_nonzero(valid, axis=1)
+    out = {name: np.repeat(col, counts) for name, col in cols.items()}
+    out["schedule"], out["vpp"] = table[depth[row], slot, 0], table[depth[row], slot, 1]
     return out
 
 
@@ -304,15 +314,8 @@ def _expand_block(plan: Plan, space: Space, cols: dict[str, np.ndarray], gbs: in
             ok &= ~(hybrid & ((cols["zero"] == 1) | (cols["zero"] == 2)))
         cols = _keep(cols, ok)
 
-    inter_code = SCHEDULE_CODE["interleaved"]
-    cols = _expand_pairs(cols, pairs)
-    pp, inter = cols["pp"], cols["schedule"] == inter_code
-    ok = ~inter | ((pp >= 2) & ((cols["m"] % np.maximum(pp, 1)) == 0))
-    # one stage has no pipeline to schedule: 1F1B is plain gradient accumulation, ZB-H1 the same
-    # and GPipe the same or worse (it keeps every micro-batch's activations), so only 1F1B stays
-    if "1f1b" in space.schedule:
-        ok &= (pp > 1) | (cols["schedule"] == SCHEDULE_CODE["1f1b"])
-    cols = _keep(cols, ok)
+    # one stage has no pipeline to schedule: only 1F1B stays, where the space has it
+    cols = _expand_pairs(cols, pairs, "1f1b" in space.schedule)
     return {k: cols[k] for k in LAYOUT_KEYS}
 
 
