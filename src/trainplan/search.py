@@ -767,7 +767,7 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
         raise PlanError("search", "interrupted before any layout was evaluated")
     evaluated = sum(len(p["step_s"]) for p in parts)
     layouts = {k: v[:evaluated] for k, v in layouts.items()}
-    res = {k: np.concatenate([p[k] for p in parts]) for k in ("peak_bytes", "fits", "step_s", "tokens_per_s", "mfu")}
+    res = {k: np.concatenate([p[k] for p in parts]) for k in ("fits", "tokens_per_s")}
     fits = np.flatnonzero(res["fits"])
     if not len(fits):
         raise PlanError("search", f"none of the {evaluated:,} layouts fits in memory; add GPUs, lower the "
@@ -775,8 +775,7 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
     # seconds per token; on a fixed number of GPUs at one price, dollars per token are the same
     # order (gpus x price / tokens per second), so both objectives rank the layouts alike (and an
     # accelerator without a price still ranks by speed); `compare_gpus` ranks across prices
-    key = 1.0 / res["tokens_per_s"][fits]
-    order = fits[np.argsort(key, kind="stable")][:top]
+    order = fits[smallest(1.0 / res["tokens_per_s"][fits], top)]
     best = []
     for i in order:
         p = layout_plan(plan, layouts, int(i), gpus)
@@ -786,6 +785,20 @@ def search(plan: Plan, fixed: set[str], top: int = 5, objective: str = "time", m
             "objective": objective, "interrupted": interrupted,
             # the global batch every layout trains: the plan's, or search_batch's when it gives none
             "gbs": int(layouts["gbs"][0]), "gbs_given": plan.gbs is not None, "best": best}
+
+
+def smallest(key: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the `k` smallest keys, smallest first, equal keys in index order: a stable
+    sort's first `k`, sorting only those no larger than the k-th smallest."""
+    if k >= len(key):
+        return np.argsort(key, kind="stable")
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    kth = np.partition(key, k - 1)[k - 1]
+    if np.isnan(kth):  # (NaNs sort last)
+        return np.argsort(key, kind="stable")[:k]
+    candidates = np.flatnonzero(key <= kth)
+    return candidates[np.argsort(key[candidates], kind="stable")][:k]
 
 
 # ---- Pareto fronts -------------------------------------------------------------------------
