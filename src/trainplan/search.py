@@ -529,9 +529,9 @@ def _grid_memory(plan: Plan, layouts: dict[str, np.ndarray], model, grid: Grid, 
 
 
 def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid) -> tuple[np.ndarray, ...]:
-    """Per layout: the micro-batches in flight on each representative stage, and the last
-    stage's heads and logits in flight; worked out once per distinct (run, micro-batches,
-    schedule, interleaving)."""
+    """The micro-batches in flight on each representative stage (stages x layouts), and the
+    last stage's heads and logits in flight (per layout); worked out once per distinct (run,
+    micro-batches, schedule, interleaving)."""
     sched, vpp, m = layouts["schedule"], layouts["vpp"], layouts["m"]
     key = grid.run
     for col in (m, sched, vpp):
@@ -545,14 +545,14 @@ def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid) -> tuple[
     inflight = in_flight(s, stage_idx, pp, mm, v, framework=fw)
     heads = last_stage_heads_in_flight(s, mm, fw, pp)
     logits = last_stage_logits_in_flight(s, mm, fw, pp)
-    return inflight[code], np.broadcast_to(heads, (len(first), 1))[code], \
-        np.broadcast_to(logits, (len(first), 1))[code]
+    per_key = lambda a: np.broadcast_to(a, (len(first), 1))[:, 0][code]  # noqa: E731
+    return np.ascontiguousarray(inflight.T)[:, code], per_key(heads), per_key(logits)
 
 
 def _per_cell(a: np.ndarray, grid: Grid) -> np.ndarray:
-    """A grid quantity (broadcastable to the grid) as rows of cells x stages."""
+    """A grid quantity (broadcastable to the grid) as stages x cells (a row per stage)."""
     shape = grid.shape
-    return np.broadcast_to(a, shape).reshape(-1, shape[-1])
+    return np.moveaxis(np.broadcast_to(a, shape), -1, 0).reshape(shape[-1], -1)
 
 
 def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid,
@@ -567,17 +567,18 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
     mem = _grid_memory(plan, layouts, model, grid, r, seq)
     inflight, heads, logits = _in_flight(plan, layouts, grid)
     cell = grid.cell
-    total = (_per_cell(mem["total"], grid)[cell]
-             + _per_cell(mem["total_per_in_flight"], grid)[cell] * (inflight - 1)
-             + _per_cell(mem["total_per_logits"], grid)[cell] * (heads - 1)
-             + _per_cell(mem["total_per_loss"], grid)[cell] * (logits - heads))
-    peak = np.max(total, axis=-1)
+    # (stages x layouts: a row per stage, so the peak is a maximum of a few long rows)
+    total = (_per_cell(mem["total"], grid)[:, cell]
+             + _per_cell(mem["total_per_in_flight"], grid)[:, cell] * (inflight - 1)
+             + _per_cell(mem["total_per_logits"], grid)[:, cell] * (heads - 1)
+             + _per_cell(mem["total_per_loss"], grid)[:, cell] * (logits - heads))
+    peak = np.maximum.reduce(total, axis=0)
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)
     # a search ranks only layouts that fit, so it times only those
     rows = np.flatnonzero(fits) if fitting_only else np.arange(n)
     if len(rows):
-        trainable = np.max(_per_cell(mem["trainable_params"], grid), axis=-1)[cell[rows], None]
+        trainable = np.maximum.reduce(_per_cell(mem["trainable_params"], grid), axis=0)[cell[rows], None]
         t = _step(plan, layouts, gpus, model, grid, rows, trainable)
         step[rows], mfu[rows], hfu[rows] = t["step_s"], t["mfu"], t["hfu"]
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,
