@@ -546,13 +546,22 @@ def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid) -> tuple[
     heads = last_stage_heads_in_flight(s, mm, fw, pp)
     logits = last_stage_logits_in_flight(s, mm, fw, pp)
     per_key = lambda a: np.broadcast_to(a, (len(first), 1))[:, 0][code]  # noqa: E731
-    return np.ascontiguousarray(inflight.T)[:, code], per_key(heads), per_key(logits)
+    return np.take(np.ascontiguousarray(inflight.T), code, axis=1), per_key(heads), per_key(logits)
 
 
 def _per_cell(a: np.ndarray, grid: Grid) -> np.ndarray:
     """A grid quantity (broadcastable to the grid) as stages x cells (a row per stage)."""
     shape = grid.shape
     return np.moveaxis(np.broadcast_to(a, shape), -1, 0).reshape(shape[-1], -1)
+
+
+def _row_max(a: np.ndarray) -> np.ndarray:
+    """The largest of each column of a few long rows, row by row (numpy's reduction over the
+    first axis walks it column by column)."""
+    out = a[0]
+    for row in a[1:]:
+        out = np.maximum(out, row)
+    return out
 
 
 def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid,
@@ -568,17 +577,16 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
     inflight, heads, logits = _in_flight(plan, layouts, grid)
     cell = grid.cell
     # (stages x layouts: a row per stage, so the peak is a maximum of a few long rows)
-    total = (_per_cell(mem["total"], grid)[:, cell]
-             + _per_cell(mem["total_per_in_flight"], grid)[:, cell] * (inflight - 1)
-             + _per_cell(mem["total_per_logits"], grid)[:, cell] * (heads - 1)
-             + _per_cell(mem["total_per_loss"], grid)[:, cell] * (logits - heads))
-    peak = np.maximum.reduce(total, axis=0)
+    at = lambda k: np.take(_per_cell(mem[k], grid), cell, axis=1)  # noqa: E731
+    total = (at("total") + at("total_per_in_flight") * (inflight - 1) + at("total_per_logits") * (heads - 1)
+             + at("total_per_loss") * (logits - heads))
+    peak = _row_max(total)
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)
     # a search ranks only layouts that fit, so it times only those
     rows = np.flatnonzero(fits) if fitting_only else np.arange(n)
     if len(rows):
-        trainable = np.maximum.reduce(_per_cell(mem["trainable_params"], grid), axis=0)[cell[rows], None]
+        trainable = _row_max(_per_cell(mem["trainable_params"], grid))[cell[rows], None]
         t = _step(plan, layouts, gpus, model, grid, rows, trainable)
         step[rows], mfu[rows], hfu[rows] = t["step_s"], t["mfu"], t["hfu"]
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,
