@@ -29,6 +29,7 @@ from .errors import PlanError
 from .estimate import activations as act
 from .estimate.collectives import BACKWARD_PREFETCH_CODE, modules_per_layer
 from .estimate.data import data_step_seconds
+from .estimate.distinct import per_distinct
 from .estimate.flops import step_flops
 from .estimate.hardware import hardware
 from .estimate.memory import lora_saves, plan_numbers, stage_memory
@@ -644,11 +645,15 @@ def _group_steps(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray], stag
     lay0, r, hw = _base(plan, gpus, model)
     seq = lay0.seq_len
     tp, pp, dp, cp, zero, m, gbs, rc = (cols[k] for k in ("tp", "pp", "dp", "cp", "zero", "m", "gbs", "recompute"))
-    fl = step_flops(model, tokens=gbs * seq, seq=seq,
-                    dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                    attention_eager=model.attention_kernel(plan.attention) == "eager", recompute=rc,
-                    vocab_padded=model.vocab, causal=True, skip_last=r.recompute_skips_last_linear,
-                    low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
+    # the model's FLOPs per step: one value per distinct (global batch, recompute)
+    fl = per_distinct(
+        lambda tokens, recompute: {k: v for k, v in step_flops(
+            model, tokens=tokens, seq=seq, dense_layers=model.layers - model.n_moe_layers,
+            moe_layers=model.n_moe_layers, head=1, attention_eager=model.attention_kernel(plan.attention) == "eager",
+            recompute=recompute, vocab_padded=model.vocab, causal=True, skip_last=r.recompute_skips_last_linear,
+            low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan)).items()
+            if k in ("model", "hardware")},
+        {"tokens": gbs * seq, "recompute": rc})
     dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
     return step_from_stages(
         stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero,
