@@ -300,7 +300,7 @@ def test_listing_in_blocks_keeps_the_order_and_the_layouts(monkeypatch):
     model = load_model(plan)
     space = S.default_space(plan, set(), 64, model.layers, 8, model.is_moe)
     whole = S.enumerate_layouts(plan, space, 64)
-    monkeypatch.setattr(S, "ENUM_BLOCK_LAYOUTS", 3 * 960)  # 3 combinations x 10 mbs x 3 x 4 x 8 a block
+    monkeypatch.setattr(S.space, "ENUM_BLOCK_LAYOUTS", 3 * 960)  # 3 combinations x 10 mbs x 3 x 4 x 8 a block
     blocks = S.enumerate_layouts(plan, space, 64)
     assert len(whole["tp"]) > 1000
     for k in S.LAYOUT_KEYS:

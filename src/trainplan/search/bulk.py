@@ -1,0 +1,419 @@
+"""Peak memory, fit and step time of many layouts at once, with the array formulas `plan` uses
+(DESIGN §2).
+
+Each layout is evaluated on a few representative pipeline stages: stage 0, the last stage and
+the first stage holding each distinct mix of layers (dense and MoE) of the default split.
+In-flight micro-batches fall with the stage index under every schedule and a stage's memory
+and time are set by its layers, so the peak memory and the slowest stage lie among them; the
+pipeline's sum over stages comes from the layer totals.
+
+Work shared between layouts is done once. The memory model runs over a grid, (tp, pp, cp, ep,
+dp) x micro-batch x recompute x ZeRO x stage, each input on its own axis, so that broadcasting
+computes each term at the dimensions it depends on; layouts differing only in schedule and
+interleaving share that evaluation, scaled by their micro-batches in flight (memory is linear
+in them). Step times: layouts differing only in schedule and interleaving share everything but
+the pipeline schedule, those differing also in ZeRO stage their per-stage times; each distinct
+GEMM shape is timed once. Every formula sees the very values it would see layout by layout, so
+the figures are those of evaluating each layout's arrays on their own; bulk and per-plan
+evaluation agree to 1e-12 (tests).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import PlanError
+from ..estimate import activations as act
+from ..estimate.collectives import BACKWARD_PREFETCH_CODE, modules_per_layer
+from ..estimate.data import data_step_seconds
+from ..estimate.distinct import per_distinct
+from ..estimate.flops import step_flops
+from ..estimate.hardware import hardware
+from ..estimate.memory import lora_saves, plan_numbers, stage_memory
+from ..estimate.pipeline import in_flight, last_stage_heads_in_flight, last_stage_logits_in_flight
+from ..estimate.recipe import recipe
+from ..estimate.stage import lora_arguments, stage_times
+from ..estimate.time import step_from_stages
+from ..plan import Plan, conventions, default_stage_split, least_zero, load_model, resolve
+from ..units import GiB
+from .space import _sequence_parallel
+
+REPRESENTATIVE = 4  # representative stages a table holds at least
+
+
+@lru_cache(maxsize=4096)
+def _representatives(model, p: int, lora: bool) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """A pipeline of p stages' representative stage indices and their (dense, MoE) layers (see
+    `_stage_tables`); O(layers), once per model and depth."""
+    split = np.asarray(default_stage_split(model.layers, p), dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(split)])
+    # (dense, MoE) layers of each stage: a model whose first layers are dense (DeepSeek-V3's
+    # three) has stages of equal depth but unequal weight
+    moe_before = np.concatenate([[0], np.cumsum(np.asarray(model.moe_layer_flags, dtype=np.int64))])
+    moe = moe_before[bounds[1:]] - moe_before[bounds[:-1]]
+    kinds = np.stack([split - moe, moe], axis=1)
+    # stage 0 (embedding, most micro-batches in flight), the last stage (output head) and
+    # the first stage holding each distinct mix of layers: in-flight micro-batches fall with
+    # the stage index, so no later stage with the same layers can hold or take more
+    firsts = np.sort(np.unique(kinds, axis=0, return_index=True)[1]).tolist()
+    reps = list(dict.fromkeys([0, p - 1] + ([1] if lora and p > 1 else []) + firsts))
+    return tuple(reps), tuple((int(kinds[s, 0]), int(kinds[s, 1])) for s in reps)
+
+
+class StageTable(NamedTuple):
+    """Per layout (or per pipeline depth): its representative stages (last axis), each one's
+    index and dense and MoE layer counts, and how many of them are distinct."""
+
+    idx: np.ndarray
+    dense: np.ndarray
+    moe: np.ndarray
+    width: np.ndarray | None = None
+
+    def rows(self, rows, w: int) -> StageTable:
+        """These rows' tables, the first `w` representative stages."""
+        return StageTable(self.idx[rows, :w], self.dense[rows, :w], self.moe[rows, :w])
+
+
+def _stage_tables(model, pps: np.ndarray, lora: bool = False) -> StageTable:
+    """Per pp value: the representative stages' indices, dense/MoE layer counts, and how many
+    of them are distinct (the rest repeat stage 0 and change no maximum); `lora`: stage 1 too,
+    as LoRA's stage 0 keeps nothing for its first layer's input norm and may hold less. The
+    tables are as wide as the most representative stages any pp value needs (REPRESENTATIVE
+    at least)."""
+    chosen = [_representatives(model, int(p), lora) for p in pps]
+    wide = max([REPRESENTATIVE] + [len(reps) for reps, _ in chosen])
+    idx = np.zeros((len(pps), wide), dtype=np.int64)
+    dense = np.zeros((len(pps), wide))
+    moe = np.zeros((len(pps), wide))
+    width = np.zeros(len(pps), dtype=np.int64)
+    for row, (reps, kinds) in enumerate(chosen):
+        width[row] = len(reps)
+        for j in range(wide):
+            k = j if j < len(reps) else 0  # padding repeats stage 0
+            idx[row, j] = reps[k]
+            dense[row, j], moe[row, j] = kinds[k]
+    return StageTable(idx, dense, moe, width)
+
+
+def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=None,
+                  fitting_only: bool = False) -> dict[str, np.ndarray]:
+    """Peak memory, fit and step time of every layout, with the plan formulas on arrays
+    (`fitting_only`: step time only for layouts that fit; the others get inf).
+
+    The memory model runs once over a grid, (tp, pp, cp, ep, dp) x micro-batch x recompute x
+    ZeRO x representative stage, each input on its own axis, so that numpy's broadcasting
+    computes each term at the dimensions it depends on (a weight's bytes once per ZeRO stage,
+    not once per micro-batch); the micro-batches in flight, which depend on the schedule, once
+    per distinct (pipeline, micro-batches, schedule, interleaving) (see `_grid`)."""
+    model = spec or load_model(plan)
+    if not len(layouts["tp"]):
+        return _empty_result(_base(plan, gpus, model)[0])
+    grid = _grid(plan, layouts, model)
+    return _evaluate(plan, layouts, gpus, model, grid, fitting_only)
+
+
+def _empty_result(lay0) -> dict[str, np.ndarray]:
+    empty = np.zeros(0)
+    return {"peak_bytes": empty, "fits": np.zeros(0, dtype=bool), "step_s": empty, "tokens_per_s": empty,
+            "mfu": empty, "hfu": empty, "capacity_bytes": lay0.gpu.capacity_bytes}
+
+
+_BASE: list = [None, None]  # (plan, gpus, model) and what `_base` derived from them
+
+
+def _base(plan: Plan, gpus: int, model):
+    """What every layout of a search shares: the plan resolved on one GPU layout, its
+    precision recipe and the hardware rates (derived once per search, not per batch)."""
+    key, value = _BASE
+    if key is not None and key[0] is plan and key[1] == gpus and key[2] is model:
+        return value
+    if plan.recompute_layers is not None:
+        raise PlanError("recompute_layers", "a search recomputes all of a stage's layers or none; price some "
+                        "of them with `trainplan plan --recompute full --recompute-layers N`")
+    # at the least ZeRO stage the plan's offloading allows (the search's layouts keep to it too)
+    lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": least_zero(plan), "dp": None,
+                                           "dp_shard": None,
+                                           "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
+                                           "vpp": None, "recompute": "none", "stage_layers": None,
+                                           "ep_overlap": False}), model)
+    profile = None
+    if plan.gpu_profile:
+        from ..profile import load_profile
+
+        profile = load_profile(plan.gpu_profile)
+    value = (lay0, recipe(plan), hardware(lay0, profile))
+    _BASE[:] = [(plan, gpus, model), value]
+    return value
+
+
+def _codes(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a column of non-negative integers, ascending, and each element's
+    position among them (a table lookup where the values are small: no sort)."""
+    top = int(col.max()) + 1
+    if top > 4 * len(col) + 4096:
+        values, code = np.unique(col, return_inverse=True)
+        return values, code.reshape(-1)
+    present = np.zeros(top, dtype=bool)
+    present[col] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[col]
+
+
+def _first_of(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For keys that are small non-negative integers: one element holding each distinct key
+    (an index into `key`), and each element's distinct key's position among them."""
+    values, code = _codes(key)
+    first = np.zeros(len(values), dtype=np.int64)
+    first[code] = np.arange(len(key))
+    return first, code
+
+
+class Grid(NamedTuple):
+    """Where each layout lies on the memory grid (run of (tp, pp, cp, ep, dp) x micro-batch x
+    recompute x ZeRO, flattened: `cell`), the grid's axes (`head`: each run's first layout;
+    the values on the micro-batch, recompute and ZeRO axes) and the runs' representative
+    stages (last axis)."""
+
+    run: np.ndarray
+    cell: np.ndarray
+    head: np.ndarray
+    mbs: np.ndarray
+    recompute: np.ndarray
+    zero: np.ndarray
+    stages: StageTable
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        return (len(self.head), len(self.mbs), len(self.recompute), len(self.zero), self.stages.idx.shape[-1])
+
+
+def _grid(plan: Plan, layouts: dict[str, np.ndarray], model) -> Grid:
+    """The memory grid of `layouts` (see `Grid`). A run is a stretch of adjacent layouts of one
+    (tp, pp, cp, ep, dp): enumeration lists them outermost, so there are few runs. Each run is
+    evaluated on the representative stages of the widest pipeline among them (a narrower one
+    repeats its stage 0, which changes no maximum)."""
+    run = _runs(layouts, ("tp", "pp", "cp", "ep", "dp"))
+    head = np.flatnonzero(np.diff(run, prepend=-1))
+    pps, inverse = np.unique(layouts["pp"][head], return_inverse=True)
+    tables = _stage_tables(model, pps, lora=plan.finetune != "full")
+    wide = int(tables.width.max())
+    mbs, mi = _codes(layouts["mbs"])
+    rc, ri = _codes(layouts["recompute"])
+    zero, zi = _codes(layouts["zero"])
+    cell = ((run * len(mbs) + mi) * len(rc) + ri) * len(zero) + zi
+    return Grid(run, cell, head, mbs, rc, zero, tables.rows(inverse, wide))
+
+
+def _runs(layouts: dict[str, np.ndarray], keys: tuple[str, ...], within: np.ndarray | None = None) -> np.ndarray:
+    """Run number of each layout: a new run starts wherever one of `keys` (or the run in
+    `within`) changes from the previous layout."""
+    n = len(layouts["tp"])
+    change = np.zeros(n, dtype=bool)
+    change[0:1] = True
+    for k in keys:
+        change[1:] |= layouts[k][1:] != layouts[k][:-1]
+    if within is not None:
+        change[1:] |= within[1:] != within[:-1]
+    return np.cumsum(change) - 1
+
+
+def _on_axis(values, axis: int) -> np.ndarray:
+    """`values` as floats along one axis of the 5-axis memory grid."""
+    shape = [1] * 5
+    shape[axis] = -1
+    return np.asarray(values, dtype=float).reshape(shape)
+
+
+def _grid_memory(plan: Plan, layouts: dict[str, np.ndarray], model, grid: Grid, r, seq: int) -> dict:
+    """`stage_memory` at one micro-batch in flight over the whole grid (5 axes: run, micro-batch,
+    recompute, ZeRO, stage)."""
+    conv = conventions()
+    run = conv["runtime"]
+    head = grid.head
+    tp, pp, cp, ep, dp = (_on_axis(layouts[k][head], 0) for k in ("tp", "pp", "cp", "ep", "dp"))
+    stage_idx, dense, moe = (a[:, None, None, None, :] for a in grid.stages[:3])
+    mult = int(conv["frameworks"][plan.framework]["vocab_multiple"])
+    vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
+    dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
+    fragmentation = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
+    return stage_memory(
+        plan_numbers(model, plan), r, dense_layers=dense, moe_layers=moe,
+        first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
+        in_flight_mb=1.0, logits_in_flight=1.0,
+        tp=tp, sp=(tp > 1) & _sequence_parallel(plan), cp=cp, ep=ep, dp=dp, dp_shard=dp_shard,
+        zero=_on_axis(grid.zero, 3), mbs=_on_axis(grid.mbs, 1), seq=seq,
+        vocab_padded=vocab_padded, attention=act.ATTENTION_CODE[model.attention_kernel(plan.attention)],
+        recompute=_on_axis(grid.recompute, 2),
+        recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
+        lora_saves=lora_saves(plan), lora_rank=plan.lora_rank, offload_optimizer=plan.offload_optimizer,
+        offload_params=plan.offload_params, pp=pp,
+        reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
+        fragmentation=fragmentation)
+
+
+def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid) -> tuple[np.ndarray, ...]:
+    """The micro-batches in flight on each representative stage (stages x layouts), and the
+    last stage's heads and logits in flight (per layout); worked out once per distinct (run,
+    micro-batches, schedule, interleaving)."""
+    sched, vpp, m = layouts["schedule"], layouts["vpp"], layouts["m"]
+    key = grid.run
+    for col in (m, sched, vpp):
+        values, code = _codes(col)
+        key = key * len(values) + code
+    first, code = _first_of(key)
+    f = lambda a: a[first].astype(float)[:, None]  # noqa: E731
+    s, mm, v, pp = f(sched), f(m), f(vpp), f(layouts["pp"])
+    stage_idx = grid.stages.idx[grid.run[first]]
+    fw = plan.framework
+    inflight = in_flight(s, stage_idx, pp, mm, v, framework=fw)
+    heads = last_stage_heads_in_flight(s, mm, fw, pp)
+    logits = last_stage_logits_in_flight(s, mm, fw, pp)
+    per_key = lambda a: np.broadcast_to(a, (len(first), 1))[:, 0][code]  # noqa: E731
+    return np.take(np.ascontiguousarray(inflight.T), code, axis=1), per_key(heads), per_key(logits)
+
+
+def _per_cell(a: np.ndarray, grid: Grid) -> np.ndarray:
+    """A grid quantity (broadcastable to the grid) as stages x cells (a row per stage)."""
+    shape = grid.shape
+    return np.moveaxis(np.broadcast_to(a, shape), -1, 0).reshape(shape[-1], -1)
+
+
+def _row_max(a: np.ndarray) -> np.ndarray:
+    """The largest of each column of a few long rows, row by row (numpy's reduction over the
+    first axis walks it column by column)."""
+    out = a[0]
+    for row in a[1:]:
+        out = np.maximum(out, row)
+    return out
+
+
+def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid,
+              fitting_only: bool) -> dict[str, np.ndarray]:
+    """`evaluate_bulk` on its grid."""
+    lay0, r, hw = _base(plan, gpus, model)
+    n = len(layouts["tp"])
+    seq = lay0.seq_len
+    # Memory depends on the schedule only through the micro-batches in flight, linearly
+    # (stage_memory: activations x in-flight count, then + fragmentation share): one
+    # evaluation at one micro-batch in flight, scaled to each layout's count.
+    mem = _grid_memory(plan, layouts, model, grid, r, seq)
+    inflight, heads, logits = _in_flight(plan, layouts, grid)
+    cell = grid.cell
+    # (stages x layouts: a row per stage, so the peak is a maximum of a few long rows)
+    at = lambda k: np.take(_per_cell(mem[k], grid), cell, axis=1)  # noqa: E731
+    total = (at("total") + at("total_per_in_flight") * (inflight - 1) + at("total_per_logits") * (heads - 1)
+             + at("total_per_loss") * (logits - heads))
+    peak = _row_max(total)
+    fits = peak <= lay0.gpu.capacity_bytes
+    step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)
+    # a search ranks only layouts that fit, so it times only those
+    rows = np.flatnonzero(fits) if fitting_only else np.arange(n)
+    if len(rows):
+        trainable = _row_max(_per_cell(mem["trainable_params"], grid))[cell[rows], None]
+        t = _step(plan, layouts, gpus, model, grid, rows, trainable)
+        step[rows], mfu[rows], hfu[rows] = t["step_s"], t["mfu"], t["hfu"]
+    return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,
+            "mfu": mfu, "hfu": hfu, "capacity_bytes": lay0.gpu.capacity_bytes}
+
+
+def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid, rows: np.ndarray,
+          trainable: np.ndarray) -> dict[str, np.ndarray]:
+    """Step time, MFU and HFU of the layouts `rows` (`step_from_stages`). Adjacent layouts that
+    differ only in schedule and interleaving form a group: everything but the pipeline schedule
+    (stage times, data-parallel communication, optimizer) is worked out once per group, on a
+    groups x schedules table (the groups' layouts side by side, a short group's row padded
+    with its first layout); stage times once per run of groups differing only in ZeRO stage."""
+    cell, m, gbs = grid.cell[rows], layouts["m"][rows], layouts["gbs"][rows]
+    change = np.ones(len(rows), dtype=bool)
+    change[1:] = (cell[1:] != cell[:-1]) | (m[1:] != m[:-1]) | (gbs[1:] != gbs[:-1])
+    first = np.flatnonzero(change)
+    group = np.cumsum(change) - 1
+    col = np.arange(len(rows)) - first[group]
+    slot = np.repeat(first[:, None], int(col.max()) + 1, axis=1)
+    slot[group, col] = np.arange(len(rows))
+    heads = rows[first]
+    sel = lambda k: layouts[k][heads].astype(float)[:, None]  # noqa: E731
+    cols = {k: sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "gbs")}
+    stages = _group_stage_times(plan, gpus, model, grid, heads, cols)
+    cols["trainable"] = trainable[first]
+    # groups of more than half the largest group's layouts in one table, the others in another
+    # (fewer calls, less padding)
+    size = np.diff(np.append(first, len(rows)))
+    bucket = (size > (size.max() + 1) // 2).astype(np.int64)
+    out = {k: np.empty(len(rows)) for k in ("step_s", "mfu", "hfu")}
+    for b in np.unique(bucket).tolist():
+        ids = np.flatnonzero(bucket == b)
+        width = int(size[ids].max())
+        table = slot[ids, :width]
+        t = _group_steps(plan, gpus, model, {k: v[ids] for k, v in cols.items()}, _take(stages, ids),
+                         {k: layouts[k][rows[table]].astype(float) for k in ("schedule", "vpp")})
+        local = np.full(len(first), -1)
+        local[ids] = np.arange(len(ids))
+        at = np.flatnonzero(bucket[group] == b)
+        for k, v in out.items():
+            v[at] = np.broadcast_to(np.asarray(t[k], dtype=float), table.shape)[local[group[at]], col[at]]
+    return out
+
+
+def _take(stages: dict, ids: np.ndarray) -> dict:
+    """These groups' rows of `_group_stage_times`'s arrays."""
+    return {k: _take(v, ids) if isinstance(v, dict) else v[ids] for k, v in stages.items()}
+
+
+def _group_steps(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray], stages: dict,
+                 table: dict[str, np.ndarray]) -> dict:
+    """`step_from_stages` on a groups x schedules table: `cols` and `stages` one row per group,
+    `table` (schedule, vpp) a row of the group's layouts each."""
+    lay0, r, hw = _base(plan, gpus, model)
+    seq = lay0.seq_len
+    tp, pp, dp, cp, zero, m, gbs, rc = (cols[k] for k in ("tp", "pp", "dp", "cp", "zero", "m", "gbs", "recompute"))
+    # the model's FLOPs per step: one value per distinct (global batch, recompute)
+    fl = per_distinct(
+        lambda tokens, recompute: {k: v for k, v in step_flops(
+            model, tokens=tokens, seq=seq, dense_layers=model.layers - model.n_moe_layers,
+            moe_layers=model.n_moe_layers, head=1, attention_eager=model.attention_kernel(plan.attention) == "eager",
+            recompute=recompute, vocab_padded=model.vocab, causal=True, skip_last=r.recompute_skips_last_linear,
+            low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan)).items()
+            if k in ("model", "hardware")},
+        {"tokens": gbs * seq, "recompute": rc})
+    dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
+    return step_from_stages(
+        stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero,
+        m=m, vpp=table["vpp"], schedule=table["schedule"], overlap_dp=plan.overlap_dp,
+        offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=cols["trainable"],
+        gbs=gbs, seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
+        sharp=plan.sharp, data_s=data_step_seconds(plan, model, gbs * seq / dp),
+        prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
+        stage_layers=model.layers / pp, dp_shard=dp_shard, offload_params=plan.offload_params,
+        recompute=rc, modules_per_layer=modules_per_layer(model, r))
+
+
+def _group_stage_times(plan: Plan, gpus: int, model, grid: Grid, heads: np.ndarray,
+                       cols: dict[str, np.ndarray]) -> dict:
+    """`stage_times` for groups whose first layouts are `heads` (their columns `cols`, one row
+    per group), once per run of groups that differ only in ZeRO stage: the per-stage times do
+    not depend on it."""
+    lay0, r, hw = _base(plan, gpus, model)
+    run = (grid.cell // len(grid.zero))[heads]
+    starts = np.diff(run, prepend=-1) != 0
+    at = np.cumsum(starts) - 1
+    tp, pp, dp, cp, ep, mbs, rc = (cols[k][starts] for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute"))
+    stage_idx, dense, moe = (a[grid.run[heads[starts]]] for a in grid.stages[:3])
+    mult = int(conventions()["frameworks"][plan.framework]["vocab_multiple"])
+    vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
+    stages = stage_times(
+        model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs,
+        seq=lay0.seq_len, recompute=rc, eager=model.attention_kernel(plan.attention) == "eager",
+        dropout=plan.dropout, overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=dense,
+        stage_moe=moe, first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
+        total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
+        vocab_padded=vocab_padded, sp=(tp > 1) & _sequence_parallel(plan), sharp=plan.sharp,
+        cp_allgather=plan.cp_comm == "allgather", ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap,
+        **lora_arguments(plan))
+    spread = lambda a: np.broadcast_to(a, (len(dense),) + np.shape(a)[1:])[at]  # noqa: E731
+    return {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
+            "p2p": spread(stages["p2p"]), "ep_saving": spread(stages["ep_saving"]),
+            "ep_saving_total": spread(stages["ep_saving_total"]),
+            "slowest_parts": {k: spread(v) for k, v in stages["slowest_parts"].items()}}

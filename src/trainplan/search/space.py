@@ -1,0 +1,302 @@
+"""The layouts a search enumerates: the space of each layout dimension, the rules a layout
+keeps (the plan's own, applied as soon as their dimensions exist, so that rejected prefixes are
+never multiplied out), the search's default global batch, and a layout as a Plan."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..errors import PlanError
+from ..estimate import activations as act
+from ..estimate.pipeline import SCHEDULE_CODE, SCHEDULES
+from ..plan import (
+    Plan,
+    conventions,
+    default_stage_split,
+    interleaving_problem,
+    least_zero,
+    load_model,
+    zero_stages,
+)
+
+# the layout dimensions a search enumerates unless the plan fixes them
+LAYOUT_DIMENSIONS = ("tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp")
+
+
+@dataclass
+class Space:
+    """The values each layout dimension may take (a fixed dimension has one value)."""
+
+    tp: list[int]
+    pp: list[int]
+    cp: list[int]
+    ep: list[int]
+    zero: list[int]
+    mbs: list[int]
+    recompute: list[str]
+    schedule: list[str]
+    # virtual stages per GPU of the interleaved schedule; None: every count the pipeline's
+    # split allows (`interleavings`), per pipeline depth
+    vpp: list[int] | None = None
+
+
+def _pow2_upto(n: int) -> list[int]:
+    return [2**i for i in range(int(math.log2(max(n, 1))) + 1)]
+
+
+def default_space(plan: Plan, fixed: set[str], gpus: int, layers: int, max_tp: int, is_moe: bool) -> Space:
+    """Omitted dimensions are searched: TP and CP over powers of two (TP within a node), PP over
+    every divisor of the GPU count up to the layer count, ZeRO over the stages the framework
+    offers; given dimensions stay fixed."""
+    def dim(name, values):
+        return [getattr(plan, name)] if name in fixed else values
+
+    return Space(
+        tp=dim("tp", [t for t in _pow2_upto(max_tp) if t <= gpus]),
+        pp=dim("pp", [p for p in range(1, min(gpus, layers) + 1) if gpus % p == 0]),
+        cp=dim("cp", [c for c in _pow2_upto(min(gpus, 16))]),
+        ep=dim("ep", [e for e in _pow2_upto(gpus)] if is_moe else [1]),
+        zero=[z for z in dim("zero", [0, 1, 2, 3]) if z in zero_stages(plan.framework)],
+        mbs=dim("mbs", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
+        recompute=dim("recompute", ["none", "selective", "full"]),
+        schedule=dim("schedule", ["gpipe", "1f1b", "interleaved", "zb"]),
+        vpp=[plan.vpp] if "vpp" in fixed and plan.vpp else None,
+    )
+
+
+@lru_cache(maxsize=4096)
+def interleavings(layers: int, pp: int, framework: str) -> tuple[int, ...]:
+    """Every count of virtual stages per GPU (2 or more) the default split of `layers` over `pp`
+    stages allows under `framework`'s conventions: each stage's layers divisible by it, or
+    (outside Megatron) equal but for one layer fewer on the first and last virtual stages, down
+    to ones that hold only the embedding or the head (`interleaving_problem`)."""
+    if pp < 2:
+        return ()
+    split = default_stage_split(layers, pp)
+    return tuple(v for v in range(2, max(split) + 2) if interleaving_problem(split, v, framework) is None)
+
+
+def _expand(cols: dict[str, np.ndarray], values: dict[str, list]) -> dict[str, np.ndarray]:
+    """Every row of `cols` with every row of `values` (columns of equal length), the new
+    columns innermost: the row order of the full Cartesian product, kept by later filters."""
+    n = len(next(iter(cols.values()))) if cols else 1
+    k = len(next(iter(values.values())))
+    out = {name: np.repeat(col, k) for name, col in cols.items()}
+    out.update({name: np.tile(np.asarray(col, dtype=np.int64), n) for name, col in values.items()})
+    return out
+
+
+def _batch_tokens(gpus: int | None) -> int:
+    """The tokens of the search's default global batch on `gpus` GPUs (conventions.toml
+    [search]): the 4M-token floor, or 1,024 tokens per GPU past 4,096 GPUs."""
+    conv = conventions()["search"]
+    return max(int(conv["batch_tokens"]), int(conv["batch_tokens_per_gpu"]) * (gpus or 0))
+
+
+def search_batch_tokens(gpus: int | None = None) -> str:
+    """The tokens of the search's default global batch on `gpus` GPUs, in words ("4M")."""
+    return f"{_batch_tokens(gpus) / 2**20:g}M"
+
+
+def search_batch(seq: int, gpus: int) -> int:
+    """The global batch (sequences) every layout of a search trains when the plan gives none:
+    about `_batch_tokens` (the 4M-token floor, 1,024 tokens per GPU past 4,096 GPUs), as the
+    GPU count times a power of two (or divided by one), so that it divides among as many
+    data-parallel ranks as it can; where the GPU count does not divide by that power of two
+    (100,000 by 128), its divisor nearest to the batch (1,000), so that data parallelism
+    still can."""
+    sequences = _batch_tokens(gpus) / seq
+    shift = round(math.log2(sequences / gpus))
+    if shift >= 0 or gpus % 2 ** -shift == 0:
+        return max(1, round(gpus * 2.0 ** shift))
+    divisors = [d for d in range(1, math.isqrt(gpus) + 1) if gpus % d == 0]
+    divisors += [gpus // d for d in divisors]
+    return min(divisors, key=lambda d: (abs(math.log2(d / sequences)), d))
+
+
+def _keep(cols: dict[str, np.ndarray], ok: np.ndarray) -> dict[str, np.ndarray]:
+    if ok.all():
+        return cols
+    return {name: col[ok] for name, col in cols.items()}
+
+
+LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "m", "gbs")
+# Layouts listed at a time, at most: (tp, pp, cp, ep) combinations are expanded into full
+# layouts (x micro-batch, recompute, ZeRO, schedule) in blocks of as many as can give this many
+# (some 25 MB), between which the layout limit and the deadline are checked: a listing past
+# either stops there. A block of a real search is usually all of it (GPT-3 on 1,024 GPUs).
+ENUM_BLOCK_LAYOUTS = 1 << 18
+
+
+def enumerate_layouts(plan: Plan, space: Space, gpus: int, spec=None,
+                      max_layouts: int | None = None) -> dict[str, np.ndarray]:
+    """Every combination of the space that satisfies the plan rules, as arrays, in the row
+    order of the full product (tp, pp, cp, ep, mbs, recompute, zero, schedule, vpp). Built
+    dimension by dimension, each rule applied as soon as its dimensions exist, so rejected
+    prefixes are never multiplied out; more than `max_layouts` is refused as soon as they are
+    listed (a PlanError)."""
+    return _list_layouts(plan, space, gpus, spec or load_model(plan), max_layouts)[0]
+
+
+def _list_layouts(plan: Plan, space: Space, gpus: int, model, max_layouts: int | None = None,
+                  deadline: float | None = None) -> tuple[dict[str, np.ndarray], bool]:
+    """`enumerate_layouts`, listed in blocks of at most ENUM_BLOCK_LAYOUTS layouts, and
+    whether the listing is complete: at `deadline` (time.perf_counter) it stops early."""
+    parts, count = [], 0
+    for part in _layout_blocks(plan, space, gpus, model):
+        count += len(part["tp"])
+        if max_layouts is not None and count > max_layouts:
+            raise PlanError("search", f"a search over {gpus:,} GPUs lists more than {max_layouts:,} layouts, the "
+                            "limit; fix some dimensions (e.g. tp, pp or zero)")
+        parts.append(part)
+        if deadline is not None and time.perf_counter() > deadline:
+            return _concat(parts), False
+    return _concat(parts), True
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if not parts:
+        return {k: np.zeros(0, dtype=np.int64) for k in LAYOUT_KEYS}
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in LAYOUT_KEYS}
+
+
+def _layout_blocks(plan: Plan, space: Space, gpus: int, model):
+    """The layouts of `enumerate_layouts` in consecutive blocks (a generator)."""
+    seq = plan.seq_len or min(model.max_position, 4096)
+    # innermost the dimensions that change the least work: schedule and interleaving leave
+    # memory (but for micro-batches in flight) and stage times alike, ZeRO leaves stage times
+    # alike, so equal work lies in adjacent runs (see `_evaluate`)
+    if any(len(a) == 0 for a in (space.tp, space.pp, space.cp, space.ep, space.mbs, space.recompute, space.zero,
+                                 space.schedule)) or space.vpp == []:
+        return
+    cols: dict[str, np.ndarray] = {}
+    for name in ("tp", "pp", "cp", "ep"):
+        cols = _expand(cols, {name: getattr(space, name)})
+    tp, pp, cp, ep = cols["tp"], cols["pp"], cols["cp"], cols["ep"]
+    mp = tp * pp * cp
+    ok = (gpus % mp) == 0
+    dp = np.where(ok, gpus // np.maximum(mp, 1), 0)
+    ok &= dp >= 1
+    if plan.dp is not None:  # a data-parallel size the plan fixes
+        ok &= dp == plan.dp
+    kv = model.n_kv_heads
+    ok &= (model.heads % tp) == 0
+    if not model.is_mla:
+        ok &= ((kv % tp) == 0) | ((tp % kv) == 0)
+    for f in [model.ffn] + ([model.expert_ffn] if model.expert_ffn else []):
+        ok &= (f % tp) == 0
+    ok &= pp <= model.layers
+    ok &= np.where(cp > 1, (seq % (2 * cp)) == 0, True)
+    if plan.attention == "eager":
+        ok &= cp == 1
+    if model.is_moe:
+        ok &= ((model.experts % ep) == 0) & (((dp * cp) % np.maximum(ep, 1)) == 0)
+    else:
+        ok &= ep == 1
+    cols = _keep({**cols, "dp": dp}, ok)
+
+    pairs = _schedule_pairs(plan, space, model, np.unique(cols["pp"]).tolist())
+    if not any(len(p) for p in pairs.values()):
+        return
+    gbs = plan.gbs or search_batch(seq, gpus)
+    n = len(cols["tp"])
+    # near-equal blocks of (tp, pp, cp, ep) rows, each expanding to at most ENUM_BLOCK_LAYOUTS
+    per_row = len(space.mbs) * len(space.recompute) * len(space.zero) * max(len(p) for p in pairs.values())
+    count = -(-n // max(1, ENUM_BLOCK_LAYOUTS // per_row))
+    size = max(1, -(-n // max(count, 1)))
+    for lo in range(0, n, size):
+        block = {k: v[lo:lo + size] for k, v in cols.items()}
+        out = _expand_block(plan, space, block, gbs, pairs)
+        if len(out["tp"]):
+            yield out
+
+
+def _schedule_pairs(plan: Plan, space: Space, model, pps: list[int]) -> dict[int, list[tuple[int, int]]]:
+    """Per pipeline depth, its (schedule code, virtual stages) pairs in the space's schedule
+    order: interleaving with each count its split allows (v >= 2), every other schedule v = 1."""
+    inter = SCHEDULE_CODE["interleaved"]
+    out = {}
+    for p in pps:
+        allowed = interleavings(model.layers, p, plan.framework)
+        vs = allowed if space.vpp is None else [v for v in space.vpp if v in allowed]
+        out[p] = [(SCHEDULE_CODE[s], v) for s in space.schedule
+                  for v in (vs if SCHEDULE_CODE[s] == inter else (1,) if space.vpp is None or 1 in space.vpp else ())]
+    return out
+
+
+def _expand_pairs(cols: dict[str, np.ndarray], pairs: dict[int, list[tuple[int, int]]],
+                  one_stage_1f1b: bool) -> dict[str, np.ndarray]:
+    """Every row of `cols` with each (schedule, vpp) pair of its pipeline depth that the rules
+    allow, the pairs innermost (the row order of the full product, restricted to them):
+    interleaving needs two stages or more and micro-batches a multiple of them; without a
+    pipeline, `one_stage_1f1b`, 1F1B alone (1F1B is then plain gradient accumulation, ZB-H1
+    the same and GPipe the same or worse: it keeps every micro-batch's activations)."""
+    depths = sorted(pairs)
+    width = max(len(p) for p in pairs.values())
+    table = np.full((len(depths), width, 2), -1, dtype=np.int64)
+    for i, p in enumerate(depths):
+        kept = [q for q in pairs[p] if p > 1 or not one_stage_1f1b or q[0] == SCHEDULE_CODE["1f1b"]]
+        if kept:
+            table[i, :len(kept)] = kept
+    depth = np.searchsorted(depths, cols["pp"])
+    pp = cols["pp"]
+    unsplit = (pp < 2) | ((cols["m"] % np.maximum(pp, 1)) != 0)  # micro-batches interleaving cannot take
+    valid = (table[:, :, 0] >= 0)[depth] & ~((table[:, :, 0] == SCHEDULE_CODE["interleaved"])[depth] & unsplit[:, None])
+    row, slot = np.nonzero(valid)
+    counts = np.count_nonzero(valid, axis=1)
+    out = {name: np.repeat(col, counts) for name, col in cols.items()}
+    out["schedule"], out["vpp"] = table[depth[row], slot, 0], table[depth[row], slot, 1]
+    return out
+
+
+def _expand_block(plan: Plan, space: Space, cols: dict[str, np.ndarray], gbs: int,
+                  pairs: dict[int, list[tuple[int, int]]]) -> dict[str, np.ndarray]:
+    """Valid (tp, pp, cp, ep) combinations times micro-batch, recompute, ZeRO and schedule, each
+    rule applied as soon as its dimensions exist."""
+    cols = _expand(cols, {"mbs": space.mbs})
+    dp, mbs = cols["dp"], cols["mbs"]
+    cols = _keep(cols, (gbs % np.maximum(dp * mbs, 1)) == 0)
+    cols["m"] = gbs // np.maximum(cols["dp"] * cols["mbs"], 1)
+    cols["gbs"] = np.full_like(cols["dp"], gbs)
+    if plan.ep_overlap:  # a micro-batch's all-to-alls hide behind another's compute (plan.resolve's rule)
+        cols = _keep(cols, cols["m"] >= 2)
+
+    cols = _expand(cols, {"recompute": [act.RECOMPUTE_CODE[r] for r in space.recompute]})
+    cols = _expand(cols, {"zero": space.zero})
+    cols = _keep(cols, cols["zero"] >= least_zero(plan))  # what offloading needs
+    if plan.dp_shard:
+        # hybrid sharding: shard groups of dp_shard ranks that divide dp (and hold whole expert
+        # groups); DeepSpeed has them only at ZeRO-3 (MiCS)
+        hybrid = cols["dp"] > plan.dp_shard
+        ok = (cols["dp"] % plan.dp_shard == 0) & ((plan.dp_shard * cols["cp"]) % cols["ep"] == 0)
+        if plan.framework.startswith("deepspeed"):
+            ok &= ~(hybrid & ((cols["zero"] == 1) | (cols["zero"] == 2)))
+        cols = _keep(cols, ok)
+
+    # one stage has no pipeline to schedule: only 1F1B stays, where the space has it
+    cols = _expand_pairs(cols, pairs, "1f1b" in space.schedule)
+    return {k: cols[k] for k in LAYOUT_KEYS}
+
+
+def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -> Plan:
+    """The i-th layout as a Plan (for the full per-plan report)."""
+    tp = int(layouts["tp"][i])
+    sched = SCHEDULES[int(layouts["schedule"][i])]
+    return plan.model_copy(update={
+        "gpus": gpus, "dp": None, "tp": tp, "pp": int(layouts["pp"][i]), "cp": int(layouts["cp"][i]),
+        "ep": int(layouts["ep"][i]), "zero": int(layouts["zero"][i]), "mbs": int(layouts["mbs"][i]),
+        "gbs": int(layouts["gbs"][i]), "recompute": act.RECOMPUTE[int(layouts["recompute"][i])],
+        "schedule": sched, "vpp": int(layouts["vpp"][i]) if sched == "interleaved" else None,
+        "sp": tp > 1 and _sequence_parallel(plan), "stage_layers": None})
+
+
+def _sequence_parallel(plan: Plan) -> bool:
+    """Searched layouts use sequence parallelism with TP unless the plan turns it off."""
+    return bool(plan.sp or "sp" not in plan.model_fields_set)
