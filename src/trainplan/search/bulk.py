@@ -158,7 +158,10 @@ def _codes(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return values, code.reshape(-1)
     present = np.zeros(top, dtype=bool)
     present[col] = True
-    return np.flatnonzero(present), (np.cumsum(present) - 1)[col]
+    values = np.flatnonzero(present)
+    position = np.empty(top, dtype=np.int64)  # (read only where a value is present)
+    position[values] = np.arange(len(values))
+    return values, position[col]
 
 
 def _first_of(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
