@@ -256,19 +256,20 @@ def _grid_memory(plan: Plan, layouts: dict[str, np.ndarray], model, grid: Grid, 
         fragmentation=fragmentation)
 
 
-def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid) -> tuple[np.ndarray, ...]:
+def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid, part: slice) -> tuple[np.ndarray, ...]:
     """The micro-batches in flight on each representative stage (stages x layouts), and the
-    last stage's heads and logits in flight (per layout); worked out once per distinct (run,
-    micro-batches, schedule, interleaving)."""
-    sched, vpp, m = layouts["schedule"], layouts["vpp"], layouts["m"]
-    key = grid.run
+    last stage's heads and logits in flight (per layout), of the layouts `part`; worked out once
+    per distinct (run, micro-batches, schedule, interleaving)."""
+    sched, vpp, m, pp = (layouts[k][part] for k in ("schedule", "vpp", "m", "pp"))
+    run = grid.run[part]
+    key = run
     for col in (m, sched, vpp):
         values, code = _codes(col)
         key = key * len(values) + code
     first, code = _first_of(key)
     f = lambda a: a[first].astype(float)[:, None]  # noqa: E731
-    s, mm, v, pp = f(sched), f(m), f(vpp), f(layouts["pp"])
-    stage_idx = grid.stages.idx[grid.run[first]]
+    s, mm, v, pp = f(sched), f(m), f(vpp), f(pp)
+    stage_idx = grid.stages.idx[run[first]]
     fw = plan.framework
     inflight = in_flight(s, stage_idx, pp, mm, v, framework=fw)
     heads = last_stage_heads_in_flight(s, mm, fw, pp)
@@ -292,6 +293,11 @@ def _row_max(a: np.ndarray) -> np.ndarray:
     return out
 
 
+# layouts whose memory totals are worked out at a time: their temporaries (a few stages x this
+# many floats each) stay in the cache
+SLICE = 1 << 15
+
+
 def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid,
               fitting_only: bool) -> dict[str, np.ndarray]:
     """`evaluate_bulk` on its grid."""
@@ -302,13 +308,16 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
     # (stage_memory: activations x in-flight count, then + fragmentation share): one
     # evaluation at one micro-batch in flight, scaled to each layout's count.
     mem = _grid_memory(plan, layouts, model, grid, r, seq)
-    inflight, heads, logits = _in_flight(plan, layouts, grid)
+    per_cell = {k: _per_cell(mem[k], grid) for k in ("total", "total_per_in_flight", "total_per_logits",
+                                                       "total_per_loss")}
     cell = grid.cell
-    # (stages x layouts: a row per stage, so the peak is a maximum of a few long rows)
-    at = lambda k: np.take(_per_cell(mem[k], grid), cell, axis=1)  # noqa: E731
-    total = (at("total") + at("total_per_in_flight") * (inflight - 1) + at("total_per_logits") * (heads - 1)
-             + at("total_per_loss") * (logits - heads))
-    peak = _row_max(total)
+    peak = np.empty(n)
+    for lo in range(0, n, SLICE):
+        part = slice(lo, lo + SLICE)
+        inflight, heads, logits = _in_flight(plan, layouts, grid, part)
+        # (stages x layouts: a row per stage, so the peak is a maximum of a few long rows)
+        base, per_mb, per_logits, per_loss = (np.take(per_cell[k], cell[part], axis=1) for k in per_cell)
+        peak[part] = _row_max(base + per_mb * (inflight - 1) + per_logits * (heads - 1) + per_loss * (logits - heads))
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)
     # a search ranks only layouts that fit, so it times only those
