@@ -246,13 +246,17 @@ def _expand_pairs(cols: dict[str, np.ndarray], pairs: dict[int, list[tuple[int, 
         if kept:
             table[i, :len(kept)] = kept
     depth = np.searchsorted(depths, cols["pp"])
+    sched, vpp = table[:, :, 0], table[:, :, 1]
     pp = cols["pp"]
     unsplit = (pp < 2) | ((cols["m"] % np.maximum(pp, 1)) != 0)  # micro-batches interleaving cannot take
-    valid = (table[:, :, 0] >= 0)[depth] & ~((table[:, :, 0] == SCHEDULE_CODE["interleaved"])[depth] & unsplit[:, None])
-    row, slot = np.nonzero(valid)
-    counts = np.count_nonzero(valid, axis=1)
-    out = {name: np.repeat(col, counts) for name, col in cols.items()}
-    out["schedule"], out["vpp"] = table[depth[row], slot, 0], table[depth[row], slot, 1]
+    valid = np.take(sched >= 0, depth, axis=0)
+    valid &= ~(np.take(sched == SCHEDULE_CODE["interleaved"], depth, axis=0) & unsplit[:, None])
+    # (flat positions: one-dimensional takes, far cheaper than indexing by two index arrays)
+    flat = np.flatnonzero(valid)
+    row = flat // width
+    pick = depth[row] * width + (flat - row * width)
+    out = {name: np.take(col, row) for name, col in cols.items()}
+    out["schedule"], out["vpp"] = np.take(sched.ravel(), pick), np.take(vpp.ravel(), pick)
     return out
 
 
