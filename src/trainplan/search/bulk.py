@@ -256,26 +256,25 @@ def _grid_memory(plan: Plan, layouts: dict[str, np.ndarray], model, grid: Grid, 
         fragmentation=fragmentation)
 
 
-def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid, part: slice) -> tuple[np.ndarray, ...]:
-    """The micro-batches in flight on each representative stage (stages x layouts), and the
-    last stage's heads and logits in flight (per layout), of the layouts `part`; worked out once
-    per distinct (run, micro-batches, schedule, interleaving)."""
-    sched, vpp, m, pp = (layouts[k][part] for k in ("schedule", "vpp", "m", "pp"))
-    run = grid.run[part]
-    key = run
-    for col in (m, sched, vpp):
-        values, code = _codes(col)
+def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid) -> tuple[np.ndarray, ...]:
+    """The micro-batches in flight on each representative stage, and the last stage's heads and
+    logits in flight, per distinct (run, micro-batch, global batch, schedule, interleaving): the
+    three tables (keys x stages, keys, keys) and each layout's key."""
+    sched, vpp, gbs = layouts["schedule"], layouts["vpp"], layouts["gbs"]
+    key = grid.cell // (len(grid.recompute) * len(grid.zero))  # run x micro-batch
+    if gbs.min() != gbs.max():  # (a search holds every layout to one)
+        values, code = _codes(gbs)
         key = key * len(values) + code
-    first, code = _first_of(key)
-    f = lambda a: a[first].astype(float)[:, None]  # noqa: E731
-    s, mm, v, pp = f(sched), f(m), f(vpp), f(pp)
-    stage_idx = grid.stages.idx[run[first]]
+    values, code = _codes(sched * (int(vpp.max()) + 1) + vpp)
+    first, code = _first_of(key * len(values) + code)
+    f = lambda k: layouts[k][first].astype(float)[:, None]  # noqa: E731
+    s, m, v, pp = f("schedule"), f("m"), f("vpp"), f("pp")
+    stage_idx = grid.stages.idx[grid.run[first]]
     fw = plan.framework
-    inflight = in_flight(s, stage_idx, pp, mm, v, framework=fw)
-    heads = last_stage_heads_in_flight(s, mm, fw, pp)
-    logits = last_stage_logits_in_flight(s, mm, fw, pp)
-    per_key = lambda a: np.broadcast_to(a, (len(first), 1))[:, 0][code]  # noqa: E731
-    return np.take(np.ascontiguousarray(inflight.T), code, axis=1), per_key(heads), per_key(logits)
+    inflight = in_flight(s, stage_idx, pp, m, v, framework=fw)
+    column = lambda a: np.broadcast_to(a, (len(first), 1))[:, 0]  # noqa: E731
+    return np.ascontiguousarray(inflight.T), column(last_stage_heads_in_flight(s, m, fw, pp)), \
+        column(last_stage_logits_in_flight(s, m, fw, pp)), code
 
 
 def _per_cell(a: np.ndarray, grid: Grid) -> np.ndarray:
@@ -311,12 +310,14 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
     per_cell = {k: _per_cell(mem[k], grid) for k in ("total", "total_per_in_flight", "total_per_logits",
                                                        "total_per_loss")}
     cell = grid.cell
+    inflight_table, heads_table, logits_table, key = _in_flight(plan, layouts, grid)
     peak = np.empty(n)
     for lo in range(0, n, SLICE):
         part = slice(lo, lo + SLICE)
-        inflight, heads, logits = _in_flight(plan, layouts, grid, part)
+        k = key[part]
+        inflight, heads, logits = np.take(inflight_table, k, axis=1), heads_table[k], logits_table[k]
         # (stages x layouts: a row per stage, so the peak is a maximum of a few long rows)
-        base, per_mb, per_logits, per_loss = (np.take(per_cell[k], cell[part], axis=1) for k in per_cell)
+        base, per_mb, per_logits, per_loss = (np.take(per_cell[name], cell[part], axis=1) for name in per_cell)
         peak[part] = _row_max(base + per_mb * (inflight - 1) + per_logits * (heads - 1) + per_loss * (logits - heads))
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)
