@@ -331,6 +331,9 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
             "mfu": mfu, "hfu": hfu, "capacity_bytes": lay0.gpu.capacity_bytes}
 
 
+TABLES = 4  # groups x schedules tables a step evaluation is cut into, by group size (see `_step`)
+
+
 def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid, rows: np.ndarray,
           trainable: np.ndarray) -> dict[str, np.ndarray]:
     """Step time, MFU and HFU of the layouts `rows` (`step_from_stages`). Adjacent layouts that
@@ -351,10 +354,11 @@ def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Gr
     cols = {k: sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "gbs")}
     stages = _group_stage_times(plan, gpus, model, grid, heads, cols)
     cols["trainable"] = trainable[first]
-    # groups of more than half the largest group's layouts in one table, the others in another
-    # (fewer calls, less padding)
+    # groups in four tables by their size against the largest's (up to a quarter, a half, three
+    # quarters, all of it): short groups padded little, at the cost of a few calls (measured, GPT-3
+    # on 1,024 GPUs: a third less time than in two tables, as much as one table per size)
     size = np.diff(np.append(first, len(rows)))
-    bucket = (size > (size.max() + 1) // 2).astype(np.int64)
+    bucket = (size * TABLES - 1) // size.max()
     out = {k: np.empty(len(rows)) for k in ("step_s", "mfu", "hfu")}
     for b in np.unique(bucket).tolist():
         ids = np.flatnonzero(bucket == b)
