@@ -347,8 +347,9 @@ def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Gr
     first = np.flatnonzero(change)
     group = np.cumsum(change) - 1
     col = np.arange(len(rows)) - first[group]
-    slot = np.repeat(first[:, None], int(col.max()) + 1, axis=1)
-    slot[group, col] = np.arange(len(rows))
+    wide = int(col.max()) + 1
+    slot = np.repeat(first[:, None], wide, axis=1)  # (flat positions below: 1-D indexing is cheaper)
+    slot.ravel()[group * wide + col] = np.arange(len(rows))
     heads = rows[first]
     sel = lambda k: layouts[k][heads].astype(float)[:, None]  # noqa: E731
     cols = {k: sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "gbs")}
@@ -369,8 +370,9 @@ def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Gr
         local = np.full(len(first), -1)
         local[ids] = np.arange(len(ids))
         at = np.flatnonzero(bucket[group] == b)
+        pick = local[group[at]] * width + col[at]
         for k, v in out.items():
-            v[at] = np.broadcast_to(np.asarray(t[k], dtype=float), table.shape)[local[group[at]], col[at]]
+            v[at] = np.broadcast_to(np.asarray(t[k], dtype=float), table.shape).ravel()[pick]
     return out
 
 
