@@ -107,7 +107,8 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
     ZeRO x representative stage, each input on its own axis, so that numpy's broadcasting
     computes each term at the dimensions it depends on (a weight's bytes once per ZeRO stage,
     not once per micro-batch); the micro-batches in flight, which depend on the schedule, once
-    per distinct (pipeline, micro-batches, schedule, interleaving) (see `_grid`)."""
+    per distinct (run, micro-batch, schedule, interleaving) (see `_grid`, `_in_flight`); step
+    times as `_step` says."""
     model = spec or load_model(plan)
     if not len(layouts["tp"]):
         return _empty_result(_base(plan, gpus, model)[0])
@@ -209,16 +210,14 @@ def _grid(plan: Plan, layouts: dict[str, np.ndarray], model) -> Grid:
     return Grid(run, cell, head, mbs, rc, zero, tables.rows(inverse, wide))
 
 
-def _runs(layouts: dict[str, np.ndarray], keys: tuple[str, ...], within: np.ndarray | None = None) -> np.ndarray:
-    """Run number of each layout: a new run starts wherever one of `keys` (or the run in
-    `within`) changes from the previous layout."""
+def _runs(layouts: dict[str, np.ndarray], keys: tuple[str, ...]) -> np.ndarray:
+    """Run number of each layout: a new run starts wherever one of `keys` changes from the
+    previous layout."""
     n = len(layouts["tp"])
     change = np.zeros(n, dtype=bool)
     change[0:1] = True
     for k in keys:
         change[1:] |= layouts[k][1:] != layouts[k][:-1]
-    if within is not None:
-        change[1:] |= within[1:] != within[:-1]
     return np.cumsum(change) - 1
 
 
