@@ -1,5 +1,6 @@
 """Exact parameter counts against published totals (each catalog entry cites its source)."""
 
+import json
 import math
 
 import pytest
@@ -161,3 +162,79 @@ def test_catalog_works_where_no_index_can_be_written(tmp_path, monkeypatch):
     files = index.catalog_files.__wrapped__(index.CATALOG_DIR)
     assert files["hardware/h100-sxm.toml"]["name"] == "H100-SXM"
     assert not list(index.CATALOG_DIR.rglob("*.json"))
+
+
+def test_catalog_listings_are_the_specs_own_figures_and_follow_the_catalog(tmp_path, monkeypatch):
+    """`trainplan models` / `gpus` read rows kept beside the index: the same figures the
+    validated specs give (GPT-2's 124,439,808 parameters, the count of Hugging Face's gpt2
+    checkpoint with its tied head), read back unchanged, and rebuilt when a catalog file changes."""
+    import shutil
+
+    from trainplan.specs import index
+
+    root = tmp_path / "catalog"
+    shutil.copytree(index.CATALOG_DIR, root)
+    monkeypatch.setenv("TRAINPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    models = [{"name": m.name, "params": m.params, "active_params": m.active_params, "kv_heads": m.n_kv_heads}
+              for m in catalog.models()]
+
+    def listing(name="gpt2"):
+        rows = index.cached_listing("models", lambda: [
+            {"name": m.name, "params": m.params, "active_params": m.active_params, "kv_heads": m.n_kv_heads}
+            for m in catalog.models()], root)
+        return rows, next(r for r in rows if r["name"] == name)
+
+    rows, gpt2 = listing()
+    assert rows == models and gpt2["params"] == 124_439_808
+    assert len(list((tmp_path / "cache").glob("listing-models-*.json"))) == 1
+    built = []
+    again = index.cached_listing("models", lambda: built.append(1) or [], root)  # read back, not rebuilt
+    assert again == rows and not built
+    gpt2_file = root / "models" / "gpt2.toml"
+    gpt2_file.write_text(gpt2_file.read_text() + "\n# edited\n")
+    assert index.cached_listing("models", lambda: built.append(1) or [], root) == [] and built
+
+
+def test_catalog_listing_rows_match_the_specs():
+    """The rows the listing commands print are the specs' figures and fields, every entry once,
+    in the specs' order; an accelerator's row is its model_dump() (tuples as JSON lists)."""
+    assert catalog.model_rows() == [
+        {"name": m.name, "family": m.family, "params": m.params, "active_params": m.active_params,
+         "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads, "vocab": m.vocab,
+         "experts": m.experts, "source": m.source} for m in catalog.models()]
+    assert catalog.gpu_rows() == [json.loads(json.dumps(g.model_dump())) for g in catalog.gpus()]
+    h100 = next(r for r in catalog.gpu_rows() if r["name"] == "H100-SXM")
+    assert h100["memory_gib"] == 80 and h100["peak_tflops"]["bf16"] == 989
+
+
+def test_a_broken_catalog_entry_fails_the_listing_every_time(tmp_path, monkeypatch):
+    """A catalog file that does not validate is named by the listing, and no listing is kept
+    (so the next run names it again rather than printing stale rows)."""
+    import shutil
+
+    from trainplan.errors import PlanError
+    from trainplan.specs import index
+
+    root = tmp_path / "catalog"
+    shutil.copytree(index.CATALOG_DIR, root)
+    monkeypatch.setenv("TRAINPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    bad = root / "hardware" / "h100-sxm.toml"
+    bad.write_text(bad.read_text().replace("memory_gib = 80", "memory_gib = -80"))
+    data = index.catalog_files.__wrapped__(root)
+    from trainplan.specs.hardware import GPUSpec
+
+    def build():
+        rows = []
+        for rel, entry in data.items():
+            if rel.startswith("hardware/"):
+                try:
+                    rows.append(GPUSpec(**entry).model_dump())
+                except ValueError as exc:
+                    raise PlanError(rel, "invalid") from exc
+        return rows
+
+    for _ in range(2):
+        with pytest.raises(PlanError) as e:
+            index.cached_listing("hardware", build, root)
+        assert e.value.field == "hardware/h100-sxm.toml"
+    assert not list((tmp_path / "cache").glob("listing-hardware-*.json"))

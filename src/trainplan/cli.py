@@ -808,11 +808,9 @@ def serve(
 @app.command()
 def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the model catalog with exact parameter counts."""
-    from .specs import catalog
+    from .specs.catalog import model_rows
 
-    rows = [{"name": m.name, "family": m.family, "params": m.params, "active_params": m.active_params,
-             "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
-             "vocab": m.vocab, "experts": m.experts, "source": m.source} for m in catalog.models()]
+    rows = model_rows()
     if as_json:
         _echo_json(rows)
         return
@@ -825,9 +823,9 @@ def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the accelerator catalog, with the time model's error on each one's published runs."""
     from .estimate.accuracy import prediction_accuracy
-    from .specs import catalog
+    from .specs.catalog import gpu_rows
 
-    rows = [{**g.model_dump(), "accuracy": prediction_accuracy(g.name)} for g in catalog.gpus()]
+    rows = [{**g, "accuracy": prediction_accuracy(g["name"])} for g in gpu_rows()]
     if as_json:
         _echo_json(rows)
         return

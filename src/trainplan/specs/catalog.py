@@ -1,19 +1,24 @@
-"""Catalogs of models and accelerators: one TOML file per entry, each with a `source`."""
+"""Catalogs of models and accelerators: one TOML file per entry, each with a `source`.
+
+The specs (pydantic models) are imported when a spec is first built: listing the catalog
+(`model_rows`, `gpu_rows`) reads rows kept beside the catalog index and needs neither pydantic
+nor numpy.
+"""
 
 from __future__ import annotations
 
-import difflib
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
-from ..errors import PlanError, from_pydantic
+from ..errors import PlanError
 from ..files import read_toml_file
-from .hardware import GPUSpec
 from .index import CATALOG_DIR as CATALOG_DIR  # the catalog's folder, for its other readers
-from .index import catalog_files
-from .model import ModelSpec
+from .index import cached_listing, catalog_files
+
+if TYPE_CHECKING:
+    from .hardware import GPUSpec
+    from .model import ModelSpec
 
 
 def _key(name: str) -> str:
@@ -30,8 +35,12 @@ class _Entries:
     command needs one model and one accelerator, not the whole catalog)."""
 
     def __init__(self, kind: str):
+        if kind == "models":
+            from .model import ModelSpec as cls
+        else:
+            from .hardware import GPUSpec as cls
         self.kind = kind
-        self.cls = ModelSpec if kind == "models" else GPUSpec
+        self.cls = cls
         self.files: dict[str, str] = {}  # key -> relative path of its file
         self.specs: dict[str, ModelSpec | GPUSpec] = {}  # relative path -> validated spec
         for rel, data in catalog_files().items():
@@ -43,6 +52,10 @@ class _Entries:
     def spec(self, rel: str):
         spec = self.specs.get(rel)
         if spec is None:
+            from pydantic import ValidationError
+
+            from ..errors import from_pydantic
+
             try:
                 spec = self.cls(**catalog_files()[rel])
             except ValidationError as exc:  # a broken catalog file is a bug; say where
@@ -77,6 +90,8 @@ def _lookup(kind: str, field: str, name: str):
     entries = _load(kind)
     spec = entries.get(_key(name))
     if spec is None:
+        import difflib
+
         names = sorted({s.name for s in entries.values()})
         close = difflib.get_close_matches(_key(name), list(entries), n=3) if len(name) <= 100 else []
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -92,6 +107,21 @@ def models() -> list[ModelSpec]:
 
 def gpus() -> list[GPUSpec]:
     return sorted({id(s): s for s in _load("hardware").values()}.values(), key=lambda s: s.name)
+
+
+def model_rows() -> list[dict]:
+    """`trainplan models`' rows, in models()' order: each entry's name, family, exact parameter
+    counts (total and active), shape and source."""
+    return cached_listing("models", lambda: [
+        {"name": m.name, "family": m.family, "params": m.params, "active_params": m.active_params,
+         "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads, "vocab": m.vocab,
+         "experts": m.experts, "source": m.source} for m in models()])
+
+
+def gpu_rows() -> list[dict]:
+    """`trainplan gpus`' rows, in gpus()' order: each accelerator's spec, every field (defaults
+    filled), as its model_dump()."""
+    return cached_listing("hardware", lambda: [g.model_dump() for g in gpus()])
 
 
 def model(name: str) -> ModelSpec:

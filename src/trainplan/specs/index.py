@@ -1,6 +1,9 @@
 """The catalog's TOML files, parsed once: an index in the user's cache directory, rebuilt when
 any catalog file changes (its name, size or modification time), so that a command reads one
-JSON file instead of parsing some 55 TOML files.
+JSON file instead of parsing some 55 TOML files. Beside it, the catalog's listings (`trainplan
+models` / `gpus`: every entry validated, with its parameter counts), rebuilt when a catalog file
+or the code that derives them changes, so that listing the catalog needs neither pydantic nor
+numpy.
 
 The index lives under $TRAINPLAN_CACHE_DIR, else $XDG_CACHE_HOME/trainplan, else
 ~/.cache/trainplan; never beside the package (an installed package may be read-only). Where
@@ -46,9 +49,9 @@ def _signature(root: Path) -> list[list]:
     return sorted(out)
 
 
-def _index_path(root: Path) -> Path:
+def _index_path(root: Path, name: str = "catalog") -> Path:
     tag = hashlib.sha1(f"{root.resolve()}|{sys.version_info[:2]}|{FORMAT}".encode()).hexdigest()[:16]
-    return cache_dir() / f"catalog-{tag}.json"
+    return cache_dir() / f"{name}-{tag}.json"
 
 
 def _read_index(path: Path, signature: list[list]) -> dict | None:
@@ -96,3 +99,35 @@ def catalog_files(root: Path = CATALOG_DIR) -> dict[str, dict]:
 def catalog_file(rel: str) -> dict:
     """One catalog file's data by its relative path ("conventions.toml", "models/gpt2.toml")."""
     return catalog_files()[rel]
+
+
+# The modules whose code a listing's figures come from (the specs' fields, defaults and checks,
+# the parameter counts): a listing is rebuilt when one of them changes, as when a catalog file does.
+LISTING_CODE = ("specs/model.py", "specs/hardware.py", "specs/catalog.py", "specs/index.py", "limits.py", "units.py")
+
+
+def _code_signature() -> list[list]:
+    package = Path(__file__).resolve().parents[1]
+    out = []
+    for rel in LISTING_CODE:
+        try:
+            st = os.stat(package / rel)
+        except OSError:
+            continue
+        out.append([rel, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def cached_listing(kind: str, build, root: Path = CATALOG_DIR) -> list[dict]:
+    """The listing of `kind` ("models", "hardware"): `build()` (a list of JSON-able rows) run once
+    and kept beside the index while neither the catalog nor the code that derives the rows
+    changes. A `build` that raises (a catalog file that does not validate) raises every time,
+    and nothing is kept."""
+    signature = [kind, _signature(root), _code_signature()]
+    path = _index_path(root, f"listing-{kind}")
+    rows = _read_index(path, signature)
+    if rows is not None and isinstance(rows.get("rows"), list):
+        return rows["rows"]
+    rows = json.loads(json.dumps(build()))  # as read back: lists for tuples, whatever the run
+    _write_index(path, signature, {"rows": rows})
+    return rows
