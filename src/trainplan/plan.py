@@ -46,7 +46,7 @@ from .plan_types import (
     RecomputeModule,
     Schedule,
 )
-from .specs import catalog, hf, hf_cache
+from .specs import catalog, hf_cache
 from .specs.conventions import conventions, shares_efficiency_defaults  # conventions: re-exported
 from .specs.hardware import GPUSpec
 from .specs.model import LORA_TARGETS, ModelSpec
@@ -330,6 +330,8 @@ def _model_from_file(path: str, mtime_ns: int, size: int) -> ModelSpec:
             return catalog.check_size(ModelSpec(**data))
         except ValidationError as exc:
             raise from_pydantic(exc, "model.") from None
+    from .specs import hf
+
     return hf.from_file(p)
 
 
@@ -352,12 +354,15 @@ def _model_from_hub_cache(repo_id: str) -> ModelSpec:
 @lru_cache(maxsize=64)
 def _model_from_cached_config(repo_id: str, path: str, mtime_ns: int, size: int) -> ModelSpec:
     from .files import read_json_file
+    from .specs import hf
 
     return hf.from_dict(read_json_file(path, "model"), name=repo_id, source=f"Hugging Face config.json at {path}")
 
 
 def load_model(plan: Plan) -> ModelSpec:
     if plan.hf_config is not None:
+        from .specs import hf
+
         return hf.from_dict(plan.hf_config, name=plan.hf_config.get("_name_or_path") or "custom")
     name = plan.model
     if hf_cache.is_repo_id(name):  # a Hugging Face model id: its config.json in the local cache
