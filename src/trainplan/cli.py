@@ -2,6 +2,9 @@
 
 Bad input prints one line `error: <field>: <rule>` on stderr and exits with status 2: a value a
 command refuses (PlanError) and an option click cannot parse alike.
+
+typer is imported when the typer app is built (`app`, built on first use): `plan`, `models` and
+`gpus` with ordinary options run without it (trainplan.cli_fast), reading the same declarations.
 """
 
 from __future__ import annotations
@@ -10,16 +13,14 @@ import functools
 import inspect
 import json
 import math
-import re
 import sys
 from enum import Enum, StrEnum
-from types import UnionType
-from typing import Annotated, get_args
+from typing import TYPE_CHECKING, Annotated, get_args
 
-import typer
-from typer._coercion import build_runtime_param as _build_runtime_param
-from typer.core import TyperGroup
-
+from . import cli_fast
+from .cli_fast import NOT_PLAIN as _NOT_PLAIN
+from .cli_fast import echo as _echo
+from .cli_fast import plain_value as _plain_value
 from .errors import PlanError
 from .files import check_output_path, non_finite_key, write_text_atomic
 from .plan_types import (
@@ -36,6 +37,9 @@ from .plan_types import (
     Schedule,
 )
 
+if TYPE_CHECKING:
+    import typer  # imported by _typer_app(), which makes it the name the declarations below use
+
 EXIT_BAD_INPUT = 2
 MAX_DAYS = 36_500  # a deadline of a century
 MAX_BENCH_TOKENS = 1 << 20  # bench --model: 1M tokens x a 16K-wide MLP is 32 GiB of bf16 operands
@@ -45,13 +49,16 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split("\n")).strip()
 
 
-# click's exceptions, from the click typer runs on (its own copy in newer typers)
-_clk = sys.modules[typer.BadParameter.__module__]
-_NO_ARGS = getattr(_clk, "NoArgsIsHelpError", ())
+def _click():
+    """click's exceptions, from the click typer runs on (its own copy in newer typers)."""
+    import typer
+
+    return sys.modules[typer.BadParameter.__module__]
 
 
 def _usage_line(exc) -> str:
     """A usage error as `<option>: <what is wrong>`."""
+    _clk = _click()
     param = getattr(exc, "param", None)
     if isinstance(exc, _clk.BadParameter) and param is not None and exc.param_hint is None:
         name = (getattr(param, "opts", None) or [param.name])[0]
@@ -63,39 +70,6 @@ def _usage_line(exc) -> str:
         return f"{exc.option_name}: {exc.message}"
     message = exc.format_message()
     return f"{'command' if message.startswith('No such command') else 'arguments'}: {message}"
-
-
-_PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
-_PLAIN_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,17})?(?:[eE][+-]?[0-9]{1,2})?")
-
-
-def _plain_value(annotation, value):
-    """`value` as `annotation` when it is already of that type or a plain literal every parser
-    reads the same way (an int `42`, a float `0.5`, an enumeration's value); `_NOT_PLAIN`
-    otherwise, for typer's own coercion to parse or to refuse with its message."""
-    if value is None:
-        return None
-    options = get_args(annotation) if isinstance(annotation, UnionType) else (annotation,)
-    for kind in options:
-        if kind is type(None):
-            continue
-        if kind is bool and isinstance(value, bool):
-            return value
-        if kind is int and (type(value) is int or isinstance(value, str) and _PLAIN_INT.fullmatch(value)):
-            return int(value)
-        if kind is float and (type(value) in (int, float) or isinstance(value, str) and _PLAIN_FLOAT.fullmatch(value)):
-            return float(value)
-        if kind is str and type(value) is str:
-            return value
-        if isinstance(kind, type) and issubclass(kind, Enum):
-            if isinstance(value, kind):
-                return value
-            if isinstance(value, str) and value in kind._value2member_map_:
-                return kind(value)
-    return _NOT_PLAIN
-
-
-_NOT_PLAIN = object()
 
 
 class _PlainCoercion:
@@ -114,7 +88,9 @@ class _PlainCoercion:
             if plain is not _NOT_PLAIN:
                 return plain
         if self.typed is None:
-            self.typed = _build_runtime_param(param.type_descriptor)
+            from typer._coercion import build_runtime_param
+
+            self.typed = build_runtime_param(param.type_descriptor)
         return self.typed.coerce(value, param=param, ctx=ctx)
 
 
@@ -129,53 +105,70 @@ def _plain_coercion(params) -> None:
             param._runtime_param = _PlainCoercion(param)
 
 
-class OneLineErrors(TyperGroup):
-    """Click's usage errors (an unknown option, a value of the wrong type or out of range) as
-    one line `error: <option>: <rule>`, exit status 2, like every other bad input."""
+@functools.cache
+def _one_line_errors():
+    """The typer group class whose usage errors (an unknown option, a value of the wrong type
+    or out of range) are one line `error: <option>: <rule>`, exit status 2, like every other
+    bad input."""
+    import typer
+    from typer.core import TyperGroup
 
-    def parse_args(self, ctx, args):
-        _plain_coercion(self.get_params(ctx))
-        return super().parse_args(ctx, args)
+    _clk = _click()
+    no_args = getattr(_clk, "NoArgsIsHelpError", ())
 
-    def resolve_command(self, ctx, args):
-        name, command, rest = super().resolve_command(ctx, args)
-        if command is not None:
-            _plain_coercion(command.get_params(ctx))
-        return name, command, rest
+    class OneLineErrors(TyperGroup):
+        def parse_args(self, ctx, args):
+            _plain_coercion(self.get_params(ctx))
+            return super().parse_args(ctx, args)
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except _NO_ARGS as exc:
-            exc.show()
-            sys.exit(exc.exit_code)
-        except _clk.UsageError as exc:
-            typer.echo(f"error: {_one_line(_usage_line(exc))}", err=True)
-            sys.exit(EXIT_BAD_INPUT)
-        except _clk.ClickException as exc:
-            exc.show()
-            sys.exit(exc.exit_code)
-        except typer.Abort:
-            typer.echo("Aborted!", err=True)
-            sys.exit(1)
-        sys.exit(rv if isinstance(rv, int) else 0)
+        def resolve_command(self, ctx, args):
+            name, command, rest = super().resolve_command(ctx, args)
+            if command is not None:
+                _plain_coercion(command.get_params(ctx))
+            return name, command, rest
+
+        def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+            if not standalone_mode:
+                return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            try:
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            except no_args as exc:
+                exc.show()
+                sys.exit(exc.exit_code)
+            except _clk.UsageError as exc:
+                _echo(f"error: {_one_line(_usage_line(exc))}", err=True)
+                sys.exit(EXIT_BAD_INPUT)
+            except _clk.ClickException as exc:
+                exc.show()
+                sys.exit(exc.exit_code)
+            except typer.Abort:
+                _echo("Aborted!", err=True)
+                sys.exit(1)
+            sys.exit(rv if isinstance(rv, int) else 0)
+
+    return OneLineErrors
 
 
-app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  pretty_exceptions_enable=False, help="Plan and measure large-language-model training on GPUs.")
+HELP = "Plan and measure large-language-model training on GPUs."
+_COMMANDS: list = []  # the commands, in the order typer lists them
+
+
+def _command(fn):
+    """Register a command (typer's app.command(), when the app is built)."""
+    _COMMANDS.append(fn)
+    return fn
 
 
 def _print_version(value: bool) -> None:
     if value:
+        import typer
+
         from . import __version__
 
-        typer.echo(f"trainplan {__version__}")
+        _echo(f"trainplan {__version__}")
         raise typer.Exit()
 
 
-@app.callback()
 def _top(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                                help="Print trainplan's version and exit")] = False) -> None:
     """Plan and measure large-language-model training on GPUs."""
@@ -210,13 +203,13 @@ def _options_from(ctx, options: dict, from_file: str | None, hf_config: str | No
         given = {**{k: v for k, v in options.items() if k != "model"}, **given}
     merged, report = plan_options(given, from_file, hf_config, messages)
     for line in messages:
-        typer.echo(line, err=True)
+        _echo(line, err=True)
     return merged, report
 
 
 def _fail(err: PlanError) -> None:
-    typer.echo(f"error: {_one_line(err)}", err=True)
-    raise typer.Exit(EXIT_BAD_INPUT)
+    _echo(f"error: {_one_line(err)}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
 
 
 def _echo_json(data) -> None:
@@ -227,7 +220,7 @@ def _echo_json(data) -> None:
     except ValueError:
         _fail(PlanError(non_finite_key(data) or "output", "is not a finite number; the inputs give no meaningful "
                         "figure here"))
-    typer.echo(text)
+    _echo(text)
 
 
 def _read_inputs(plan_) -> None:
@@ -361,27 +354,38 @@ def _plan_options(
     """The plan options, declared once: `plan`, `validate` (and later commands) take them all."""
 
 
-PLAN_PARAMS = list(inspect.signature(_plan_options, eval_str=True).parameters.values())
+@functools.cache
+def _plan_option_names() -> tuple[str, ...]:
+    return tuple(inspect.signature(_plan_options).parameters)
 
 
 def with_plan_options(fn):
     """Give a command every plan option in front of its own; it receives them in `options`.
-    (A `ctx: typer.Context` parameter, when present, stays first.)"""
-    params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "options"]
-    head = [p for p in params if p.annotation is typer.Context]
-    own = [p for p in params if p.annotation is not typer.Context]
-    names = [p.name for p in PLAN_PARAMS]
-
+    (A `ctx: typer.Context` parameter, when present, stays first.) The signature typer reads is
+    set when the app is built (_typer_signature)."""
     @functools.wraps(fn)
     def command(**kwargs):
-        options = {k: _v(kwargs.pop(k)) for k in names}
+        options = {k: _v(kwargs.pop(k)) for k in _plan_option_names()}
         return fn(options=options, **kwargs)
 
-    command.__signature__ = inspect.Signature(head + PLAN_PARAMS + own)
+    command.plan_options_of = fn
     return command
 
 
-@app.command()
+def _typer_signature(command) -> None:
+    """The signature typer reads for a command with the plan options: its context, every plan
+    option, then its own."""
+    fn = getattr(command, "plan_options_of", None)
+    if fn is None or "__signature__" in vars(command):
+        return
+    plan_params = list(inspect.signature(_plan_options, eval_str=True).parameters.values())
+    params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "options"]
+    head = [p for p in params if p.annotation is typer.Context]
+    own = [p for p in params if p.annotation is not typer.Context]
+    command.__signature__ = inspect.Signature(head + plan_params + own)
+
+
+@_command
 @with_plan_options
 def plan(
     ctx: typer.Context,
@@ -421,17 +425,17 @@ def plan(
 
     render_plan(data)
     if timeline:
-        typer.echo(f"timeline written to {timeline}")
+        _echo(f"timeline written to {timeline}")
     if explain:
         from .explain import explain_lines, explain_time_lines
 
-        typer.echo("")
-        typer.echo("\n".join(explain_lines(result)))
-        typer.echo("")
-        typer.echo("\n".join(explain_time_lines(result)))
+        _echo("")
+        _echo("\n".join(explain_lines(result)))
+        _echo("")
+        _echo("\n".join(explain_time_lines(result)))
 
 
-@app.command()
+@_command
 @with_plan_options
 def validate(
     options: dict,
@@ -474,7 +478,7 @@ def validate(
     render_validation(data)
 
 
-@app.command()
+@_command
 @with_plan_options
 def export(
     ctx: typer.Context,
@@ -511,14 +515,14 @@ def _given(ctx: typer.Context, name: str) -> bool:
 def _emit_export(result, output: str | None) -> None:
     """The file's text on stdout (or in the file), the notes on stderr."""
     if output is None:
-        typer.echo(result.text, nl=False)
+        _echo(result.text, nl=False)
     for note in result.notes:
-        typer.echo(f"note: {note}", err=True)
+        _echo(f"note: {note}", err=True)
     if output is not None:
-        typer.echo(f"written to {output}", err=True)
+        _echo(f"written to {output}", err=True)
 
 
-@app.command()
+@_command
 @with_plan_options
 def search(
     ctx: typer.Context,
@@ -667,10 +671,10 @@ def _search_variants(plan_, fixed, pareto, max_model, min_gpus, days, plot, max_
     else:
         render(data)
         if plot:
-            typer.echo(f"plot written to {plot}")
+            _echo(f"plot written to {plot}")
 
 
-@app.command()
+@_command
 def bench(
     suites: Annotated[list[str] | None, typer.Argument(help="gemm, memory, alignment, fusion, tiling, attention, recompute, collectives (default: all); or `compare [RUN_ID…]`")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Small sizes (seconds on a CPU)")] = False,
@@ -763,7 +767,7 @@ def bench(
         from .bench.run import CURVES
 
         shape = eff.get("gemm_shape")
-        typer.echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()
+        _echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()
                                                                    if k not in CURVES)
                    + (f", GEMM curve over {len(eff['gemm_curve']['n'])} sizes" if "gemm_curve" in eff else "")
                    + (f" and {len(eff['gemm_k_curve']['k'])} inner dimensions" if "gemm_k_curve" in eff else "")
@@ -773,14 +777,14 @@ def bench(
                    + (f", FlashAttention curve over {len(eff['flash_curve']['seq'])} sequence lengths"
                       if "flash_curve" in eff else ""))
     if plot:
-        typer.echo(f"figure written to {plot}")
+        _echo(f"figure written to {plot}")
     if report:
-        typer.echo(f"report written to {report}")
+        _echo(f"report written to {report}")
     if run_id is not None:
-        typer.echo(f"stored as run {run_id} in {db or store.default_path()}", err=True)
+        _echo(f"stored as run {run_id} in {db or store.default_path()}", err=True)
 
 
-@app.command()
+@_command
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
@@ -799,13 +803,13 @@ def serve(
     names = LOOPBACK_HOSTS | {host.strip("[]").lower()} | {h.lower() for h in allow_host or []}
     if host in ("0.0.0.0", "::") and not allow_host:
         names = None  # every interface: the names it is reached by are not known
-        typer.echo("warning: on every interface the Host check is off; name the server with --allow-host",
+        _echo("warning: on every interface the Host check is off; name the server with --allow-host",
                    err=True)
-    typer.echo(f"trainplan explorer on http://{host}:{port}/  (API: /api/plan, /openapi.json)")
+    _echo(f"trainplan explorer on http://{host}:{port}/  (API: /api/plan, /openapi.json)")
     uvicorn.run(create_app(allowed_hosts=names), host=host, port=port, log_level="warning")
 
 
-@app.command()
+@_command
 def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the model catalog with exact parameter counts."""
     from .specs.catalog import model_rows
@@ -819,7 +823,7 @@ def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     render_models(rows)
 
 
-@app.command()
+@_command
 def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the accelerator catalog, with the time model's error on each one's published runs."""
     from .estimate.accuracy import prediction_accuracy
@@ -834,24 +838,81 @@ def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     render_gpus(rows)
 
 
+@functools.cache
+def _typer_app() -> typer.Typer:
+    """The typer app of every command (typer imported here, and made the name the commands'
+    option declarations use)."""
+    global typer
+    import typer
+
+    app = typer.Typer(cls=_one_line_errors(), add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                      pretty_exceptions_enable=False, help=HELP)
+    app.callback()(_top)
+    for command in _COMMANDS:
+        _typer_signature(command)
+        app.command()(command)
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":  # `from trainplan.cli import app`: the typer app, built on first use
+        return _typer_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _app_for(args: list[str]) -> typer.Typer:
     """The app with only the command the command line names (building the click commands of
     all of them, some 300 options, is a good part of start-up); the whole app when the first
     argument names none (no command, --help, a mistyped one: the group lists or suggests them)."""
+    app = _typer_app()
     name = args[0] if args else None
     chosen = [c for c in app.registered_commands if (c.name or c.callback.__name__) == name]
     if len(chosen) != 1:
         return app
-    one = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+    one = typer.Typer(cls=_one_line_errors(), add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                       pretty_exceptions_enable=False, help=app.info.help)
     one.registered_commands = chosen
     one.callback()(lambda: None)  # a group, as the whole app is, not a lone command
     return one
 
 
+FAST_COMMANDS = ("plan", "models", "gpus")
+FAST_REFUSED = frozenset({"--from", "--hf-config"})  # they read files that print notes: typer's path
+
+
+@functools.cache
+def _fast_params(name: str):
+    """The parameters of a fast-path command as cli_fast reads them, or None."""
+    command = next(c for c in _COMMANDS if c.__name__ == name)
+    fn = getattr(command, "plan_options_of", None)
+    if fn is None:
+        return command, cli_fast.read_params(command, globals())
+    own = cli_fast.read_params(fn, globals(), skip=("options",))
+    plan = cli_fast.read_params(_plan_options, globals())
+    if own is None or plan is None:
+        return command, None
+    head = [p for p in own if p.kind is cli_fast._Stand_in.Context]
+    return command, head + plan + [p for p in own if p.kind is not cli_fast._Stand_in.Context]
+
+
+def _fast(args: list[str]):
+    """(command, keyword arguments) when the fast path reads this command line, else None."""
+    if not args or args[0] not in FAST_COMMANDS:
+        return None
+    command, params = _fast_params(args[0])
+    if params is None:
+        return None
+    kwargs = cli_fast.parse(params, args[1:], FAST_REFUSED)
+    return None if kwargs is None else (command, kwargs)
+
+
 def main() -> None:
+    args = sys.argv[1:]
     try:
-        _app_for(sys.argv[1:])()
+        fast = _fast(args)
+        if fast is not None:
+            cli_fast.run(*fast)
+        _app_for(args)()
     except PlanError as err:  # raised outside a command body (e.g. a broken catalog)
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
