@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tomllib
 from pathlib import Path
 
 from .errors import PlanError
@@ -106,6 +105,8 @@ def read_json_file(path: str | Path, field: str, max_bytes: int = MAX_INPUT_BYTE
 
 def read_toml_file(path: str | Path, field: str, max_bytes: int = MAX_INPUT_BYTES) -> dict:
     """A user's TOML file, parsed, nested at most MAX_NESTING deep."""
+    import tomllib  # here: the catalog is read from its index, and most commands read no TOML
+
     path = Path(path)
     text = read_text_file(path, field, max_bytes)
     try:

@@ -13,10 +13,10 @@ to parse is reported as always and no index is written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
+import zlib
 from functools import cache
 from pathlib import Path
 
@@ -50,7 +50,7 @@ def _signature(root: Path) -> list[list]:
 
 
 def _index_path(root: Path, name: str = "catalog") -> Path:
-    tag = hashlib.sha1(f"{root.resolve()}|{sys.version_info[:2]}|{FORMAT}".encode()).hexdigest()[:16]
+    tag = f"{zlib.crc32(f'{root.resolve()}|{sys.version_info[:2]}|{FORMAT}'.encode()):08x}"  # (no hashlib to load)
     return cache_dir() / f"{name}-{tag}.json"
 
 

@@ -1,0 +1,170 @@
+"""The CLI's fast path (trainplan.cli_fast) reads every option of `plan`, `models` and `gpus`
+exactly as typer does, or leaves the command line to typer; run through `main()`, a command
+prints and exits the same either way."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from types import UnionType
+from typing import get_args
+
+import pytest
+import typer.main
+
+from trainplan import cli, cli_fast
+
+SAMPLES = {int: ["1", "8", "0", "4096"], float: ["0.5", "1", "2e3", "0"], str: ["llama-3-8b", "x", "7,8,8,7"]}
+
+
+def _kinds(annotation):
+    return [k for k in (get_args(annotation) if isinstance(annotation, UnionType) else (annotation,))
+            if k is not type(None)]
+
+
+def _typer_parse(name: str, args: list[str]):
+    """What typer gives the command for `args`: its parsed parameters and which were given."""
+    command = typer.main.get_command(cli.app).commands[name]
+    ctx = command.make_context(name, list(args))
+    given = {p for p in ctx.params if ctx.get_parameter_source(p).name == "COMMANDLINE"}
+    return ctx.params, given
+
+
+def _fast_parse(args: list[str]):
+    fast = cli._fast(args)
+    assert fast is not None, args
+    _, kwargs = fast
+    ctx = kwargs.pop("ctx", None)
+    return kwargs, (ctx.given if ctx is not None else None)
+
+
+def _same(fast: dict, typed: dict) -> None:
+    assert fast.keys() == typed.keys()
+    for key, value in typed.items():
+        assert fast[key] == value and type(fast[key]) is type(value), (key, fast[key], value)
+
+
+def _command_lines(name: str):
+    """Each option of the command alone, in each of its spellings and with values of its type."""
+    _, params = cli._fast_params(name)
+    for p in params:
+        if p.decl is None:
+            continue
+        for option, flag in p.names().items():
+            if flag is not None:
+                yield [option]
+                continue
+            for kind in _kinds(p.kind):
+                values = [m.value for m in kind] if isinstance(kind, type) and issubclass(kind, Enum) else SAMPLES[kind]
+                for value in values:
+                    yield [option, value]
+                    yield [f"{option}={value}"]
+
+
+@pytest.mark.parametrize("name", cli.FAST_COMMANDS)
+def test_fast_path_reads_every_option_as_typer_does(name):
+    """Every option, every spelling (--x v, --x=v, --flag, --no-flag), every choice: the same
+    values, of the same types, and the same options counted as given, as typer's parse."""
+    _, params = cli._fast_params(name)
+    command = typer.main.get_command(cli.app).commands[name]
+    # the same option names as the click command typer builds
+    click_names = {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+    fast_names = {o for p in params if p.decl is not None for o in p.names()}
+    assert fast_names == click_names - {"--help"}
+    lines = list(_command_lines(name))
+    assert len(lines) > (300 if name == "plan" else 0)
+    for args in [[], *lines]:
+        if set(args) & cli.FAST_REFUSED or any(a.split("=")[0] in cli.FAST_REFUSED for a in args):
+            assert cli._fast([name, *args]) is None
+            continue
+        fast, fast_given = _fast_parse([name, *args])
+        typed, typed_given = _typer_parse(name, args)
+        _same(fast, typed)
+        if fast_given is not None:
+            assert fast_given == typed_given, args
+
+
+def test_fast_path_reads_a_whole_plan_command_line():
+    """Many options at once, as a launch script gives them."""
+    args = ["--model", "deepseek-v3", "--gpus", "2048", "--tp", "1", "--pp", "16", "--ep", "64", "--precision",
+            "fp8", "--schedule", "dualpipe", "--recompute", "selective", "--recompute-modules",
+            "layernorm,mla_up_proj,moe_act", "--no-overlap-dp", "--sp", "--grad-clip=0", "--tokens", "1.48e13",
+            "--json", "--fused-loss", "--ep-overlap", "--mbs", "1", "--gbs=15360", "--seq-len", "4096"]
+    fast, given = _fast_parse(["plan", *args])
+    typed, typed_given = _typer_parse("plan", args)
+    _same(fast, typed)
+    assert given == typed_given and len(given) == 19
+
+
+@pytest.mark.parametrize("args", [
+    [], ["--help"], ["--version"], ["bench"], ["search", "--gpus", "8"], ["plan", "--help"], ["plan", "-h"],
+    ["plan", "--tp", "abc"], ["plan", "--tp", "-1"], ["plan", "--tp", "1_000"], ["plan", "--tp", " 4"],
+    ["plan", "--tp", "2", "--tp", "4"], ["plan", "--json", "--json"], ["plan", "--bogus"], ["plan", "--json=1"],
+    ["plan", "--sp=true"], ["plan", "--model"], ["plan", "--"], ["plan", "extra"], ["plan", "--recompute", "Full"],
+    ["plan", "--from", "x.sh"], ["plan", "--hf-config=c.json"], ["plan", "--model", "\x1b[31mx"],
+    ["plan", "--dropout", "nan"], ["plan", "--dropout", "1e400"], ["plan", "--gpus", "1e3"],
+    ["gpus", "--no-json"], ["gpus", "x"], ["models", "--json", "--json"], ["models", "-j"],
+])
+def test_anything_unusual_is_left_to_typer(args):
+    """Help, version, other commands, malformed or repeated options, values that are no plain
+    literal of their type, arguments, the file-reading options: typer's parse and messages."""
+    assert cli._fast(args) is None
+
+
+def _run_main(monkeypatch, capsys, args):
+    monkeypatch.setattr(sys, "argv", ["trainplan", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def _run_typer(capsys, args):
+    with pytest.raises(SystemExit) as exc:
+        cli.app(args)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--json"],
+    ["plan", "--model", "llama-3-8b", "--gpus", "8", "--tp", "3"],
+    ["plan", "--model", "lama-3-8b"],
+    ["plan", "--model", "llama-3-8b", "--gpus", "8", "--dropout", "2", "--json"],
+    ["gpus", "--json"],
+    ["models", "--json"],
+])
+def test_main_prints_and_exits_as_typer_does(monkeypatch, capsys, args):
+    """Through the fast path (main) and through typer's app: the same output, messages and exit
+    status (0; 2 with one `error: <field>: <rule>` line)."""
+    assert cli._fast(args) is not None
+    fast = _run_main(monkeypatch, capsys, args)
+    typed = _run_typer(capsys, args)
+    assert fast == typed
+    code, out, err = fast
+    if code == 0:
+        assert json.loads(out) and not err
+    else:
+        assert code == 2 and not out and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_plan_json_through_the_fast_path(monkeypatch, capsys):
+    """The figures of `plan --json` for Llama-3 70B on 64 H100s: the catalog's 70,553,706,496
+    parameters (Hugging Face's Meta-Llama-3-70B) over tp 8 x pp 4 x dp 2."""
+    code, out, _ = _run_main(monkeypatch, capsys, ["plan", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8",
+                                                    "--pp", "4", "--json"])
+    data = json.loads(out)
+    assert code == 0 and data["model"]["params"] == 70_553_706_496
+    assert (data["parallel"]["tp"], data["parallel"]["pp"], data["parallel"]["dp"]) == (8, 4, 2)
+
+
+def test_echo_is_clicks_for_text(capsys):
+    """cli_fast.echo writes as click.echo (typer.echo) does where the stream is no terminal: a
+    newline after the text, ANSI styles removed."""
+    for text, err in (("plain", False), ("\x1b[31mred\x1b[0m and \x1b[1;4mbold\x1b[0m", True), ("", False)):
+        cli_fast.echo(text, err=err)
+        ours = capsys.readouterr()
+        typer.echo(text, err=err)
+        theirs = capsys.readouterr()
+        assert ours == theirs
