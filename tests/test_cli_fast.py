@@ -1,9 +1,10 @@
-"""The CLI's fast path (trainplan.cli_fast) reads every option of `plan`, `models` and `gpus`
-exactly as typer does, or leaves the command line to typer; run through `main()`, a command
+"""The CLI's fast path (trainplan.cli_fast) reads every option of `plan`, `models`, `gpus`,
+`search` and `export` exactly as typer does, or leaves the command line to typer; run through `main()`, a command
 prints and exits the same either way."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from enum import Enum
@@ -23,9 +24,14 @@ def _kinds(annotation):
             if k is not type(None)]
 
 
+@functools.cache
+def _click_command(name: str):
+    return typer.main.get_command(cli.app).commands[name]
+
+
 def _typer_parse(name: str, args: list[str]):
     """What typer gives the command for `args`: its parsed parameters and which were given."""
-    command = typer.main.get_command(cli.app).commands[name]
+    command = _click_command(name)
     ctx = command.make_context(name, list(args))
     given = {p for p in ctx.params if ctx.get_parameter_source(p).name == "COMMANDLINE"}
     return ctx.params, given
@@ -52,6 +58,8 @@ def _command_lines(name: str):
         if p.decl is None:
             continue
         for option, flag in p.names().items():
+            if not option.startswith("--"):
+                continue  # a short name (-o): typer's path
             if flag is not None:
                 yield [option]
                 continue
@@ -67,11 +75,11 @@ def test_fast_path_reads_every_option_as_typer_does(name):
     """Every option, every spelling (--x v, --x=v, --flag, --no-flag), every choice: the same
     values, of the same types, and the same options counted as given, as typer's parse."""
     _, params = cli._fast_params(name)
-    command = typer.main.get_command(cli.app).commands[name]
+    command = _click_command(name)
     # the same option names as the click command typer builds
     click_names = {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
     fast_names = {o for p in params if p.decl is not None for o in p.names()}
-    assert fast_names == click_names - {"--help"}
+    assert {o for o in fast_names if o.startswith("--")} == click_names - {"--help"}
     lines = list(_command_lines(name))
     assert len(lines) > (300 if name == "plan" else 0)
     for args in [[], *lines]:
@@ -98,7 +106,8 @@ def test_fast_path_reads_a_whole_plan_command_line():
 
 
 @pytest.mark.parametrize("args", [
-    [], ["--help"], ["--version"], ["bench"], ["search", "--gpus", "8"], ["plan", "--help"], ["plan", "-h"],
+    [], ["--help"], ["--version"], ["bench"], ["validate", "--gpus", "8"], ["plan", "--help"], ["plan", "-h"],
+    ["export", "-o", "out.txt"], ["search", "--from", "x.sh"],
     ["plan", "--tp", "abc"], ["plan", "--tp", "-1"], ["plan", "--tp", "1_000"], ["plan", "--tp", " 4"],
     ["plan", "--tp", "2", "--tp", "4"], ["plan", "--json", "--json"], ["plan", "--bogus"], ["plan", "--json=1"],
     ["plan", "--sp=true"], ["plan", "--model"], ["plan", "--"], ["plan", "extra"], ["plan", "--recompute", "Full"],

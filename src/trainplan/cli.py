@@ -3,8 +3,9 @@
 Bad input prints one line `error: <field>: <rule>` on stderr and exits with status 2: a value a
 command refuses (PlanError) and an option click cannot parse alike.
 
-typer is imported when the typer app is built (`app`, built on first use): `plan`, `models` and
-`gpus` with ordinary options run without it (trainplan.cli_fast), reading the same declarations.
+typer is imported when the typer app is built (`app`, built on first use): `plan`, `models`,
+`gpus`, `search` and `export` with ordinary options run without it (trainplan.cli_fast), reading
+the same declarations.
 """
 
 from __future__ import annotations
@@ -876,7 +877,7 @@ def _app_for(args: list[str]) -> typer.Typer:
     return one
 
 
-FAST_COMMANDS = ("plan", "models", "gpus")
+FAST_COMMANDS = ("plan", "models", "gpus", "search", "export")
 FAST_REFUSED = frozenset({"--from", "--hf-config"})  # they read files that print notes: typer's path
 
 

@@ -1,13 +1,13 @@
-"""The command line's fast path: the common commands (`plan`, `models`, `gpus`) with ordinary
-options run without importing typer and click or building a click command of some 60 options,
-most of a listing's start-up.
+"""The command line's fast path: the common commands (`plan`, `models`, `gpus`, `search`,
+`export`) with ordinary options run without importing typer and click or building a click
+command of some 60 options (most of a listing's start-up).
 
 The options are read from the commands' own typer declarations (the `Annotated[...,
 typer.Option(...)]` annotations, evaluated with a stand-in for `typer` that records what each
 declares), so there is one list of options. A command line the fast path does not read exactly
 as typer would (--help, --version, an unknown or repeated option, a value that is not a plain
 literal of its type, an option with a callback or bounds, a value that looks like an option, an
-argument, --from and --hf-config) is left to typer, whose parse and messages are the reference;
+argument, a short option name, --from and --hf-config) is left to typer, whose parse and messages are the reference;
 tests/test_cli_fast.py checks the two agree over every option.
 """
 
