@@ -177,3 +177,27 @@ def test_echo_is_clicks_for_text(capsys):
         typer.echo(text, err=err)
         theirs = capsys.readouterr()
         assert ours == theirs
+
+
+@pytest.mark.parametrize("args, absent", [
+    (["models", "--json"], {"typer", "pydantic", "numpy"}),
+    (["gpus", "--json"], {"typer", "pydantic", "numpy"}),
+    (["plan", "--model", "llama-3-8b", "--gpus", "8", "--json"], {"typer", "trainplan.specs.hf"}),
+])
+def test_what_a_command_does_not_import(args, absent, tmp_path):
+    """The listings read the catalog's rows without the specs' pydantic or numpy, and no fast
+    command imports typer (nor `plan` the Hugging Face readers): what their start-up is spared."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    src = Path(cli.__file__).resolve().parents[1]
+    code = ("import sys, runpy; sys.argv = ['trainplan', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_module('trainplan', run_name='__main__')\n"
+            "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            f"print(sorted(m for m in sys.modules if m in {sorted(absent)!r}))")
+    env = {**os.environ, "PYTHONPATH": str(src), "TRAINPLAN_CACHE_DIR": str(tmp_path)}
+    for _step in ("builds the index and the listings", "reads them back"):
+        res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]"
