@@ -201,3 +201,48 @@ def test_what_a_command_does_not_import(args, absent, tmp_path):
         res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
         assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _command_lines_at_random():
+    """Random command lines for `plan`: its options with values (spelt `--x v` or `--x=v`), its
+    flags, and stray or malformed tokens mixed in."""
+    from hypothesis import strategies as st
+
+    _, params = cli._fast_params("plan")
+    options = sorted(n for p in params if p.decl is not None for n, flag in p.names().items() if flag is None)
+    flags = sorted(n for p in params if p.decl is not None for n, flag in p.names().items() if flag is not None)
+    values = ["1", "8", "0", "-1", "2.5", "1e3", "abc", "", "none", "full", "fp8", "interleaved", "llama-3-8b",
+              "q,v", "--json", "nan", "007", "1_0", "ring", "fsdp", "adamw", "0.1"]
+    value = st.sampled_from(values)
+    group = st.one_of(
+        st.tuples(st.sampled_from(options), value).map(list),
+        st.tuples(st.sampled_from(options), value).map(lambda t: [f"{t[0]}={t[1]}"]),
+        st.sampled_from(flags).map(lambda f: [f]),
+        st.sampled_from(["--help", "-h", "extra", "--", "--bogus", "--json=1"]).map(lambda t: [t]),
+    )
+    weighted = st.one_of(group, group, group, group.filter(lambda g: g[0] in flags or len(g) == 2))
+    return st.lists(weighted, max_size=6).map(lambda groups: [t for g in groups for t in g])
+
+
+def test_random_command_lines_parse_alike():
+    """Random plan command lines: whatever the fast path accepts, typer parses without error
+    into the same values and the same given options."""
+    from hypothesis import HealthCheck, given, settings
+
+    accepted = []
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+              derandomize=True)
+    @given(_command_lines_at_random())
+    def check(args):
+        fast = cli._fast(["plan", *args])
+        if fast is None:
+            return
+        kwargs, given_names = _fast_parse(["plan", *args])
+        typed, typed_given = _typer_parse("plan", args)  # raises if typer refuses what was accepted
+        _same(kwargs, typed)
+        assert given_names == typed_given
+        accepted.append(args)
+
+    check()
+    assert len(accepted) > 30  # the fast path exercised, not only declining
