@@ -769,14 +769,14 @@ def bench(
 
         shape = eff.get("gemm_shape")
         _echo(f"profile written to {profile}: " + ", ".join(f"{k} {v:.3f}" for k, v in eff.items()
-                                                                   if k not in CURVES)
-                   + (f", GEMM curve over {len(eff['gemm_curve']['n'])} sizes" if "gemm_curve" in eff else "")
-                   + (f" and {len(eff['gemm_k_curve']['k'])} inner dimensions" if "gemm_k_curve" in eff else "")
-                   + (f", GEMM shape fit (main loop {shape['mainloop']:.3f}, k0 {shape['k0']:.0f}, "
-                      f"{shape['overhead_us']:.1f} us per kernel, {100 * shape['mean_error']:.1f}% mean error)"
-                      if shape else "")
-                   + (f", FlashAttention curve over {len(eff['flash_curve']['seq'])} sequence lengths"
-                      if "flash_curve" in eff else ""))
+                                                              if k not in CURVES)
+              + (f", GEMM curve over {len(eff['gemm_curve']['n'])} sizes" if "gemm_curve" in eff else "")
+              + (f" and {len(eff['gemm_k_curve']['k'])} inner dimensions" if "gemm_k_curve" in eff else "")
+              + (f", GEMM shape fit (main loop {shape['mainloop']:.3f}, k0 {shape['k0']:.0f}, "
+                 f"{shape['overhead_us']:.1f} us per kernel, {100 * shape['mean_error']:.1f}% mean error)"
+                 if shape else "")
+              + (f", FlashAttention curve over {len(eff['flash_curve']['seq'])} sequence lengths"
+                 if "flash_curve" in eff else ""))
     if plot:
         _echo(f"figure written to {plot}")
     if report:
@@ -892,8 +892,7 @@ def _fast_params(name: str):
     plan = cli_fast.read_params(_plan_options, globals())
     if own is None or plan is None:
         return command, None
-    head = [p for p in own if p.kind is cli_fast._Stand_in.Context]
-    return command, head + plan + [p for p in own if p.kind is not cli_fast._Stand_in.Context]
+    return command, [p for p in own if p.is_context] + plan + [p for p in own if not p.is_context]
 
 
 def _fast(args: list[str]):

@@ -62,7 +62,7 @@ class OptionDecl:
         self.settings = settings
 
 
-class _Stand_in:
+class _StandIn:
     """Evaluates the `typer.…` in an annotation to a record, without importing typer."""
 
     class Context:
@@ -91,6 +91,11 @@ class Param:
         self.default = default
 
     @property
+    def is_context(self) -> bool:
+        """The command's `ctx: typer.Context` (given a FastContext)."""
+        return self.kind is _StandIn.Context
+
+    @property
     def is_bool(self) -> bool:
         kinds = get_args(self.kind) if isinstance(self.kind, UnionType) else (self.kind,)
         return bool in kinds
@@ -117,13 +122,13 @@ def read_params(fn, namespace: dict, skip: tuple[str, ...] = ()) -> list[Param] 
     """`fn`'s parameters with their declarations (annotations evaluated in `namespace`, with the
     stand-in for typer), but those named in `skip`; None when one of them is not an option the
     fast path reads."""
-    sig = inspect.signature(fn, eval_str=True, globals={**namespace, "typer": _Stand_in})
+    sig = inspect.signature(fn, eval_str=True, globals={**namespace, "typer": _StandIn})
     out = []
     for p in sig.parameters.values():
         if p.name in skip:
             continue
-        if p.annotation is _Stand_in.Context:
-            out.append(Param(p.name, _Stand_in.Context, None, None))
+        if p.annotation is _StandIn.Context:
+            out.append(Param(p.name, _StandIn.Context, None, None))
             continue
         meta = getattr(p.annotation, "__metadata__", ())
         decl = next((m for m in meta if isinstance(m, OptionDecl)), None)
@@ -194,7 +199,7 @@ def parse(params: list[Param], args: list[str], refused: frozenset = frozenset()
         i += 1
     out = {}
     for p in params:
-        if p.kind is _Stand_in.Context:
+        if p.is_context:
             out[p.name] = FastContext(set(values))
         elif p.name in values:
             out[p.name] = values[p.name]
