@@ -8,7 +8,7 @@ import numpy as np
 
 from .estimate.accuracy import prediction_accuracy
 from .estimate.memory import estimate_memory_and_line, max_micro_batch
-from .estimate.recipe import recipe
+from .estimate.recipe import Recipe, recipe
 from .plan import Layout, Plan, conventions, resolve
 
 STAGE_COMPONENTS = ("params", "grads", "master", "optimizer_state", "activations", "zero3_gather",
@@ -23,6 +23,8 @@ class PlanResult:
     training: dict | None = None
     # each stage's memory line in the micro-batch size, from the same evaluation (max_micro_batch)
     mbs_line: dict | None = None
+    # the plan's recipe, derived once for the memory, the step, the run and the report
+    recipe: Recipe | None = None
 
     @property
     def capacity(self) -> float:
@@ -42,7 +44,7 @@ def evaluate(plan: Plan, with_time: bool = True, spec=None) -> PlanResult:
     layout = resolve(plan, spec)
     r = recipe(plan)  # derived once for the memory, the step and the run
     memory, line = estimate_memory_and_line(layout, r)
-    result = PlanResult(layout=layout, memory=memory, mbs_line=line)
+    result = PlanResult(layout=layout, memory=memory, mbs_line=line, recipe=r)
     if with_time:
         from .estimate.time import step_time
         from .estimate.training import training_figures
@@ -54,38 +56,40 @@ def evaluate(plan: Plan, with_time: bool = True, spec=None) -> PlanResult:
     return result
 
 
-def _per_stage(x, pp: int) -> list[float]:
-    """A term as one list of pp Python floats (a scalar term is the same on every stage)."""
-    if isinstance(x, np.ndarray) and x.ndim:
-        x = x.astype(float, copy=False)
-        return x.tolist() if x.shape == (pp,) else np.broadcast_to(x, (pp,)).tolist()
-    return [float(x)] * pp
+# the stage rows' figures: (row key, memory key) of the top-level columns, then the components
+STAGE_COLUMNS = (("params_bytes", "params"), ("grads_bytes", "grads"), ("optimizer_bytes", "optimizer"),
+                 ("activations_bytes", "activations"), ("other_bytes", "other"), ("total_bytes", "total"),
+                 ("param_count", "param_count"), ("cpu_offload_bytes", "cpu_offload"))
 
 
 def stage_rows(result: PlanResult) -> list[dict]:
+    """One row per pipeline stage: its memory by column, sharding buffer and component. Every
+    figure goes into one stages x figures table of floats (a term that is the same on every
+    stage fills its column), read back as Python floats in one pass."""
     m = result.memory
-    pp = result.layout.pp
-    per_stage = lambda x: _per_stage(x, pp)  # noqa: E731
-    comps = {k: per_stage(m[k]) for k in STAGE_COMPONENTS}
-    parts = {k: per_stage(v) for k, v in m["activation_parts"].items()}
-    buffers = {k: per_stage(v) for k, v in m["sharding_buffers"].items()}
-    cols = {name: per_stage(m[key]) for name, key in (
-        ("params_bytes", "params"), ("grads_bytes", "grads"), ("optimizer_bytes", "optimizer"),
-        ("activations_bytes", "activations"), ("other_bytes", "other"), ("total_bytes", "total"),
-        ("param_count", "param_count"), ("cpu_offload_bytes", "cpu_offload"))}
+    parts, buffers = m["activation_parts"], m["sharding_buffers"]
+    values = ([m[key] for _, key in STAGE_COLUMNS] + list(buffers.values())
+              + [m[k] for k in STAGE_COMPONENTS] + list(parts.values()))
+    table = np.empty((len(values), result.layout.pp))
+    for i, v in enumerate(values):
+        table[i] = v
+    n_cols, n_buf, n_comp = len(STAGE_COLUMNS), len(buffers), len(STAGE_COMPONENTS)
+    col_names = [name for name, _ in STAGE_COLUMNS]
+    buf_names, part_names = list(buffers), list(parts)
     rows = []
-    for i, n in enumerate(result.layout.stage_layers):
-        rows.append({"stage": i, "layers": n, **{name: col[i] for name, col in cols.items()},
-                     "sharding_buffers": {k: v[i] for k, v in buffers.items()},
-                     "components": {**{k: v[i] for k, v in comps.items()},
-                                    "activation_parts": {k: v[i] for k, v in parts.items()}}})
+    for i, (n, row) in enumerate(zip(result.layout.stage_layers, table.T.tolist(), strict=True)):
+        b = n_cols + n_buf
+        rows.append({"stage": i, "layers": n, **dict(zip(col_names, row[:n_cols], strict=True)),
+                     "sharding_buffers": dict(zip(buf_names, row[n_cols:b], strict=True)),
+                     "components": {**dict(zip(STAGE_COMPONENTS, row[b:b + n_comp], strict=True)),
+                                    "activation_parts": dict(zip(part_names, row[b + n_comp:], strict=True))}})
     return rows
 
 
 def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
     L = result.layout
     p = L.plan
-    r = recipe(p)
+    r = result.recipe if result.recipe is not None else recipe(p)
     peak = result.peak
     return {
         "model": {"name": L.model.name, "params": L.model.params, "active_params": L.model.active_params,

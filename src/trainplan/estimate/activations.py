@@ -53,6 +53,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .scalars import maximum, minimum, where
+
 ATTENTION = ("flash", "sdpa", "eager", "triton", "cudnn")
 ATTENTION_CODE = {name: i for i, name in enumerate(ATTENTION)}
 # "selective-op": torchtitan's per-op selective activation checkpointing (op_sac_saved)
@@ -201,17 +203,17 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
     s = saves or {}
-    own_copy = np.maximum(adapter_dropout, adapter_copies)  # each adapter keeps its own input
+    own_copy = maximum(adapter_dropout, adapter_copies)  # each adapter keeps its own input
     save = {n: s.get(n, 1) * (1 - own_copy * (saves is not None))
             for n in ("q", "k", "v", "o", "gate", "up", "down")}
-    save_attn_in = np.maximum(np.maximum(save["q"], save["k"]), save["v"])
-    save_mlp_in = np.maximum(save["gate"], save["up"])
+    save_attn_in = maximum(maximum(save["q"], save["k"]), save["v"])
+    save_mlp_in = maximum(save["gate"], save["up"])
     h = shape.hidden
-    rep = np.where(sp, tp, 1)  # divisor for replicated-by-TP tensors
+    rep = where(sp, tp, 1)  # divisor for replicated-by-TP tensors
     # ... and for what is computed from a block's all-gathered input: Megatron keeps the
     # sequence shard and gathers it again in backward (Korthikanti et al. 2023 §4.2.2); DTensor
     # keeps the gathered tensor (sp_gathered)
-    rep_in = np.where(np.asarray(sp_gathered) > 0, 1, rep)
+    rep_in = where(np.asarray(sp_gathered) > 0, 1, rep)
     eager_norm = (1 - np.asarray(fused)) * (0 if shape.layernorm else 1)
     stats = 2 if shape.layernorm else 1
     eager = np.asarray(attention) == ATTENTION_CODE["eager"]
@@ -219,7 +221,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
     # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
     copies_kv = (shape.kv_heads > tp) | (not shape.kv_repeat_view)  # a view of one head otherwise
-    kv_div = np.where(eager & (np.asarray(recompute) == 0) & copies_kv, tp, np.minimum(tp, shape.kv_heads))
+    kv_div = where(eager & (np.asarray(recompute) == 0) & copies_kv, tp, minimum(tp, shape.kv_heads))
     t = {}
     # -- attention block
     norm = _norm_bytes(h, eager_norm, residual_bytes, stats, frozen)
@@ -237,11 +239,11 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # (MQA, or tp >= kv_heads) is repeated as a view of itself; a broadcast into SDPA's math kernel
     # (Falcon's `kv_broadcast`) copies it.
     repeats = eager & no_recompute & copies_kv
-    k_w = np.where(repeats, shape.q, shape.k)
-    v_w = np.where(repeats, shape.attn_out, shape.v)
+    k_w = where(repeats, shape.q, shape.k)
+    v_w = where(repeats, shape.attn_out, shape.v)
     # Under autocast RoPE's fp32 tables promote q and k to fp32; the attention kernel casts
     # them back, but a recomputed attention core keeps its fp32 inputs.
-    qk_bytes = np.where((np.asarray(recompute) == 1) & bool(shape.rotary) & (autocast > 0),
+    qk_bytes = where((np.asarray(recompute) == 1) & bool(shape.rotary) & (autocast > 0),
                         residual_bytes, act_bytes)
     t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
     # A fused QKV projection with RoPE: the rotated q and k are new tensors, but v stays a view
@@ -262,11 +264,11 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # the q and k widths this rank holds, with one fp32 statistic per head
     q_heads, k_heads = shape.q / tp, shape.k / kv_div
     head_stats = (q_heads + k_heads) / max(shape.head_dim, 1) * FP32
-    t["qk_norm"] = shape.qk_norm * tokens * ((q_heads + k_heads) * np.where(eager_norm, 2 * FP32, act_bytes)
+    t["qk_norm"] = shape.qk_norm * tokens * ((q_heads + k_heads) * where(eager_norm, 2 * FP32, act_bytes)
                                              + head_stats)
     # a fused kernel's output, kept by the kernel for its backward (unless the core is recomputed)
     # and as the output projection's input for its weight's (or adapter's) gradient: one storage
-    t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn * np.maximum(no_recompute, save["o"])
+    t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn * maximum(no_recompute, save["o"])
     t["attn_lse"] = tokens * shape.heads * FP32 / tp * fused_attn * no_recompute
     # ... unless the output projection's input is a copy of it (torch's ring attention under
     # context parallelism, conventions.toml `cp_ring_output_copy`)
@@ -283,7 +285,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # -- MLP block
     # with a parallel residual the MLP's norm reads the attention norm's input: one storage (an
     # eager RMSNorm's fp32 upcast is that input itself when the residual stream is fp32)
-    shared_input = shape.parallel_residual * h * np.where(eager_norm, FP32 * (np.asarray(residual_bytes) == FP32),
+    shared_input = shape.parallel_residual * h * where(eager_norm, FP32 * (np.asarray(residual_bytes) == FP32),
                                                           residual_bytes)
     t["mlp_norm"] = tokens * (norm - shared_input) / rep
     t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * mlp_copies / rep_in
@@ -299,8 +301,8 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # grouped_mm, not autocast, runs the experts in the weights' dtype (the residual's)
         grouped = shape.grouped_experts * (1 - np.asarray(fused))
         t["router"] = tokens * (e * FP32 + k * INDEX_BYTES * (3 + grouped)
-                                + k * np.where(grouped, FP32, residual_bytes)) / rep_in
-        expert_bytes = np.where(grouped, residual_bytes, act_bytes)
+                                + k * where(grouped, FP32, residual_bytes)) / rep_in
+        expert_bytes = where(grouped, residual_bytes, act_bytes)
         # Routed copies of each token: the gathered expert inputs (under autocast, instead, each
         # expert input projection's own 16-bit cast of them), the expert outputs kept by the
         # gate-weight multiply and, with an eager `index_add` combine, the weighted outputs
@@ -314,7 +316,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # (under LoRA the gathered inputs only for the gate and up adapters' gradients)
         # (the gathered copy is what the experts' input projections keep: in FP8 under fp8, where
         # the 16-bit gather is freed once cast, or dispatched in FP8 as DeepSeek-V3 §3.3.3 does)
-        inputs = np.where(grouped, residual_bytes,
+        inputs = where(grouped, residual_bytes,
                           (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes)
         weighted_act = np.asarray(gate_in_act) * np.asarray(fused) * (shape.mlp_matrices == 3)
         per_copy = (inputs * save_mlp_in + expert_bytes * (1 - weighted_act)
@@ -326,10 +328,10 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # or under autocast each casts the fp32 input itself.
         shared_in = save_mlp_in * (shape.shared_ffn > 0)
         readers = (1 - frozen) * (1 + shape.shared_gate) + shared_in * (shape.mlp_matrices - 1)
-        copies = np.where(autocast > 0, readers, np.minimum(readers, 1))
+        copies = where(autocast > 0, readers, minimum(readers, 1))
         t["mlp_input"] = tokens * h * linear_in_bytes * copies / rep_in
         t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused, save["down"],
-                                                      expert_bytes, np.where(grouped, residual_bytes, linear_in_bytes),
+                                                      expert_bytes, where(grouped, residual_bytes, linear_in_bytes),
                                                       shape.activation_saves) / tp
         t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused, save["down"],
                                                     act_bytes, linear_in_bytes, shape.activation_saves) / tp
@@ -414,8 +416,8 @@ def _share_norm(t: dict, save_attn_in, save_mlp_in, autocast) -> None:
     the attention's projections already keep (one storage), unless autocast casts its own copy or
     only the MLP's input is kept (LoRA)."""
     t["mlp_norm"] = t["mlp_norm"] * 0
-    only_mlp = np.maximum(np.asarray(save_mlp_in) - np.asarray(save_attn_in), 0)
-    t["mlp_input"] = t["mlp_input"] * np.where(np.asarray(autocast) > 0, 1, only_mlp)
+    only_mlp = maximum(np.asarray(save_mlp_in) - np.asarray(save_attn_in), 0)
+    t["mlp_input"] = t["mlp_input"] * where(np.asarray(autocast) > 0, 1, only_mlp)
 
 
 def _latent_bytes(shape: LayerShape, eager_rms, act_bytes, frozen=0):
@@ -431,7 +433,7 @@ def _latent_bytes(shape: LayerShape, eager_rms, act_bytes, frozen=0):
     rope = shape.latent_rope
     normed = shape.latent - rope
     eager_rms = np.asarray(eager_rms)
-    kept_input = np.where(eager_rms, normed * FP32 + rope * FP32 * (np.asarray(act_bytes) == FP32),
+    kept_input = where(eager_rms, normed * FP32 + rope * FP32 * (np.asarray(act_bytes) == FP32),
                           shape.latent * act_bytes)
     normalised = eager_rms * (1 - frozen) * normed * FP32
     return kept_input + normalised + normed * act_bytes + shape.latent_norms * FP32
@@ -442,7 +444,7 @@ def _norm_bytes(h, eager_rms, residual_bytes, stats, frozen=0):
     upcasts to fp32 first (transformers' LlamaRMSNorm, F.rms_norm on CPU) and keeps the fp32
     input and the fp32 normalised input instead, the latter only for its weight's gradient (not
     kept when the weight is `frozen`: LoRA)."""
-    return np.where(eager_rms, (2 - frozen) * h * FP32, h * residual_bytes) + stats * FP32
+    return where(eager_rms, (2 - frozen) * h * FP32, h * residual_bytes) + stats * FP32
 
 
 def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes, activation_saves=(1, 0)):
@@ -450,10 +452,10 @@ def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes, activa
     activation_saves: ACTIVATION_SAVES of its activation function (one kernel keeping its
     input when the kernels are fused)."""
     fused = np.asarray(fused)
-    kept = np.where(fused, 1, activation_saves[0])
-    keeps_out = np.where(fused, 0, activation_saves[1])
+    kept = where(fused, 1, activation_saves[0])
+    keeps_out = where(fused, 0, activation_saves[1])
     if matrices == 2:  # the activation's tensors; its output, kept as the down projection's input
-        return f * act_bytes * kept + f * np.maximum(linear_in_bytes * save_down, act_bytes * keeps_out)
+        return f * act_bytes * kept + f * maximum(linear_in_bytes * save_down, act_bytes * keeps_out)
     # gated: the activation's tensors, its output and up (kept by their product; a fused SwiGLU
     # recomputes the output), and their product, the down projection's input
     return f * act_bytes * (kept + 2 - fused) + f * linear_in_bytes * save_down
@@ -462,7 +464,7 @@ def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes, activa
 def checkpoint_bytes(hidden, *, tokens, tp, sp, act_bytes):
     """Full recompute keeps only each layer's input (Korthikanti et al. 2023: 2sbh per layer
     in 16 bits; divided by t when sequence parallelism already splits it)."""
-    return tokens * hidden * act_bytes / np.where(sp, tp, 1)
+    return tokens * hidden * act_bytes / where(sp, tp, 1)
 
 
 def op_sac_matmuls(shape: LayerShape, tp, kv_div) -> list[tuple[float, float]]:
@@ -488,11 +490,11 @@ def op_sac_saved(shape: LayerShape, *, tokens, tp, sp, act_bytes, low_precision_
     else (norms, RoPE, the activation function, all-gathers) in the backward, one block at a
     time. `_scaled_mm` (float8 linears; low_precision_mm = 1) is in the save list but not
     counted as an `mm`, so every float8 matmul's output is kept. Outputs are 16-bit."""
-    kv_div = np.minimum(tp, shape.kv_heads)
+    kv_div = minimum(tp, shape.kv_heads)
     lp = np.asarray(low_precision_mm, dtype=float)
-    kept = sum(width * np.maximum(lp, float(i % 2 == 0))
+    kept = sum(width * maximum(lp, float(i % 2 == 0))
                for i, (_, width) in enumerate(op_sac_matmuls(shape, tp, kv_div)))
-    block_input = shape.hidden / np.where(sp, tp, 1)
+    block_input = shape.hidden / where(sp, tp, 1)
     reduce_scatters = 2 * shape.hidden / tp * (np.asarray(sp) > 0)
     sdpa = shape.attn_out / tp * act_bytes + shape.heads / tp * FP32
     return tokens * ((block_input + kept + reduce_scatters) * act_bytes + sdpa)
@@ -516,7 +518,7 @@ def embedding_terms(hidden, *, tokens, seq, cp, tp, sp, dropout, learned_positio
     return {
         "token_ids": tokens * TOKEN_ID_BYTES,
         "position_ids": (seq / cp) * TOKEN_ID_BYTES * learned_positions * (1 - frozen),
-        "embedding_dropout_mask": tokens * hidden * mask_bytes * dropout / np.where(sp, tp, 1) * (1 - frozen),
+        "embedding_dropout_mask": tokens * hidden * mask_bytes * dropout / where(sp, tp, 1) * (1 - frozen),
     }
 
 
@@ -529,11 +531,11 @@ def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_byt
     output layer keeps its all-gathered input under sequence parallelism (see `layer_terms`)."""
     # Final norm, the output layer's input and the logits the loss keeps (vocab-parallel
     # cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t in fp32).
-    rep = np.where(sp, tp, 1)
+    rep = where(sp, tp, 1)
     eager_norm = (1 - np.asarray(fused)) * (0 if layernorm else 1)
     stats = 2 if layernorm else 1
     return {
         "final_norm": tokens * _norm_bytes(hidden, eager_norm, act_bytes, stats, frozen) / rep,
-        "head_input": tokens * hidden * linear_in_bytes * (1 - frozen) / np.where(np.asarray(sp_gathered) > 0, 1, rep),
+        "head_input": tokens * hidden * linear_in_bytes * (1 - frozen) / where(np.asarray(sp_gathered) > 0, 1, rep),
         "logits": tokens * vocab_padded * logit_bytes / tp,
     }

@@ -27,19 +27,20 @@ from __future__ import annotations
 import numpy as np
 
 from .comm import group_nodes, ranks_per_node
+from .scalars import maximum, minimum, where
 
 
 def copies_crossing(ep, per_node, top_k, node_limit=None):
     """Transfers per token that leave the node: top_k·(1 - per_node/ep) copies under NCCL's
     all-to-all, or under node-limited routing (`node_limit` M > 0) one per other destination node,
     M·(1 - 1/N) of the N nodes the group spans (M capped at N)."""
-    ep = np.maximum(np.asarray(ep, dtype=float), 1.0)
-    nodes = np.maximum(np.ceil(ep / np.maximum(per_node, 1.0)), 1.0)
+    ep = maximum(np.asarray(ep, dtype=float), 1.0)
+    nodes = maximum(np.ceil(ep / maximum(per_node, 1.0)), 1.0)
     plain = top_k * (1.0 - per_node / ep)
     if node_limit is None:
         return plain
-    m = np.minimum(float(node_limit), nodes)
-    return np.minimum(plain, m * (1.0 - 1.0 / nodes))
+    m = minimum(float(node_limit), nodes)
+    return minimum(plain, m * (1.0 - 1.0 / nodes))
 
 
 def dispatch_time(token_bytes, tokens, top_k, ep, stride, gpn, nvlink, nic, latency, node_limit=None):
@@ -51,13 +52,13 @@ def dispatch_time(token_bytes, tokens, top_k, ep, stride, gpn, nvlink, nic, late
     nodes = group_nodes(ep, stride, gpn, per_node)
     cross = tokens * token_bytes * copies_crossing(ep, per_node, top_k, node_limit)
     # every copy that leaves the rank passes NVLink (to its rank, or to the rail-local GPU)
-    on_nvlink = tokens * token_bytes * top_k * (1.0 - 1.0 / np.maximum(ep, 1.0))
-    wire = np.maximum(np.where(nodes > 1, cross / nic, 0.0), on_nvlink / nvlink)
+    on_nvlink = tokens * token_bytes * top_k * (1.0 - 1.0 / maximum(ep, 1.0))
+    wire = maximum(where(nodes > 1, cross / nic, 0.0), on_nvlink / nvlink)
     return (wire + latency) * (ep > 1)
 
 
 def crossing_share(ep, stride, gpn):
     """The share of a rank's routed copies that leave its node under uniform routing:
     1 - (experts on this node / all experts)."""
-    ep = np.maximum(np.asarray(ep, dtype=float), 1.0)
+    ep = maximum(np.asarray(ep, dtype=float), 1.0)
     return 1.0 - ranks_per_node(ep, stride, gpn) / ep

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .gemm_rates import log_curve
+from .scalars import maximum
 
 if TYPE_CHECKING:
     from .hardware import Hardware
@@ -31,9 +32,9 @@ def flash_head_dim(d, kernel: str, multiple: int):
     flash_head_dim_multiple); the Triton kernel's tiles span the next power of two, at least 16
     (flash_attn_triton.py: BLOCK_HEADDIM = max(next_power_of_2(d), 16)); cuDNN's attention is
     priced at the head dimension as given (no published padding rule)."""
-    d = np.maximum(np.asarray(d, dtype=float), 1.0)
+    d = maximum(np.asarray(d, dtype=float), 1.0)
     if kernel == "triton":
-        return np.maximum(2.0 ** np.ceil(np.log2(d)), 16.0)
+        return maximum(2.0 ** np.ceil(np.log2(d)), 16.0)
     if kernel == "cudnn":
         return d
     return np.ceil(d / multiple) * multiple
@@ -52,4 +53,4 @@ def flash_efficiency(hw: Hardware, seq, forward: bool = False):
     curve = hw.flash_fwd_curve if forward and hw.flash_fwd_curve is not None else hw.flash_curve
     if curve is None:
         return hw.flash_eff
-    return np.interp(np.log2(np.maximum(np.asarray(seq, dtype=float), 1.0)), *curve)
+    return np.interp(np.log2(maximum(np.asarray(seq, dtype=float), 1.0)), *curve)

@@ -15,6 +15,7 @@ import numpy as np
 from . import comm
 from .gemm_rates import layer_gemms
 from .hardware import Hardware
+from .scalars import maximum, minimum, where
 
 
 def _scalar(x) -> bool:
@@ -79,7 +80,7 @@ def _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls):
     per_node = comm.ranks_per_node(n, stride, gpn)
     nodes = comm.group_nodes(n, stride, gpn, per_node)
     busbw = comm.group_busbw(n, stride, gpn, nvlink, nic, per_node)
-    calls = np.maximum(np.asarray(calls, dtype=float), 1e-9)
+    calls = maximum(np.asarray(calls, dtype=float), 1e-9)
     secs, algo, proto, lat = comm.nccl_call(kind, np.asarray(nbytes, dtype=float) / calls, n, nodes, per_node,
                                             busbw, nccl, sharp)
     return calls * secs, algo, proto, lat
@@ -90,7 +91,7 @@ def overlapped(comm_s, compute_s, slowdown):
     compute, plus the compute it overlaps slowed by `slowdown` (NCCL's kernels take SMs and
     memory bandwidth from the GEMMs beside them: 18.9% on average over A100/H100/MI250/MI210
     runs of GPT and Llama models, arXiv 2507.03114; conventions.toml [efficiency])"""
-    return np.maximum(0.0, comm_s - compute_s) + slowdown * np.minimum(comm_s, compute_s)
+    return maximum(0.0, comm_s - compute_s) + slowdown * minimum(comm_s, compute_s)
 
 
 # ZeRO-3/FSDP backward prefetch: the next layer's gather before the current layer's gradients
@@ -125,8 +126,8 @@ def recompute_regathered(r, recompute, zero, unit_params):
     its backward use are 2 x (the unit's parameters after it) apart, so those in the first
     P - R/2 elements of a P-element unit are gathered a third time; FSDP recomputes inside the
     unit's backward, after its gather (R infinite: none)."""
-    share = np.maximum(unit_params - r.zero3_max_reuse_distance / 2, 0.0) / np.maximum(unit_params, 1.0)
-    return np.where((np.asarray(recompute) == 2) & (np.asarray(zero) >= 3), share, 0.0)
+    share = maximum(unit_params - r.zero3_max_reuse_distance / 2, 0.0) / maximum(unit_params, 1.0)
+    return where((np.asarray(recompute) == 2) & (np.asarray(zero) >= 3), share, 0.0)
 
 
 def zero3_exposed(gather, scatter, units, compute, recompute, regathered, backward_gathers, backward_prefetch,
@@ -146,17 +147,17 @@ def zero3_exposed(gather, scatter, units, compute, recompute, regathered, backwa
     engine synchronizes the device before each gather (`gathers_overlap` false: DeepSpeed
     v0.3.13-v0.5.5) the gathers are exposed and only the reduce-scatters overlap the backward."""
     if not gathers_overlap:
-        back = np.where(backward_gathers, gather, 0.0)
-        bwd_scatter = np.where(backward_prefetch >= 2, scatter, overlapped(scatter, 2 * compute / units /
-                                                                           (3 + np.where(np.asarray(recompute) == 2,
+        back = where(backward_gathers, gather, 0.0)
+        bwd_scatter = where(backward_prefetch >= 2, scatter, overlapped(scatter, 2 * compute / units /
+                                                                           (3 + where(np.asarray(recompute) == 2,
                                                                                          1.0, 0.0)), slowdown))
-        return units * ((1 + regathered) * gather + back + np.where(overlap, bwd_scatter, scatter))
-    rec = np.where(np.asarray(recompute) == 2, 1.0, 0.0)
+        return units * ((1 + regathered) * gather + back + where(overlap, bwd_scatter, scatter))
+    rec = where(np.asarray(recompute) == 2, 1.0, 0.0)
     per_unit = compute / units / (3 + rec)  # one unit's forward
-    back_gather = np.where(backward_gathers, gather, 0.0)
-    hidden_bwd = np.where(backward_prefetch >= 1, 0.0, back_gather) + np.where(backward_prefetch >= 2, 0.0, scatter)
+    back_gather = where(backward_gathers, gather, 0.0)
+    hidden_bwd = where(backward_prefetch >= 1, 0.0, back_gather) + where(backward_prefetch >= 2, 0.0, scatter)
     exposed_bwd = back_gather + scatter - hidden_bwd
     hide = lambda c, comp: overlapped(c, comp, slowdown)  # noqa: E731
     overlapped_s = units * (hide(gather, per_unit) + hide(regathered * gather, rec * per_unit)
                             + hide(hidden_bwd, 2 * per_unit) + exposed_bwd) + gather - hide(gather, per_unit)
-    return np.where(overlap, overlapped_s, units * ((1 + regathered) * gather + back_gather + scatter))
+    return where(overlap, overlapped_s, units * ((1 + regathered) * gather + back_gather + scatter))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .scalars import maximum
+
 HOURS = 3600.0
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
 
@@ -27,7 +29,7 @@ def checkpoint_interval(write_s, mtbf_s):
 def goodput(write_s, mtbf_s, restart_s=0.0):
     """Share of wall time spent on useful steps with checkpoints at the Young/Daly interval."""
     tau = checkpoint_interval(write_s, mtbf_s)
-    lost = np.asarray(write_s) / np.maximum(tau, 1e-12) + (tau / 2 + restart_s) / np.asarray(mtbf_s)
+    lost = np.asarray(write_s) / maximum(tau, 1e-12) + (tau / 2 + restart_s) / np.asarray(mtbf_s)
     return np.clip(1.0 - lost, 0.0, 1.0)
 
 

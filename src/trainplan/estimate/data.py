@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .scalars import maximum
+
 TOKEN_ID_BYTES = 8  # the batch crosses to the GPU as int64 token ids (PyTorch's default index dtype)
 
 
@@ -39,7 +41,7 @@ def data_seconds(stages: dict, prefetch: bool):
 def step_with_data(busy, data, prefetch: bool):
     """The step given the accelerator's own time `busy` and the input time `data`: prefetching
     overlaps them (the slower wins), a serial loader adds them."""
-    return np.maximum(busy, data) if prefetch else busy + data
+    return maximum(busy, data) if prefetch else busy + data
 
 
 def data_options(plan, model) -> dict:

@@ -43,6 +43,7 @@ import numpy as np
 
 from ..specs.model import ModelSpec
 from .norm_features import causal_keys
+from .scalars import where
 
 ATTN_BWD_FUSED = 2.5  # flash/SDPA backward: 5 matmuls vs 2 in forward
 ATTN_BWD_EAGER = 2.0  # materialised scores: 2 bmm per forward bmm
@@ -145,7 +146,7 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     """
     lf = layer_flops(model)
     # a causal kernel's keys per query: s/2, fewer on sliding-window layers (norm_features.causal_keys)
-    keys = np.where(causal, causal_keys(seq, model.sliding_share, model.sliding_window or 0), seq)
+    keys = where(causal, causal_keys(seq, model.sliding_share, model.sliding_window or 0), seq)
     attn_fwd = tokens * lf.attn_per_key * keys * (dense_layers + moe_layers)
     frozen = lora_targets is not None
     targets = tuple(lora_targets or ())
@@ -156,7 +157,7 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     gemm_fwd = tokens * (lf.dense_gemm * dense_layers + lf.moe_gemm * moe_layers) + adapters_fwd
     head_flops = lf.head if vocab_padded is None else 2.0 * model.hidden * vocab_padded
     head_fwd = tokens * head_flops * head
-    attn_bwd = attn_fwd * np.where(attention_eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
+    attn_bwd = attn_fwd * where(attention_eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
     forward = gemm_fwd + attn_fwd + head_fwd
     backward = (1.0 if frozen else GEMM_BWD) * (gemm_fwd - adapters_fwd + head_fwd) \
         + GEMM_BWD * adapters_fwd + attn_bwd - first_input_grad
@@ -165,9 +166,9 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     # each (dense) layer; float8 matmuls are all saved (low_precision_mm)
     op_sac = tokens * op_sac_recomputed(model) * (1 - np.asarray(low_precision_mm, dtype=float)) * (
         dense_layers + moe_layers) * recompute_share
-    full = gemm_fwd + attn_fwd - np.where(skip_last, tokens * (lf.dense_last * dense_layers + lf.moe_last * moe_layers),
+    full = gemm_fwd + attn_fwd - where(skip_last, tokens * (lf.dense_last * dense_layers + lf.moe_last * moe_layers),
                                           0.0)
-    recomputed = np.where(rc == 2, full * recompute_share, np.where(rc == 1, attn_fwd, np.where(rc == 3, op_sac, 0.0)))
+    recomputed = where(rc == 2, full * recompute_share, where(rc == 1, attn_fwd, where(rc == 3, op_sac, 0.0)))
     model_flops = forward + backward
     return {"forward": forward, "backward": backward, "recompute": recomputed,
             "model": model_flops, "hardware": model_flops + recomputed,

@@ -20,6 +20,7 @@ from ..plan import conventions
 from .distinct import per_distinct
 from .flops import ATTENTION_INPUTS
 from .gemm_shape import GemmShape
+from .scalars import maximum, minimum, where
 
 TILE = 128  # GEMM output tile edge used for tile/wave quantization (CUTLASS/cuBLAS 128x128)
 
@@ -73,7 +74,7 @@ def gemm_depth_residual(curve: dict) -> tuple[tuple[float, ...], tuple[float, ..
     With m and n fixed, tile and wave quantization are the same at every k; what changes is how
     many k-steps each output tile has to amortise its pipeline fill and its write-back over."""
     frac = np.asarray(curve["fraction"], dtype=float)
-    return log_curve(tuple(curve["k"]), tuple(np.minimum(frac / np.max(frac), 1.0).tolist()))
+    return log_curve(tuple(curve["k"]), tuple(minimum(frac / np.max(frac), 1.0).tolist()))
 
 
 def gemm_residual_curve(curve: dict, sms: int, depth: tuple | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -86,7 +87,7 @@ def gemm_residual_curve(curve: dict, sms: int, depth: tuple | None = None) -> tu
     n = np.asarray(curve["n"], dtype=float)
     frac = np.asarray(curve["fraction"], dtype=float)
     explained = gemm_efficiency(n, n, n, 1.0, sms) * (np.interp(np.log2(n), *depth) if depth else 1.0)
-    residual = np.minimum(frac / (np.max(frac) * explained), 1.0)
+    residual = minimum(frac / (np.max(frac) * explained), 1.0)
     return log_curve(tuple(curve["n"]), tuple(residual.tolist()))
 
 
@@ -104,13 +105,13 @@ def gemm_efficiency(m, n, k, peak_eff, sms, elem_bytes=2, curve=None):
     dimension k and at the square size of equal work, (m·n·k)^(1/3), interpolated in log size;
     or, with an accelerator's fitted `GemmShape`, its write-back share k / (k + k0) in place
     of wave quantization (gemm_shape.py)."""
-    m, n, k = (np.maximum(np.asarray(x, dtype=float), 1) for x in (m, n, k))
+    m, n, k = (maximum(np.asarray(x, dtype=float), 1) for x in (m, n, k))
     residual = 1.0 if curve is None else curve(m, n, k)
     tiles_m, tiles_n = np.ceil(m / TILE), np.ceil(n / TILE)
     tile_q = (m * n) / (tiles_m * tiles_n * TILE * TILE)
     tiles = tiles_m * tiles_n
     wave_q = tiles / (np.ceil(tiles / sms) * sms) if curve is None or curve.waves else 1.0
-    aligned = np.where((np.mod(k * elem_bytes, 16) == 0) & (np.mod(n * elem_bytes, 16) == 0), 1.0, 0.5)
+    aligned = where((np.mod(k * elem_bytes, 16) == 0) & (np.mod(n * elem_bytes, 16) == 0), 1.0, 0.5)
     return peak_eff * tile_q * wave_q * aligned * residual
 
 
@@ -211,12 +212,12 @@ def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, 
                      backward=False, weight_grad=True):
     ex = lambda x: np.asarray(x, dtype=float)[..., None]  # noqa: E731
     tokens, tp, ep = ex(tokens), ex(tp), ex(ep)
-    k = np.where(g.split == SPLIT["row"], g.fan_in / tp, g.fan_in)
-    n = np.where(g.split == SPLIT["col"], g.fan_out / tp,
-                 np.where(g.split == SPLIT["kv"], g.fan_out / np.minimum(tp, kv_heads), g.fan_out))
+    k = where(g.split == SPLIT["row"], g.fan_in / tp, g.fan_in)
+    n = where(g.split == SPLIT["col"], g.fan_out / tp,
+                 where(g.split == SPLIT["kv"], g.fan_out / minimum(tp, kv_heads), g.fan_out))
     # routed experts: ep ranks host E/ep experts each and receive top_k·tokens tokens in all
-    m = np.where(g.expert > 0, top_k * tokens * ep / g.count, tokens)
-    count = np.where(g.expert > 0, g.count / ep, 1.0)
+    m = where(g.expert > 0, top_k * tokens * ep / g.count, tokens)
+    count = where(g.expert > 0, g.count / ep, 1.0)
     if backward:  # dX = dY·Wᵀ (inner dimension n) and dW = Xᵀ·dY (inner dimension m, the tokens)
         dw = _gemm_time(k, n, m, count, peak, eff, sms, elem_bytes, curve) if weight_grad else 0.0
         return np.sum(_gemm_time(m, k, n, count, peak, eff, sms, elem_bytes, curve) + dw, axis=-1)

@@ -12,6 +12,7 @@ Layout, one array element per pipeline stage.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -30,6 +31,7 @@ from .pipeline import (
     last_stage_logits_in_flight,
 )
 from .recipe import Recipe, recipe
+from .scalars import maximum, minimum, where
 from .torch_schedules import V_SHAPED
 
 FP32 = 4
@@ -142,7 +144,7 @@ def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0
 
 def _per_rank(lp: LayerParams, tp, ep, kv_heads):
     """(dense part, expert part) of one layer's parameters held by one rank."""
-    dense = lp.split / tp + lp.kv / np.minimum(tp, kv_heads) + lp.rep
+    dense = lp.split / tp + lp.kv / minimum(tp, kv_heads) + lp.rep
     return dense, lp.expert / (ep * tp)
 
 
@@ -174,31 +176,31 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     d_dense, d_exp = _per_rank(mn.dense, tp, ep, mn.kv_heads)
     m_dense, m_exp = _per_rank(mn.moe, tp, ep, mn.kv_heads)
     embed = vocab_padded * h / tp + mn.position_params
-    head_matrix = np.where((mn.tied) & (np.asarray(pp) == 1), 0.0, vocab_padded * h / tp)
+    head_matrix = where((mn.tied) & (np.asarray(pp) == 1), 0.0, vocab_padded * h / tp)
     head = head_matrix + mn.norm_params + mn.head_bias * vocab_padded / tp
     p_dense = dense_layers * d_dense + moe_layers * m_dense + first * embed + last * head
     p_expert = dense_layers * d_exp + moe_layers * m_exp
     p_stage = p_dense + p_expert
     adapters = (dense_layers * mn.dense.lora + moe_layers * mn.moe.lora) / tp
-    layer_max_adapters = np.maximum(np.where(dense_layers > 0, mn.dense.lora, 0.0),
-                                    np.where(moe_layers > 0, mn.moe.lora, 0.0)) / tp
-    trainable_dense = np.where(lora, adapters, p_dense)
-    trainable_expert = np.where(lora, 0.0, p_expert)
+    layer_max_adapters = maximum(where(dense_layers > 0, mn.dense.lora, 0.0),
+                                    where(moe_layers > 0, mn.moe.lora, 0.0)) / tp
+    trainable_dense = where(lora, adapters, p_dense)
+    trainable_expert = where(lora, 0.0, p_expert)
     trainable = trainable_dense + trainable_expert
 
     # ZeRO shards over the data-parallel group (times CP, whose ranks hold the same
     # parameters), or under hybrid sharding over its dp_shard-rank part; expert parameters over
     # the expert-data-parallel group dp·cp/ep (dp_shard·cp/ep).
     shard_dense = (dp if dp_shard is None else dp_shard) * cp
-    shard_expert = np.maximum(shard_dense / ep, 1)
+    shard_expert = maximum(shard_dense / ep, 1)
     # FSDP1 runs NO_SHARD whatever strategy it is given when its shard group is one rank
     # (torch/distributed/fsdp/_init_utils.py: "FSDP is switching to use `NO_SHARD` ... since the
     # world size is 1"): ZeRO-0's memory
-    zero = np.where(r.single_rank_no_shard & (np.asarray(shard_dense) <= 1), 0, zero)
+    zero = where(r.single_rank_no_shard & (np.asarray(shard_dense) <= 1), 0, zero)
 
     def sharded(per_param_bytes, stage_from):
-        div_d = np.where(zero >= stage_from, shard_dense, 1)
-        div_e = np.where(zero >= stage_from, shard_expert, 1)
+        div_d = where(zero >= stage_from, shard_dense, 1)
+        div_e = where(zero >= stage_from, shard_expert, 1)
         return per_param_bytes * (trainable_dense / div_d + trainable_expert / div_e)
 
     # LoRA/QLoRA: the layers' weight matrices are frozen (quantized under QLoRA, which
@@ -210,10 +212,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     uncast_experts = mn.moe.expert / (ep * tp) * float(mn.shape.grouped_experts and not r.fused_kernels)
     frozen_bytes = quantizable * r.frozen_weight_bytes + (p_stage - quantizable) * r.compute_weight_bytes
     weights_sharded = r.weights_sharded(zero)
-    weights = np.where(lora, frozen_bytes + adapters * r.weight_bytes,
-                       p_dense * r.weight_bytes / np.where(weights_sharded, shard_dense, 1)
-                       + p_expert * r.weight_bytes / np.where(weights_sharded, shard_expert, 1))
-    weights = np.where(offload_params, 0.0, weights)
+    weights = where(lora, frozen_bytes + adapters * r.weight_bytes,
+                       p_dense * r.weight_bytes / where(weights_sharded, shard_dense, 1)
+                       + p_expert * r.weight_bytes / where(weights_sharded, shard_expert, 1))
+    weights = where(offload_params, 0.0, weights)
     grads = sharded(r.grad_bytes, r.grads_sharded_from_zero)
     # Pipelined FSDP (Recipe.keeps_stage_gathered): the stage's parameters stay gathered in the
     # compute dtype and its gradients accumulate unsharded in the reduce dtype all step, beside
@@ -224,8 +226,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     pipelined_fsdp = r.keeps_stage_gathered(pp, zero) & not_lora
     forward_to_backward = r.keeps_gathered_forward_to_backward(zero) & not_lora & ~pipelined_fsdp
     stage_gathered = (pipelined_fsdp & weights_sharded) | forward_to_backward
-    params_gathered = np.where(stage_gathered, p_stage * r.compute_weight_bytes, 0.0)
-    grads_unsharded = np.where(pipelined_fsdp, trainable * r.reduce_bytes, 0.0)
+    params_gathered = where(stage_gathered, p_stage * r.compute_weight_bytes, 0.0)
+    grads_unsharded = where(pipelined_fsdp, trainable * r.reduce_bytes, 0.0)
     weights = weights + params_gathered
     # The unsharded gradients and the sharded ones are not alive together: the optimizer's
     # zero_grad (set_to_none) frees the shards before the step's first backward, and at the last
@@ -235,22 +237,22 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # them charged an expert-parallel stage whose experts have one rank to shard over, e.g.
     # DeepSeek-V3 on 16 H100s at PP 2, EP 8, DP 8, twice its expert gradients: 1,140 GiB at
     # ZeRO-2 against 980 GiB replicated.)
-    grads = np.where(pipelined_fsdp, np.maximum(grads, grads_unsharded), grads)
+    grads = where(pipelined_fsdp, maximum(grads, grads_unsharded), grads)
     if r.tp_embedding_grad_replicated and not mn.tied:
         # DTensor's vocabulary-parallel embedding returns a replicated V x h gradient (an
         # untied embedding without ZeRO-2/3, which reshard gradients like their parameters).
-        grads = grads + np.where(lora | (zero >= 2), 0.0,
+        grads = grads + where(lora | (zero >= 2), 0.0,
                                  first * vocab_padded * h * (1 - 1 / tp) * r.grad_bytes)
-    master = np.where(offload_optimizer, 0.0, sharded(r.master_bytes, 1))
+    master = where(offload_optimizer, 0.0, sharded(r.master_bytes, 1))
     opt_state = sharded(r.optimizer_bytes, 1)
     if r.factored_optimizer:
         # under LoRA only the adapters train: each of A and B is a matrix of its own
-        fac = np.where(lora, (dense_layers * mn.dense.lora_factored + moe_layers * mn.moe.lora_factored) / tp,
+        fac = where(lora, (dense_layers * mn.dense.lora_factored + moe_layers * mn.moe.lora_factored) / tp,
                        dense_layers * (mn.dense.factored_rep + mn.dense.factored_split / tp)
                        + moe_layers * (mn.moe.factored_rep + mn.moe.factored_split / tp)
                        + first * (vocab_padded + h) + last * (vocab_padded + h + mn.norm_params))
-        opt_state = opt_state + fac * r.state_bytes / np.where(zero >= 1, shard_dense, 1)
-    opt_state = np.where(offload_optimizer, 0.0, opt_state)
+        opt_state = opt_state + fac * r.state_bytes / where(zero >= 1, shard_dense, 1)
+    opt_state = where(offload_optimizer, 0.0, opt_state)
 
     # ---- activations: one micro-batch's saved tensors x micro-batches in flight
     tokens = mbs * seq / cp
@@ -286,9 +288,9 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # per-op selective checkpointing keeps, besides each block's input, the outputs its
         # policy saves (dense layers; plan.py refuses it for MoE layers)
         # (the re-run block returns those saved outputs instead of making new ones)
-        op_saved = np.where(op_sac, act.op_sac_saved(mn.shape, tokens=tokens, tp=tp, sp=sp, act_bytes=r.act_bytes,
+        op_saved = where(op_sac, act.op_sac_saved(mn.shape, tokens=tokens, tp=tp, sp=sp, act_bytes=r.act_bytes,
                                                       low_precision_mm=float(r.linear_in_bytes < 2)), 0.0)
-        extra = np.where(op_sac, op_saved - ckpt, 0.0)  # op_saved counts the block's input too
+        extra = where(op_sac, op_saved - ckpt, 0.0)  # op_saved counts the block's input too
         ckpt, ckpt_reused = ckpt + extra, ckpt_reused + extra
     if np.any(full):
         # a layer that full recomputation leaves out, or re-runs in the backward, saves what it
@@ -296,14 +298,14 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         plain = {**common, "recompute": act.RECOMPUTE_CODE["none"]}
         dense_plain = sum(layer_terms(False, **plain).values())
         moe_plain = sum(layer_terms(True, **plain).values()) if moe_terms else 0.0
-        working_set = np.maximum(np.where(dense_layers > 0, dense_plain, 0.0),
-                                 np.where(moe_layers > 0, moe_plain, 0.0))
-        dense_layer = np.where(full, dense_plain, dense_layer)
-        moe_layer = np.where(full, moe_plain, moe_layer)
+        working_set = maximum(where(dense_layers > 0, dense_plain, 0.0),
+                                 where(moe_layers > 0, moe_plain, 0.0))
+        dense_layer = where(full, dense_plain, dense_layer)
+        moe_layer = where(full, moe_plain, moe_layer)
     else:
         working_set = 0.0
-    n_ckpt = np.where(full, np.minimum(recompute_layers, layers), 0)
-    frac_ckpt = np.where(layers > 0, n_ckpt / np.maximum(layers, 1), 0.0)
+    n_ckpt = where(full, minimum(recompute_layers, layers), 0)
+    frac_ckpt = where(layers > 0, n_ckpt / maximum(layers, 1), 0.0)
     stored_layers = dense_layers * dense_layer + moe_layers * moe_layer
     per_mb_layers = stored_layers * (1 - frac_ckpt) + n_ckpt * ckpt
     if lora_saves is not None:
@@ -326,7 +328,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         hd["final_softcap"] = norm_features.final_softcap_bytes(vocab_padded, tokens=tokens, tp=tp,
                                                                 logit_act_bytes=r.linear_in_bytes)
     if mn.shape.python_layernorm and not r.fused_kernels:
-        hd["final_norm"] = tokens * norm_features.python_layernorm_bytes(h, float(lora_saves is not None)) / np.where(
+        hd["final_norm"] = tokens * norm_features.python_layernorm_bytes(h, float(lora_saves is not None)) / where(
             sp, tp, 1)
     # what one more micro-batch in flight (or one more set of live logits) holds
     per_in_flight = {
@@ -343,7 +345,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         "layers": per_in_flight["layers"] * in_flight_mb,
         # Backward of a checkpointed layer re-materialises that layer's activations (as
         # without recompute) next to its checkpointed input, once.
-        "recompute_working_set": np.where(n_ckpt > 0, working_set - ckpt_reused, 0.0),
+        "recompute_working_set": where(n_ckpt > 0, working_set - ckpt_reused, 0.0),
         "embedding": per_in_flight["embedding"] * in_flight_mb,
         "stage_tensors": per_in_flight["stage_tensors"] * in_flight_mb,
         "head_and_loss": (per_logits - per_loss) * head_in_flight + per_loss * logits_in_flight,
@@ -355,30 +357,30 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # the A of the first layer's attention-input adapters only where that layer's input
         # needs a gradient: a checkpointed first layer)
         # (transformers' grouped experts run outside autocast: their weights are not cast)
-        "autocast_weight_copies": np.where(
-            lora, (1 - frac_ckpt) * adapters + np.where(n_ckpt > 0, layer_max_adapters, 0.0)
+        "autocast_weight_copies": where(
+            lora, (1 - frac_ckpt) * adapters + where(n_ckpt > 0, layer_max_adapters, 0.0)
             - first * (n_ckpt == 0) * max(mn.dense.lora_input_a, mn.moe.lora_input_a) / tp,
             (1 - frac_ckpt) * (layer_matrices - moe_layers * uncast_experts) + last * vocab_padded * h / tp
-            + np.where(n_ckpt > 0, np.maximum(np.where(dense_layers > 0, dense_matrices, 0.0),
-                                              np.where(moe_layers > 0, moe_matrices - uncast_experts, 0.0)), 0.0)
+            + where(n_ckpt > 0, maximum(where(dense_layers > 0, dense_matrices, 0.0),
+                                              where(moe_layers > 0, moe_matrices - uncast_experts, 0.0)), 0.0)
         ) * r.autocast_copy_bytes,
     }
     activations = sum(parts.values())
 
     # ---- other: gathered ZeRO-3 units, buckets, loss workspace, runtime
-    unit = np.maximum(np.where(dense_layers > 0, d_dense + d_exp, 0),
-                      np.where(moe_layers > 0, m_dense + m_exp, 0))
-    unit = np.maximum(unit, np.maximum(first * embed, last * head))
+    unit = maximum(where(dense_layers > 0, d_dense + d_exp, 0),
+                      where(moe_layers > 0, m_dense + m_exp, 0))
+    unit = maximum(unit, maximum(first * embed, last * head))
     # ZeRO-3: the current unit + the prefetched next one in the compute dtype, plus the
     # unsharded gradient of the current unit before its reduce-scatter (under LoRA its
     # adapters' only: the frozen base has none); SHARD_GRAD_OP, whose units are already
     # gathered (above): that gradient only.
-    unit_grad = np.where(lora, layer_max_adapters, unit)
-    zero3_gather = np.where((zero >= 3) & ~pipelined_fsdp,
+    unit_grad = where(lora, layer_max_adapters, unit)
+    zero3_gather = where((zero >= 3) & ~pipelined_fsdp,
                             unit * 2 * r.compute_weight_bytes + unit_grad * r.reduce_bytes,
-                            np.where(forward_to_backward, unit * r.reduce_bytes, 0.0))
-    bucket = np.minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
-    bucket = bucket + np.where(r.grad_bucket_copy & (np.asarray(dp) > 1), trainable * r.grad_bytes, 0.0)
+                            where(forward_to_backward, unit * r.reduce_bytes, 0.0))
+    bucket = minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
+    bucket = bucket + where(r.grad_bucket_copy & (np.asarray(dp) > 1), trainable * r.grad_bytes, 0.0)
     loss_ws = last * tokens * vocab_padded / tp * r.loss_workspace_bytes
     allocated = weights + grads + master + opt_state + activations + zero3_gather + bucket + loss_ws
     fragment = allocated * fragmentation
@@ -389,11 +391,11 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     grads_unsharded = grads_unsharded + 0 * total
     cpu_offload = np.zeros(np.shape(total))
     if np.any(offload_optimizer):
-        cpu_offload = cpu_offload + np.where(offload_optimizer, sharded(r.master_bytes, 1)
+        cpu_offload = cpu_offload + where(offload_optimizer, sharded(r.master_bytes, 1)
                                              + sharded(r.optimizer_bytes, 1), 0.0)
     if np.any(offload_params):
-        cpu_offload = cpu_offload + np.where(offload_params, p_stage * r.weight_bytes
-                                             / np.where(zero >= 3, shard_dense, 1), 0.0)
+        cpu_offload = cpu_offload + where(offload_params, p_stage * r.weight_bytes
+                                             / where(zero >= 3, shard_dense, 1), 0.0)
     return {
         "params": weights, "grads": grads, "master": master, "optimizer_state": opt_state,
         "params_gathered": params_gathered, "grads_unsharded": grads_unsharded,
@@ -507,8 +509,10 @@ def _first_column(value):
     where it does not (two)."""
     if isinstance(value, dict):
         return {k: _first_column(v) for k, v in value.items()}
-    ndim = np.ndim(value)
-    return value[:, 0, 0] if ndim == 3 else value[0, 0] if ndim == 2 else value
+    if isinstance(value, np.ndarray):
+        ndim = value.ndim
+        return value[:, 0, 0] if ndim == 3 else value[0, 0] if ndim == 2 else value
+    return value
 
 
 def estimate_memory_and_line(layout: Layout, r: Recipe | None = None) -> tuple[dict, dict]:
@@ -559,6 +563,29 @@ def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batc
     return np.fromiter(first.values(), dtype=np.int64, count=len(first))
 
 
+@lru_cache(maxsize=1024)
+def _mbs_candidates(limit: int, gbs: int | None, dp: int, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """The micro-batch sizes `max_micro_batch` tries (1..limit; with a global batch, those for
+    which dp x size divides it) and the micro-batches per step at each (read-only arrays)."""
+    if gbs is None:
+        cands = np.arange(1, limit + 1)
+        m = np.full(cands.shape, micro_batches)
+    elif gbs % dp:
+        cands = m = np.zeros(0, dtype=np.int64)
+    else:  # dp x size divides gbs: the divisors of gbs / dp
+        q = gbs // dp
+        small = [c for c in range(1, math.isqrt(q) + 1) if q % c == 0]
+        divisors = sorted(set(small + [q // c for c in small]))
+        cands = np.array([c for c in divisors if c <= limit], dtype=np.int64)
+        m = gbs // (dp * cands)
+    cands.flags.writeable = m.flags.writeable = False
+    return cands, m
+
+
+# the memory line's keys, in the order max_micro_batch combines them
+LINE_KEYS = ("total", "total_per_in_flight", "total_per_logits", "total_per_loss")
+
+
 def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None) -> int:
     """Largest micro-batch that fits every stage (respecting gbs divisibility when the
     global batch was given); 0 when even 1 does not fit. Every candidate size on the stages
@@ -566,27 +593,21 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
     micro-batch size (`estimate_memory_and_line`; evaluated here unless given) and its
     micro-batches in flight at that size."""
     plan = layout.plan
-    cands = np.arange(1, limit + 1)
-    if plan.gbs is not None:
-        cands = cands[(layout.gbs % (layout.dp * cands)) == 0]
-        m = layout.gbs // (layout.dp * cands)
-    else:
-        m = np.full(cands.shape, layout.micro_batches)
+    cands, m = _mbs_candidates(limit, layout.gbs if plan.gbs is not None else None, layout.dp,
+                               layout.micro_batches)
     if not len(cands):
         return 0
     if line is None:
         line = estimate_memory_and_line(layout)[1]
     sched = SCHEDULE_CODE[plan.schedule]
     stages = peak_candidate_stages(layout, line["stage_kinds"], m)
-
-    def at(key):  # stages x candidates: the key's value at each candidate size
-        one, two = line[key][stages, 0][:, None], line[key][stages, 1][:, None]
-        return one + (cands[None, :] - 1) * (two - one)
-
+    # each key's value at each candidate size, keys x stages x candidates
+    points = np.stack([line[k] for k in LINE_KEYS])[:, stages]
+    one, two = points[:, :, :1], points[:, :, 1:]
+    total, per_flight, per_logits, per_loss = one + (cands - 1) * (two - one)
     flight = in_flight(sched, stages[:, None], layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework)
     logits = last_stage_logits_in_flight(sched, m[None, :], plan.framework, layout.pp)
     heads = last_stage_heads_in_flight(sched, m[None, :], plan.framework, layout.pp)
-    total = (at("total") + at("total_per_in_flight") * (flight - 1) + at("total_per_logits") * (heads - 1)
-             + at("total_per_loss") * (logits - heads))
+    total = total + per_flight * (flight - 1) + per_logits * (heads - 1) + per_loss * (logits - heads)
     fits = np.max(total, axis=0) <= layout.gpu.capacity_bytes
     return int(cands[fits].max()) if fits.any() else 0

@@ -47,12 +47,13 @@ from __future__ import annotations
 import numpy as np
 
 from .activations import ATTENTION_CODE, FP32, INDEX_BYTES, LayerShape, _norm_bytes
+from .scalars import maximum, minimum, where
 
 
 def window_keys(seq, window):
     """Keys a causal query attends on average, with a sliding window of `window` keys."""
     seq = np.asarray(seq, dtype=float)
-    return np.where(seq > window, window - window * window / (2.0 * np.maximum(seq, 1.0)), 0.5 * seq)
+    return where(seq > window, window - window * window / (2.0 * maximum(seq, 1.0)), 0.5 * seq)
 
 
 def causal_keys(seq, sliding_share: float, window: int):
@@ -90,7 +91,7 @@ def adjust_layer_terms(t: dict, shape: LayerShape, *, tokens, seq, tp, sp, act_b
                        recompute, fused, autocast, frozen) -> dict:
     """The norm, mask and soft-capping terms of one layer, from `activations.layer_terms`' terms."""
     h = shape.hidden
-    rep = np.where(sp, tp, 1)
+    rep = where(sp, tp, 1)
     fused = np.asarray(fused)
     eager_rms = (1 - fused) * (0 if shape.layernorm else 1)
     stats = 2 if shape.layernorm else 1
@@ -102,7 +103,7 @@ def adjust_layer_terms(t: dict, shape: LayerShape, *, tokens, seq, tp, sp, act_b
         python = python_layernorm_bytes(h, frozen) * (1 - fused)
         t["attn_norm"] = t["attn_norm"] * fused + tokens * python / rep
         t["mlp_norm"] = t["mlp_norm"] * fused + tokens * python / rep * (not shape.shared_norm)
-    kv_div = np.minimum(tp, shape.kv_heads)
+    kv_div = minimum(tp, shape.kv_heads)
     if shape.python_layernorm and shape.qk_norm:  # Cohere's per-head q/k LayerNorms, in the same ops
         head_stats = (shape.q / tp + shape.k / kv_div) / max(shape.head_dim, 1) * FP32
         t["qk_norm"] = t["qk_norm"] * fused + tokens * (1 - fused) * (
@@ -112,7 +113,7 @@ def adjust_layer_terms(t: dict, shape: LayerShape, *, tokens, seq, tp, sp, act_b
     if shape.post_norms:
         t["post_norms"] = shape.post_norms * tokens * _norm_bytes(h, eager_rms, act_bytes, stats, frozen) / rep
     if shape.qk_norm_all:  # one statistic per token for q and for k, not one per head
-        t["qk_norm"] = t["qk_norm"] - tokens * ((shape.q / tp + shape.k / np.minimum(tp, shape.kv_heads))
+        t["qk_norm"] = t["qk_norm"] - tokens * ((shape.q / tp + shape.k / minimum(tp, shape.kv_heads))
                                                 / max(shape.head_dim, 1) - 2) * FP32
     scores = tokens * seq * shape.heads / tp * eager * no_recompute
     if shape.attn_softcap:

@@ -44,6 +44,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import torch_orders, torch_schedules
+from .scalars import maximum, minimum, where
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb", "dualpipe"]
 # A backward pass costs twice its forward (input and weight gradients: two GEMMs per forward
@@ -59,16 +60,16 @@ def _gpipe(stage, pp, m, v, group):
 
 
 def _one_f_one_b(stage, pp, m, v, group):
-    return np.minimum(pp - stage, m)
+    return minimum(pp - stage, m)
 
 
 def _interleaved(stage, pp, m, v, group):
-    chunks = np.minimum((pp - stage - 1) * 2 + (v - 1) * group + 1, m * v)
+    chunks = minimum((pp - stage - 1) * 2 + (v - 1) * group + 1, m * v)
     return chunks / v
 
 
 def _zb_h1(stage, pp, m, v, group):
-    return np.minimum(pp, m) + 0 * stage
+    return minimum(pp, m) + 0 * stage
 
 
 def _dualpipe(stage, pp, m, v, group):
@@ -113,12 +114,12 @@ def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framew
         c = code.item()
         if any(key == c for key, _ in IN_FLIGHT_RULES):
             rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
-            out = np.where(code == c, rule(stage, pp, m, v, n), out)
+            out = where(code == c, rule(stage, pp, m, v, n), out)
         return out
     for c in {c for c, _ in IN_FLIGHT_RULES}:
         if np.any(code == c):
             rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
-            out = np.where(code == c, rule(stage, pp, m, v, n), out)
+            out = where(code == c, rule(stage, pp, m, v, n), out)
     return out
 
 
@@ -128,7 +129,7 @@ def last_stage_logits_in_flight(schedule_code, micro_batches, framework: str | N
     torch.distributed.pipelining's schedules, `torch_schedules.logits_in_flight`)."""
     if framework == "torch":
         return torch_schedules.by_code(torch_schedules.logits_in_flight, SCHEDULES, schedule_code, micro_batches, pp)
-    return np.where(np.asarray(schedule_code) == 0, np.asarray(micro_batches, dtype=float), 1.0)
+    return where(np.asarray(schedule_code) == 0, np.asarray(micro_batches, dtype=float), 1.0)
 
 
 def last_stage_heads_in_flight(schedule_code, micro_batches, framework: str | None = None, pp=1):
@@ -491,12 +492,12 @@ def pipeline_time(schedule_code, pp, micro_batches, stage_fwd_bwd_max, stage_fwd
     base = (m - 1) * tmax + tsum
     inter = m * tmax + fill / v
     w = np.asarray(wgrad_share, dtype=float)
-    zb = m * tmax + fill * (1 - np.minimum(2 * w, 1.0)) / v
-    dual = m * tmax / 2 + (p / 2 - 1) * np.maximum(1 - 2 * w, 0.0) * tmax / 2
-    vee = m * tmax + fill * np.maximum(1 - 2 * w, 0.0) / 2
-    zbv = m * tmax + fill * np.maximum(1 - 2 * w, 0.0) * np.maximum((2 * p - 1 - m) / np.maximum(p - 1, 1), 0.5)
+    zb = m * tmax + fill * (1 - minimum(2 * w, 1.0)) / v
+    dual = m * tmax / 2 + (p / 2 - 1) * maximum(1 - 2 * w, 0.0) * tmax / 2
+    vee = m * tmax + fill * maximum(1 - 2 * w, 0.0) / 2
+    zbv = m * tmax + fill * maximum(1 - 2 * w, 0.0) * maximum((2 * p - 1 - m) / maximum(p - 1, 1), 0.5)
     looped = (code == SCHEDULE_CODE["interleaved"]) | (code == SCHEDULE_CODE.get("looped_bfs", -1))
-    t = np.where(looped, inter, np.where(code == SCHEDULE_CODE["zb"], zb, base))
-    t = np.where(code == SCHEDULE_CODE["dualpipe"], dual, t)
-    t = np.where(code == SCHEDULE_CODE.get("dualpipev", -1), vee, np.where(code == SCHEDULE_CODE.get("zbv", -1), zbv, t))
+    t = where(looped, inter, where(code == SCHEDULE_CODE["zb"], zb, base))
+    t = where(code == SCHEDULE_CODE["dualpipe"], dual, t)
+    t = where(code == SCHEDULE_CODE.get("dualpipev", -1), vee, where(code == SCHEDULE_CODE.get("zbv", -1), zbv, t))
     return t + 2 * (p - 1) * v * p2p

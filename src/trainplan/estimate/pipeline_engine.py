@@ -20,6 +20,7 @@ import numpy as np
 
 from ..plan import conventions
 from .pipeline import SCHEDULE_CODE
+from .scalars import where
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,6 @@ def engine_terms(framework_engine: str, pp, schedule_code, overlap_dp):
     if framework_engine == "megatron":
         return np.zeros(own.shape), np.broadcast_to(np.asarray(overlap_dp) > 0, own.shape)
     mine = engine(framework_engine)
-    extra = np.where(own, mine.p2p_transfers_per_micro_batch - base.p2p_transfers_per_micro_batch, 0.0)
+    extra = where(own, mine.p2p_transfers_per_micro_batch - base.p2p_transfers_per_micro_batch, 0.0)
     overlap = (np.asarray(overlap_dp) > 0) & (~own | mine.dp_reduction_overlapped)
     return extra, overlap

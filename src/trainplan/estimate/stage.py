@@ -30,6 +30,7 @@ from .gemm_rates import (
 from .hardware import Hardware
 from .norm_features import causal_keys
 from .recipe import recipe
+from .scalars import SCALAR_TYPES, floats, maximum, minimum, values, where
 
 
 def lora_arguments(plan) -> dict:
@@ -53,7 +54,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     gradients only, and rank-`lora_rank` adapters on the targeted linears add their GEMMs
     (`reentrant_checkpoint`: see `flops.first_input_grad_skipped`). Full recomputation re-runs
     the first `recompute_layers` layers of each stage (all when None)."""
-    f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
+    f = floats
     tp, pp, dp, cp, ep, mbs, seq = (f(x) for x in (tp, pp, dp, cp, ep, mbs, seq))
     rc = f(recompute)
     eager, overlap_tp = f(eager) > 0, f(overlap_tp) > 0
@@ -92,19 +93,19 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     attn_flops = tokens * causal_keys(seq, model.sliding_share, model.sliding_window or 0) * heads_local * 2 * (
         qk_run + vd_run)
     attn_flash = attn_flops / (hw.peak * flash_efficiency(hw, seq / cp))
-    attn_bwd = np.where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
+    attn_bwd = where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
     # forward + backward at the kernel's combined efficiency; where its forward alone is
     # published (Hopper FA2, cuDNN, the Triton kernel) the forward, and a recomputed forward,
     # take that speed and the backward the rest of the same total
-    attn_total = np.where(eager, attn_eager, attn_flash) * (1 + attn_bwd)
-    attn = np.where(eager, attn_eager, attn_flash if hw.flash_fwd_curve is None else
+    attn_total = where(eager, attn_eager, attn_flash) * (1 + attn_bwd)
+    attn = where(eager, attn_eager, attn_flash if hw.flash_fwd_curve is None else
                     attn_flops / (hw.peak * flash_efficiency(hw, seq / cp, forward=True)))
     attn_backward = attn_total - attn
     # norms, residual adds and dropout see the full hidden width of every token, or 1/t of the
     # tokens under sequence parallelism (Korthikanti et al. 2022 §4.2.2); the MLP activation
     # and RoPE work on the TP-sharded width, in an MoE layer on each of a token's top-k routed
     # copies (expert parallelism brings a rank as many as it sends) and the shared experts
-    hidden_shard = np.where(f(sp) > 0, tp, 1.0)
+    hidden_shard = where(f(sp) > 0, tp, 1.0)
     mlp_width = {"dense": model.ffn,
                  "moe": model.top_k * (model.expert_ffn or model.ffn) + model.shared_ffn_total if model.is_moe else 0}
     drop_fwd, drop_bwd = dropout_passes(r.fused_kernels, elem)
@@ -152,8 +153,8 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
         # per-op selective checkpointing re-runs every second matmul (by FLOPs' share of the GEMM
         # time) and every element-wise op, not the attention core (flops.op_sac_recomputed)
         op_sac = gemm[kind] * op_sac_gemm_share + elem_fwd
-        recompute_extra[kind] = np.where(rc == 2, fwd - skipped[kind],
-                                         np.where(rc == 1, attn, np.where(rc == 3, op_sac, 0.0)))
+        recompute_extra[kind] = where(rc == 2, fwd - skipped[kind],
+                                         where(rc == 1, attn, where(rc == 3, op_sac, 0.0)))
         compute[kind] = fwd + gemm_bwd[kind] + attn_backward + elem_bwd + dequant[kind]
         layer[kind] = {"gemm_forward": gemm[kind], "gemm_backward": gemm_bwd[kind], "attention_forward": attn,
                        "attention_backward": attn_backward, "elementwise_forward": elem_fwd,
@@ -165,14 +166,14 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     tp_ar = collective(hw, comm.ALL_REDUCE, tokens * h * elem, tp, 1, gpn, sharp)
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
-    tp_fwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
-    tp_bwd = np.where(overlap_tp, np.maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]),
+    tp_fwd = where(overlap_tp, maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
+    tp_bwd = where(overlap_tp, maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]),
                       tp_backward(model, hw, r, tp_ar, tokens=tokens, tp=tp, ep=ep, kv_heads=kvh, sp=f(sp) > 0,
                                   frozen=frozen))
     # (early stop: the attention's collective only; per-op selective checkpointing keeps the
     # reduce-scatters' outputs and re-runs the all-gathers, or every all-reduce without SP)
-    tp_extra = {kind: np.where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip),
-                               np.where(rc == 3, tp_fwd * np.where(f(sp) > 0, 0.5, 1.0), 0.0))
+    tp_extra = {kind: where(rc == 2, tp_fwd * (1 - 0.5 * (kind == "dense") * skip),
+                               where(rc == 3, tp_fwd * where(f(sp) > 0, 0.5, 1.0), 0.0))
                 for kind in ("dense", "moe")}
     # EP: a dispatch and a combine each way per MoE layer (estimate/all_to_all.py; a recomputed
     # forward's are not priced); beside another micro-batch's compute under `ep_overlap`
@@ -185,12 +186,12 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     # gradients in the backward); the all-gather variant (Llama 3, Dubey et al. 2024 §3.3.2)
     # gathers K/V before attention and reduce-scatters their gradients after it, "exposed in
     # the critical path", again for a recomputed forward.
-    cp_layer = np.where(f(cp_allgather) > 0, 2 * cp_ring, 3 * np.maximum(0.0, cp_ring - attn))
-    cp_extra = np.where(f(cp_allgather) > 0, (rc == 2) * cp_ring, 0.0)
+    cp_layer = where(f(cp_allgather) > 0, 2 * cp_ring, 3 * maximum(0.0, cp_ring - attn))
+    cp_extra = where(f(cp_allgather) > 0, (rc == 2) * cp_ring, 0.0)
     # PP: each micro-batch sends 1/t of its activations forward and their gradients back
     # (Megatron's scatter-gather optimization, Narayanan et al. 2021 §4.1), on the critical
     # path of 1F1B; neighbouring stages are tp·cp·dp ranks apart.
-    p2p = np.where(pp > 1, comm.collective_time(comm.SEND_RECV, tokens * h * elem / tp, 2,
+    p2p = where(pp > 1, comm.collective_time(comm.SEND_RECV, tokens * h * elem / tp, 2,
                                                 *link(hw, comm.SEND_RECV, 2, tp * cp * dp, gpn)), 0.0)
     # the output head's GEMM forward and its two backward GEMMs (frozen: the input gradient's
     # only), and the loss's passes over the logits
@@ -204,7 +205,7 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     def ep_exposed(one, recomputed, overlap=ep_overlap):
         """One MoE layer's exposed all-to-all seconds per micro-batch."""
         total = 4 * one
-        return np.where(f(overlap) > 0, overlapped(total, compute["moe"] + recomputed * recompute_extra["moe"],
+        return where(f(overlap) > 0, overlapped(total, compute["moe"] + recomputed * recompute_extra["moe"],
                                                    hw.overlap_slowdown), total)
 
     def per_stage(dense, moe, first_, last_, n_stages, recomputed):
@@ -274,8 +275,8 @@ def tp_backward(model, hw: Hardware, r, tp_ar, *, tokens, tp, ep, kv_heads, sp, 
     args = (g, tokens, tp, ep, kv_heads, model.top_k, hw.gemm_peak, hw.gemm_eff, hw.sms, r.act_bytes, hw.gemm_curve)
     both = layer_gemm_time(*args, backward=True, weight_grad=not frozen)
     dgrad = layer_gemm_time(*args, backward=True, weight_grad=False)
-    beside = np.where(sp, both, both - dgrad)
-    return np.where(sp, tp_ar, 0.0) + overlapped(2 * tp_ar, beside, hw.overlap_slowdown)
+    beside = where(sp, both, both - dgrad)
+    return where(sp, tp_ar, 0.0) + overlapped(2 * tp_ar, beside, hw.overlap_slowdown)
 
 
 def recomputed_share(recompute, recompute_layers, layers):
@@ -285,8 +286,8 @@ def recomputed_share(recompute, recompute_layers, layers):
     if recompute_layers is None:
         return 1.0
     layers = np.asarray(layers, dtype=float)
-    share = np.minimum(recompute_layers, layers) / np.maximum(layers, 1.0)
-    return np.where(np.asarray(recompute) == 2, share, 1.0)
+    share = minimum(recompute_layers, layers) / maximum(layers, 1.0)
+    return where(values(recompute) == 2, share, 1.0)
 
 
 def model_recomputed_share(recompute, recompute_layers, stage_layers):
@@ -295,7 +296,7 @@ def model_recomputed_share(recompute, recompute_layers, stage_layers):
     if recompute_layers is None:
         return 1.0
     share = recomputed_share(recompute, recompute_layers, stage_layers)
-    return np.sum(share * stage_layers, axis=-1) / np.maximum(np.sum(stage_layers, axis=-1), 1.0)
+    return np.sum(share * stage_layers, axis=-1) / maximum(np.sum(stage_layers, axis=-1), 1.0)
 
 
 def slowest_stage(parts: dict, extra: dict | None = None) -> dict:
@@ -311,6 +312,8 @@ def slowest_stage(parts: dict, extra: dict | None = None) -> dict:
     def pick(a):
         """The value on the slowest stage of a per-stage array (keeping the stage axis as one
         entry, so it lines up with layout arrays shaped (..., 1)); `a` itself otherwise."""
+        if a.__class__ in SCALAR_TYPES:
+            return a
         a = np.asarray(a)
         if a.ndim == 0 or a.shape[-1] != n_stages:
             return a

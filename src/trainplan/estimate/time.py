@@ -53,6 +53,7 @@ from .hardware import Hardware, hardware
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
 from .recipe import Recipe, recipe
+from .scalars import any_, floats, maximum, minimum, values, where
 from .stage import lora_arguments, model_recomputed_share, stage_times
 from .torch_schedules import V_SHAPED
 
@@ -77,7 +78,7 @@ def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
                            backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params,
-                           stage_layers=(np.asarray(total_dense, dtype=float) + total_moe) / pp,
+                           stage_layers=(floats(total_dense) + total_moe) / pp,
                            recompute=recompute, modules_per_layer=modules_per_layer(model, r))
     return {**out, "detail": stages["detail"]}
 
@@ -94,14 +95,14 @@ def offloaded_optimizer(hw: Hardware, r, *, shard_params, reductions, backward, 
     off = conventions()["offload"]
     last = shard_params * off["grad_to_host_bytes"] / hw.h2d
     earlier = shard_params * 2 * r.grad_bytes / hw.h2d
-    copies = np.where(overlap_dp, (reductions - 1) * overlapped(earlier, backward, hw.overlap_slowdown)
+    copies = where(overlap_dp, (reductions - 1) * overlapped(earlier, backward, hw.overlap_slowdown)
                       + overlapped(last, backward, hw.overlap_slowdown), (reductions - 1) * earlier + last)
     # the fused step's bytes per parameter: the gradient, and the master copy and state read
     # and written (as `opt_bytes` on the GPU), times the host implementation's passes
     fp32 = DTYPE_BYTES["fp32"]
     host_step = ranks_per_host * shard_params * (fp32 + 2 * (fp32 + r.optimizer_bytes)) * r.cpu_optimizer_traffic \
         / hw.host_memory
-    back = np.where(params_on_host, 0.0, shard_params * r.compute_weight_bytes / hw.h2d)
+    back = where(params_on_host, 0.0, shard_params * r.compute_weight_bytes / hw.h2d)
     return {"to_host": copies, "host_step": host_step, "to_device": back}
 
 
@@ -117,15 +118,15 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     `offload_params`: ZeRO-3 fetches each rank's shard from the host for every gather;
     `recompute` (activations.RECOMPUTE_CODE) and `modules_per_layer` (a layer's submodules with
     parameters) shape ZeRO-3's unit-by-unit collectives (`zero3_exposed`)."""
-    f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
+    f = floats
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
     stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
     # DualPipe runs one micro-batch's all-to-alls beside another's compute (DeepSeek-V3 §3.2.1):
     # the saving stage_times worked out for that overlap, where the plan did not ask for it anyway
-    dual = np.asarray(schedule) == SCHEDULE_CODE["dualpipe"]
-    saving = np.where(dual, stages.get("ep_saving", 0.0), 0.0)
+    dual = values(schedule) == SCHEDULE_CODE["dualpipe"]
+    saving = where(dual, stages.get("ep_saving", 0.0), 0.0)
     stage_max = stage_max - saving
-    totals = stages["totals"] - np.where(dual, stages.get("ep_saving_total", 0.0), 0.0)
+    totals = stages["totals"] - where(dual, stages.get("ep_saving_total", 0.0), 0.0)
     per_micro_batch = {**per_micro_batch, "ep_comm": per_micro_batch["ep_comm"] - saving}
     # The engine running the pipeline (estimate/pipeline_engine.py): DeepSpeed's blocking sends
     # and receives put more transfers on every micro-batch's critical path than the two
@@ -135,9 +136,9 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     pipe = pipeline_time(schedule, pp, m, stage_max, totals, vpp, p2p, wgrad_share=WGRAD_SHARE) \
         + m * extra_p2p * p2p
     # a DualPipe rank holds two stages and runs each micro-batch through one of them
-    busy_mbs = np.where(np.asarray(schedule) == SCHEDULE_CODE["dualpipe"], m / 2, m)
+    busy_mbs = where(values(schedule) == SCHEDULE_CODE["dualpipe"], m / 2, m)
     parts_busy = {k: busy_mbs * v for k, v in per_micro_batch.items()}
-    bubble = np.maximum(pipe - sum(parts_busy.values()), 0.0)
+    bubble = maximum(pipe - sum(parts_busy.values()), 0.0)
 
     # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
     dp_group = dp * cp
@@ -161,20 +162,20 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # nodes) 2.4 points further off, 7.7% -> 10.1% mean, and its 16B row from +1% to -6%.
     per_unit = (zero >= 3) | r.per_unit_collectives
     units = f(stage_layers) + 1
-    calls = np.where(per_unit, units, 1.0)
+    calls = where(per_unit, units, 1.0)
     # DeepSpeed's ZeRO-3 gathers submodule by submodule and reduce-scatters bucket by bucket
     # (conventions.toml [frameworks.deepspeed] zero3_module_fetches); FSDP a unit in one call
     module_fetches = (zero >= 3) & r.zero3_module_fetches
-    gather_calls = calls * np.where(module_fetches, f(modules_per_layer), 1.0)
+    gather_calls = calls * where(module_fetches, f(modules_per_layer), 1.0)
     bucketed = module_fetches & (r.reduce_bucket_elems > 0) & (not r.zero3_parameter_calls)
-    scatter_calls = np.where(bucketed, np.maximum(trainable / max(r.reduce_bucket_elems, 1.0), 1.0),
-                             np.where(module_fetches & r.zero3_parameter_calls, gather_calls, calls))
+    scatter_calls = where(bucketed, maximum(trainable / max(r.reduce_bucket_elems, 1.0), 1.0),
+                             where(module_fetches & r.zero3_parameter_calls, gather_calls, calls))
     # each call at the algorithm and protocol NCCL picks for its size (comm.nccl_call)
     gather, _, _, gather_lat = collective_terms(hw, comm.ALL_GATHER, trainable * r.compute_weight_bytes,
                                                 shard_group, tp, gpn, calls=gather_calls)
     # (a group of one costs nothing: skipped outright where no layout has replicas)
     replica_ar = collective(hw, comm.ALL_REDUCE, wire_grad_bytes / shard_group, replicas, tp * shard_group, gpn,
-                            sharp, calls=calls) if np.any(replicas > 1) else 0.0
+                            sharp, calls=calls) if any_(replicas > 1) else 0.0
     scatter, _, _, scatter_lat = collective_terms(hw, comm.REDUCE_SCATTER, wire_grad_bytes, shard_group, tp, gpn,
                                                   calls=scatter_calls)
     scatter = scatter + replica_ar
@@ -194,33 +195,33 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # partition of the gradients (DeepSpeed's stage_1_and_2.py reduces when "partition_gradients
     # or is_gradient_accumulation_boundary"), in every micro-batch's backward; ZeRO-1, Megatron's
     # distributed optimizer, DDP and pipelined FSDP once a step, in the last backward.
-    reductions = np.where(pipelined_fsdp, 1.0, np.where(per_unit | (zero == 2), m, 1.0))
-    gathers = np.where(unit_by_unit, np.where(backward_gathers, 2, 1) * m, 1.0)  # with ZeRO-1 and up
+    reductions = where(pipelined_fsdp, 1.0, where(per_unit | (zero == 2), m, 1.0))
+    gathers = where(unit_by_unit, where(backward_gathers, 2, 1) * m, 1.0)  # with ZeRO-1 and up
     # a sharded optimizer reduce-scatters the gradients behind each reducing backward and
     # all-gathers the parameters during the next step's first forward (--overlap-grad-reduce,
     # --overlap-param-gather); plain data parallelism all-reduces them, bucket by bucket
     backward = stage_compute * 2 / 3
-    z1 = np.where(overlap_dp, reductions * overlapped(scatter, backward, hw.overlap_slowdown)
+    z1 = where(overlap_dp, reductions * overlapped(scatter, backward, hw.overlap_slowdown)
                   + overlapped(gather, stage_compute / 3, hw.overlap_slowdown), reductions * scatter + gather)
     ar, _, _, ar_lat = collective_terms(hw, comm.ALL_REDUCE, wire_grad_bytes, dp_group, tp, gpn, sharp, calls=calls)
-    z0 = reductions * np.where(overlap_dp, overlapped(ar, backward, hw.overlap_slowdown), ar)
+    z0 = reductions * where(overlap_dp, overlapped(ar, backward, hw.overlap_slowdown), ar)
     # The framework's own passes over the local gradients and the gathered parameters outside
     # the collectives (conventions.toml [frameworks] grad_reduce_passes, gather_copy_passes),
     # memory-bound work on the compute stream, at every reduction and gather.
-    grad_passes = np.where(zero >= 3, r.grad_reduce_passes_zero3, r.grad_reduce_passes)
-    bookkeeping = np.where(dp_group > 1, trainable * (reductions * grad_passes * r.reduce_bytes
-                                                      + np.where(unit_by_unit | pipelined_fsdp, gathers, 0.0)
+    grad_passes = where(zero >= 3, r.grad_reduce_passes_zero3, r.grad_reduce_passes)
+    bookkeeping = where(dp_group > 1, trainable * (reductions * grad_passes * r.reduce_bytes
+                                                      + where(unit_by_unit | pipelined_fsdp, gathers, 0.0)
                                                       * r.gather_copy_passes * r.compute_weight_bytes)
                            / hw.hbm, 0.0)
-    shard = np.where(zero >= 1, shard_group, 1.0)
+    shard = where(zero >= 1, shard_group, 1.0)
     # ZeRO-Infinity's parameter offload: every gather starts from the rank's shard on the host,
     # fetched over PCIe ahead of it (prefetched beside the compute like the gather itself)
     fetches = 0.0
-    if np.any(offload_params):
+    if any_(offload_params):
         fetch = trainable / shard * r.compute_weight_bytes / hw.h2d
-        fetches = np.where(f(offload_params) > 0, gathers, 0.0) * np.where(
+        fetches = where(f(offload_params) > 0, gathers, 0.0) * where(
             overlap_dp, overlapped(fetch, stage_compute / 2, hw.overlap_slowdown), fetch)
-    dp_exposed = np.where(unit_by_unit, z3, np.where(zero >= 1, z1, z0)) + bookkeeping + fetches
+    dp_exposed = where(unit_by_unit, z3, where(zero >= 1, z1, z0)) + bookkeeping + fetches
     # One optimizer step over this rank's shard. A fused kernel reads the gradient, reads and
     # writes the master copy (the fp32 parameters themselves where there is none) and the
     # state, and writes the 16-bit working weights where there is a master copy: 28 bytes per
@@ -232,11 +233,11 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
                                      + r.grad_clip_passes * r.grad_bytes)
     on_host = {"to_host": 0.0, "host_step": 0.0, "to_device": 0.0}
     optimizer = opt_bytes / hw.hbm
-    if np.any(offload_optimizer):
+    if any_(offload_optimizer):
         on_host = offloaded_optimizer(hw, r, shard_params=trainable / shard, reductions=reductions,
                                       backward=backward, overlap_dp=overlap_dp,
-                                      ranks_per_host=np.minimum(f(gpn), f(gpus)), params_on_host=f(offload_params) > 0)
-        optimizer = np.where(f(offload_optimizer) > 0, sum(on_host.values()), optimizer)
+                                      ranks_per_host=minimum(f(gpn), f(gpus)), params_on_host=f(offload_params) > 0)
+        optimizer = where(f(offload_optimizer) > 0, sum(on_host.values()), optimizer)
     busy = pipe + dp_exposed + optimizer
     step = step_with_data(busy, data_s, prefetch)
     return {
@@ -268,7 +269,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         # each collective's calls per pass and the latency of one call (`plan --explain`)
         "dp_calls": calls,
         # gradient reductions and (ZeRO-1 and up) parameter all-gathers per step
-        "dp_reductions": reductions, "dp_gathers": np.where(zero >= 1, gathers, 0.0),
+        "dp_reductions": reductions, "dp_gathers": where(zero >= 1, gathers, 0.0),
         "dp_call_latency_s": {"all_gather": gather_lat, "reduce_scatter": scatter_lat, "all_reduce": ar_lat},
         # calls per pass of each (DeepSpeed's ZeRO-3: a submodule's gather each, a bucket's reduce-scatter each)
         "dp_gather_calls": gather_calls, "dp_scatter_calls": scatter_calls,

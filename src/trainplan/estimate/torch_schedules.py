@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .scalars import maximum, minimum, where
+
 # planner schedule name -> torch.distributed.pipelining class
 TORCH_CLASSES = {
     "gpipe": "ScheduleGPipe",
@@ -57,7 +59,7 @@ V_SHAPED = ("zbv", "dualpipev")
 def rounds_size(pp, micro_batches):
     """Micro-batches per round of torch's interleaved schedules: m // max(1, m // p)."""
     p, m = (np.asarray(x, dtype=float) for x in (pp, micro_batches))
-    return m // np.maximum(1.0, m // p)
+    return m // maximum(1.0, m // p)
 
 
 def chunks_in_flight(name, stage, pp, micro_batches, vpp=1):
@@ -68,17 +70,17 @@ def chunks_in_flight(name, stage, pp, micro_batches, vpp=1):
     if name == "gpipe":
         return m + 0 * i
     if name == "1f1b":
-        return np.minimum(m, p - i)
+        return minimum(m, p - i)
     if name == "interleaved":
-        return np.minimum((v - 1) * r + 2 * (p - 1 - i) + 1, m * v)
+        return minimum((v - 1) * r + 2 * (p - 1 - i) + 1, m * v)
     if name == "looped_bfs":
         return m * v + 0 * i
     if name == "zb":
-        return np.minimum((v - 1) * r + p, m * v) + 0 * i
+        return minimum((v - 1) * r + p, m * v) + 0 * i
     if name == "zbv":
-        return np.minimum(np.minimum(2 * p, m + i + 1), 2 * m)
+        return minimum(minimum(2 * p, m + i + 1), 2 * m)
     if name == "dualpipev":
-        return np.minimum(2 * p + 1, 2 * m) + 0 * i
+        return minimum(2 * p + 1, 2 * m) + 0 * i
     raise ValueError(f"torch.distributed.pipelining has no schedule for {name!r}")
 
 
@@ -97,7 +99,7 @@ def logits_in_flight(name, micro_batches, pp):
     the loss, and the cross-entropy's nodes lie below the head's weight intermediate, so nothing
     holds them after it (torch/distributed/pipelining/_backward.py, PyTorch 2.13)."""
     m = np.asarray(micro_batches, dtype=float) + 0 * np.asarray(pp, dtype=float)
-    return np.where(name in ("gpipe", "looped_bfs"), m, 1.0 + 0 * m)
+    return where(name in ("gpipe", "looped_bfs"), m, 1.0 + 0 * m)
 
 
 def heads_in_flight(name, micro_batches, pp):
@@ -106,7 +108,7 @@ def heads_in_flight(name, micro_batches, pp):
     the live losses' count, except under InterleavedZeroBubble, whose last rank defers its
     weight gradients by p - 1 micro-batches (min(p, m))."""
     m, p = np.asarray(micro_batches, dtype=float), np.asarray(pp, dtype=float)
-    return np.where(name == "zb", np.minimum(p, m), logits_in_flight(name, m, p))
+    return where(name == "zb", minimum(p, m), logits_in_flight(name, m, p))
 
 
 def stage_ranks(name, pp, vpp=1) -> list[list[int]]:
@@ -130,5 +132,5 @@ def by_code(rule, names, schedule_code, *args):
     out = np.nan
     for k, name in enumerate(names):
         if name in TORCH_CLASSES and np.any(code == k):
-            out = np.where(code == k, rule(name, *args), out)
+            out = where(code == k, rule(name, *args), out)
     return out
