@@ -73,16 +73,18 @@ def stage_rows(result: PlanResult) -> list[dict]:
     table = np.empty((len(values), result.layout.pp))
     for i, v in enumerate(values):
         table[i] = v
-    n_cols, n_buf, n_comp = len(STAGE_COLUMNS), len(buffers), len(STAGE_COMPONENTS)
     col_names = [name for name, _ in STAGE_COLUMNS]
     buf_names, part_names = list(buffers), list(parts)
     rows = []
-    for i, (n, row) in enumerate(zip(result.layout.stage_layers, table.T.tolist(), strict=True)):
-        b = n_cols + n_buf
-        rows.append({"stage": i, "layers": n, **dict(zip(col_names, row[:n_cols], strict=True)),
-                     "sharding_buffers": dict(zip(buf_names, row[n_cols:b], strict=True)),
-                     "components": {**dict(zip(STAGE_COMPONENTS, row[b:b + n_comp], strict=True)),
-                                    "activation_parts": dict(zip(part_names, row[b + n_comp:], strict=True))}})
+    for i, (n, figures) in enumerate(zip(result.layout.stage_layers, table.T.tolist(), strict=True)):
+        it = iter(figures)  # each zip below takes its names' count of figures from it, in order
+        row = {"stage": i, "layers": n}
+        row.update(zip(col_names, it, strict=False))
+        row["sharding_buffers"] = dict(zip(buf_names, it, strict=False))
+        components = dict(zip(STAGE_COMPONENTS, it, strict=False))
+        components["activation_parts"] = dict(zip(part_names, it, strict=False))
+        row["components"] = components
+        rows.append(row)
     return rows
 
 

@@ -51,9 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from .scalars import maximum, minimum, where
+from .scalars import bools, floats, maximum, minimum, values, where
 
 ATTENTION = ("flash", "sdpa", "eager", "triton", "cudnn")
 ATTENTION_CODE = {name: i for i, name in enumerate(ATTENTION)}
@@ -213,15 +211,15 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # ... and for what is computed from a block's all-gathered input: Megatron keeps the
     # sequence shard and gathers it again in backward (Korthikanti et al. 2023 §4.2.2); DTensor
     # keeps the gathered tensor (sp_gathered)
-    rep_in = where(np.asarray(sp_gathered) > 0, 1, rep)
-    eager_norm = (1 - np.asarray(fused)) * (0 if shape.layernorm else 1)
+    rep_in = where(values(sp_gathered) > 0, 1, rep)
+    eager_norm = (1 - values(fused)) * (0 if shape.layernorm else 1)
     stats = 2 if shape.layernorm else 1
-    eager = np.asarray(attention) == ATTENTION_CODE["eager"]
+    eager = bools(values(attention) == ATTENTION_CODE["eager"])
     fused_attn = ~eager
     # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
     # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
     copies_kv = (shape.kv_heads > tp) | (not shape.kv_repeat_view)  # a view of one head otherwise
-    kv_div = where(eager & (np.asarray(recompute) == 0) & copies_kv, tp, minimum(tp, shape.kv_heads))
+    kv_div = where(eager & (values(recompute) == 0) & copies_kv, tp, minimum(tp, shape.kv_heads))
     t = {}
     # -- attention block
     norm = _norm_bytes(h, eager_norm, residual_bytes, stats, frozen)
@@ -232,7 +230,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     mlp_copies = 1 + autocast * (shape.mlp_matrices - 2)
     t["attn_input"] = tokens * h * save_attn_in * linear_in_bytes * qkv_copies / rep_in
     t["mla_latents"] = tokens * _latent_bytes(shape, eager_norm, act_bytes, frozen) / rep_in
-    no_recompute = np.asarray(recompute) == 0
+    no_recompute = values(recompute) == 0
     # Eager GQA repeats K/V to every query head; the repeated copies are saved unless the
     # attention core is recomputed (then its inputs, the unrepeated K/V, are kept). transformers'
     # repeat_kv (expand, reshape) copies only when a rank holds more than one KV head: one head
@@ -243,7 +241,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     v_w = where(repeats, shape.attn_out, shape.v)
     # Under autocast RoPE's fp32 tables promote q and k to fp32; the attention kernel casts
     # them back, but a recomputed attention core keeps its fp32 inputs.
-    qk_bytes = where((np.asarray(recompute) == 1) & bool(shape.rotary) & (autocast > 0),
+    qk_bytes = where((values(recompute) == 1) & bool(shape.rotary) & (autocast > 0),
                         residual_bytes, act_bytes)
     t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
     # A fused QKV projection with RoPE: the rotated q and k are new tensors, but v stays a view
@@ -256,7 +254,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # concatenations of their non-rotary and rotary parts (new tensors) and its v is made
     # contiguous for the attention kernel (Megatron-Core multi_latent_attention.py @d98e8a64: query, key and value
     # .contiguous()), so its up-projections' outputs are not kept: q, k and v only.
-    one_sequence = np.asarray(tokens) <= np.asarray(seq)
+    one_sequence = bools(values(tokens) <= values(seq))
     fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary)
                   & ~(eager & ~(one_sequence & (k_w == shape.k))) & (shape.latent == 0))
     t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
@@ -273,7 +271,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # ... unless the output projection's input is a copy of it (torch's ring attention under
     # context parallelism, conventions.toml `cp_ring_output_copy`)
     t["cp_output_copy"] = (tokens * shape.attn_out * act_bytes / tp * fused_attn * no_recompute * save["o"]
-                           * np.asarray(cp_output_copy))
+                           * values(cp_output_copy))
     t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * eager * save["o"]
     if shape.rope_concat:
         _heads_major_output(t, shape, tokens=tokens, tp=tp, linear_in_bytes=linear_in_bytes, fused_attn=fused_attn,
@@ -285,7 +283,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # -- MLP block
     # with a parallel residual the MLP's norm reads the attention norm's input: one storage (an
     # eager RMSNorm's fp32 upcast is that input itself when the residual stream is fp32)
-    shared_input = shape.parallel_residual * h * where(eager_norm, FP32 * (np.asarray(residual_bytes) == FP32),
+    shared_input = shape.parallel_residual * h * where(eager_norm, FP32 * (values(residual_bytes) == FP32),
                                                           residual_bytes)
     t["mlp_norm"] = tokens * (norm - shared_input) / rep
     t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * mlp_copies / rep_in
@@ -299,7 +297,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # grouped experts (transformers 5's grouped_mm; fused kernels run their own permutation):
         # the sort's permutation and its inverse are kept too, the gate weights stay fp32, and
         # grouped_mm, not autocast, runs the experts in the weights' dtype (the residual's)
-        grouped = shape.grouped_experts * (1 - np.asarray(fused))
+        grouped = shape.grouped_experts * (1 - values(fused))
         t["router"] = tokens * (e * FP32 + k * INDEX_BYTES * (3 + grouped)
                                 + k * where(grouped, FP32, residual_bytes)) / rep_in
         expert_bytes = where(grouped, residual_bytes, act_bytes)
@@ -318,9 +316,9 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
         # the 16-bit gather is freed once cast, or dispatched in FP8 as DeepSeek-V3 §3.3.3 does)
         inputs = where(grouped, residual_bytes,
                           (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes)
-        weighted_act = np.asarray(gate_in_act) * np.asarray(fused) * (shape.mlp_matrices == 3)
+        weighted_act = values(gate_in_act) * values(fused) * (shape.mlp_matrices == 3)
         per_copy = (inputs * save_mlp_in + expert_bytes * (1 - weighted_act)
-                    + residual_bytes * (1 - np.asarray(fused)) * (1 - grouped))
+                    + residual_bytes * (1 - values(fused)) * (1 - grouped))
         t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep_in
         # The block's normalised input is kept by the linears that read it directly, for their
         # weight gradients: the router and the shared experts' gate (frozen under LoRA) and the
@@ -366,10 +364,10 @@ FP8_CACHED = {"attn_out": 1.5, "moe_act_input": 1.0}
 
 def cache_low_precision(t: dict, shape: LayerShape, cached: dict, *, moe: bool, tokens, tp, act_bytes) -> None:
     """Re-price the tensors `cached` names (0/1 each) at FP8_CACHED bytes instead of act_bytes."""
-    on = np.asarray(cached.get("attn_out", 0), dtype=float)
+    on = floats(cached.get("attn_out", 0))
     t["attn_out"] = t["attn_out"] * (1 - on * (1 - FP8_CACHED["attn_out"] / act_bytes))
     if moe and shape.mlp_matrices == 3:
-        on = np.asarray(cached.get("moe_act_input", 0), dtype=float)
+        on = floats(cached.get("moe_act_input", 0))
         # a fused SwiGLU's input: gate and up, 2f per routed copy
         t["expert_mlp"] = t["expert_mlp"] - on * tokens * shape.top_k * shape.capacity_factor * (
             2 * shape.expert_ffn * (act_bytes - FP8_CACHED["moe_act_input"])) / tp
@@ -387,13 +385,13 @@ def discard_recomputed(t: dict, shape: LayerShape, modules: dict, *, moe: bool, 
       RoPE, recomputed from the kept latents;
     * moe_act: the experts' SwiGLU output, the down projection's input (its input, gate and up,
       stays)."""
-    ln = np.asarray(modules.get("layernorm", 0), dtype=float)
+    ln = floats(modules.get("layernorm", 0))
     t["attn_input"] = t["attn_input"] * (1 - ln)
     t["mlp_input"] = t["mlp_input"] * (1 - ln)
-    up = np.asarray(modules.get("mla_up_proj", 0), dtype=float) * (shape.latent > 0)
+    up = floats(modules.get("mla_up_proj", 0)) * (shape.latent > 0)
     t["qkv"] = t["qkv"] * (1 - up)
     if moe and shape.mlp_matrices == 3:
-        act = np.asarray(modules.get("moe_act", 0), dtype=float)
+        act = floats(modules.get("moe_act", 0))
         t["expert_mlp"] = t["expert_mlp"] - act * tokens * shape.top_k * shape.capacity_factor * (
             shape.expert_ffn * linear_in_bytes * save_down) / tp
 
@@ -407,7 +405,7 @@ def _heads_major_output(t: dict, shape: LayerShape, *, tokens, tp, linear_in_byt
     seq, heads·dim) before the output projection is a copy, which the projection keeps as its
     input (measured on torch 2.13, CPU: one attention-output-wide tensor per layer)."""
     t["proj_input"] = t["proj_input"] + (tokens * shape.attn_out * linear_in_bytes / tp * fused_attn * save_o
-                                         * np.asarray(heads_major_copy))
+                                         * values(heads_major_copy))
 
 
 def _share_norm(t: dict, save_attn_in, save_mlp_in, autocast) -> None:
@@ -416,8 +414,8 @@ def _share_norm(t: dict, save_attn_in, save_mlp_in, autocast) -> None:
     the attention's projections already keep (one storage), unless autocast casts its own copy or
     only the MLP's input is kept (LoRA)."""
     t["mlp_norm"] = t["mlp_norm"] * 0
-    only_mlp = maximum(np.asarray(save_mlp_in) - np.asarray(save_attn_in), 0)
-    t["mlp_input"] = t["mlp_input"] * where(np.asarray(autocast) > 0, 1, only_mlp)
+    only_mlp = maximum(values(save_mlp_in) - values(save_attn_in), 0)
+    t["mlp_input"] = t["mlp_input"] * where(values(autocast) > 0, 1, only_mlp)
 
 
 def _latent_bytes(shape: LayerShape, eager_rms, act_bytes, frozen=0):
@@ -432,8 +430,8 @@ def _latent_bytes(shape: LayerShape, eager_rms, act_bytes, frozen=0):
     RoPE on it keeps only its cos/sin tables; measured in validate (mla.py)."""
     rope = shape.latent_rope
     normed = shape.latent - rope
-    eager_rms = np.asarray(eager_rms)
-    kept_input = where(eager_rms, normed * FP32 + rope * FP32 * (np.asarray(act_bytes) == FP32),
+    eager_rms = values(eager_rms)
+    kept_input = where(eager_rms, normed * FP32 + rope * FP32 * (values(act_bytes) == FP32),
                           shape.latent * act_bytes)
     normalised = eager_rms * (1 - frozen) * normed * FP32
     return kept_input + normalised + normed * act_bytes + shape.latent_norms * FP32
@@ -451,7 +449,7 @@ def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes, activa
     """Bytes per token inside the MLP (between its input and output projections).
     activation_saves: ACTIVATION_SAVES of its activation function (one kernel keeping its
     input when the kernels are fused)."""
-    fused = np.asarray(fused)
+    fused = values(fused)
     kept = where(fused, 1, activation_saves[0])
     keeps_out = where(fused, 0, activation_saves[1])
     if matrices == 2:  # the activation's tensors; its output, kept as the down projection's input
@@ -491,11 +489,11 @@ def op_sac_saved(shape: LayerShape, *, tokens, tp, sp, act_bytes, low_precision_
     time. `_scaled_mm` (float8 linears; low_precision_mm = 1) is in the save list but not
     counted as an `mm`, so every float8 matmul's output is kept. Outputs are 16-bit."""
     kv_div = minimum(tp, shape.kv_heads)
-    lp = np.asarray(low_precision_mm, dtype=float)
+    lp = floats(low_precision_mm)
     kept = sum(width * maximum(lp, float(i % 2 == 0))
                for i, (_, width) in enumerate(op_sac_matmuls(shape, tp, kv_div)))
     block_input = shape.hidden / where(sp, tp, 1)
-    reduce_scatters = 2 * shape.hidden / tp * (np.asarray(sp) > 0)
+    reduce_scatters = 2 * shape.hidden / tp * (values(sp) > 0)
     sdpa = shape.attn_out / tp * act_bytes + shape.heads / tp * FP32
     return tokens * ((block_input + kept + reduce_scatters) * act_bytes + sdpa)
 
@@ -503,7 +501,7 @@ def op_sac_saved(shape: LayerShape, *, tokens, tp, sp, act_bytes, low_precision_
 def stage_terms(*, seq, cp, rope_dim, act_bytes, attention) -> dict:
     """Per-micro-batch tensors every stage keeps once (not per layer): eager attention's
     causal mask (kept by `masked_fill`, or as a recomputed region's input) and RoPE tables."""
-    eager = np.asarray(attention) == ATTENTION_CODE["eager"]
+    eager = values(attention) == ATTENTION_CODE["eager"]
     return {
         "attention_mask": eager * (seq / cp) ** 2 * MASK_BYTES,
         "rope_tables": 2 * (seq / cp) * rope_dim * act_bytes,
@@ -532,10 +530,10 @@ def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_byt
     # Final norm, the output layer's input and the logits the loss keeps (vocab-parallel
     # cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t in fp32).
     rep = where(sp, tp, 1)
-    eager_norm = (1 - np.asarray(fused)) * (0 if layernorm else 1)
+    eager_norm = (1 - values(fused)) * (0 if layernorm else 1)
     stats = 2 if layernorm else 1
     return {
         "final_norm": tokens * _norm_bytes(hidden, eager_norm, act_bytes, stats, frozen) / rep,
-        "head_input": tokens * hidden * linear_in_bytes * (1 - frozen) / where(np.asarray(sp_gathered) > 0, 1, rep),
+        "head_input": tokens * hidden * linear_in_bytes * (1 - frozen) / where(values(sp_gathered) > 0, 1, rep),
         "logits": tokens * vocab_padded * logit_bytes / tp,
     }

@@ -27,14 +27,14 @@ from __future__ import annotations
 import numpy as np
 
 from .comm import group_nodes, ranks_per_node
-from .scalars import maximum, minimum, where
+from .scalars import floats, maximum, minimum, where
 
 
 def copies_crossing(ep, per_node, top_k, node_limit=None):
     """Transfers per token that leave the node: top_k·(1 - per_node/ep) copies under NCCL's
     all-to-all, or under node-limited routing (`node_limit` M > 0) one per other destination node,
     M·(1 - 1/N) of the N nodes the group spans (M capped at N)."""
-    ep = maximum(np.asarray(ep, dtype=float), 1.0)
+    ep = maximum(floats(ep), 1.0)
     nodes = maximum(np.ceil(ep / maximum(per_node, 1.0)), 1.0)
     plain = top_k * (1.0 - per_node / ep)
     if node_limit is None:
@@ -47,7 +47,7 @@ def dispatch_time(token_bytes, tokens, top_k, ep, stride, gpn, nvlink, nic, late
     """Seconds of one dispatch (or combine: the same bytes the other way) of `tokens` tokens of
     `token_bytes` each over an expert-parallel group of `ep` ranks placed `stride` GPUs apart,
     `nvlink` and `nic` the achieved bytes/s per GPU, `latency` one call's; zero for a group of one."""
-    ep = np.asarray(ep, dtype=float)
+    ep = floats(ep)
     per_node = ranks_per_node(ep, stride, gpn)
     nodes = group_nodes(ep, stride, gpn, per_node)
     cross = tokens * token_bytes * copies_crossing(ep, per_node, top_k, node_limit)
@@ -60,5 +60,5 @@ def dispatch_time(token_bytes, tokens, top_k, ep, stride, gpn, nvlink, nic, late
 def crossing_share(ep, stride, gpn):
     """The share of a rank's routed copies that leave its node under uniform routing:
     1 - (experts on this node / all experts)."""
-    ep = maximum(np.asarray(ep, dtype=float), 1.0)
+    ep = maximum(floats(ep), 1.0)
     return 1.0 - ranks_per_node(ep, stride, gpn) / ep

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .gemm_rates import log_curve
-from .scalars import maximum
+from .scalars import floats, maximum, values
 
 if TYPE_CHECKING:
     from .hardware import Hardware
@@ -20,10 +20,10 @@ def triton_attention_curve(flash: float, flash_curve: dict | None, triton: dict,
     curve, else its single figure) at each length the published Triton/FA2 ratio was measured
     at, times that ratio; `forward`, the Triton forward alone over the same FA2 figure
     (conventions.toml [efficiency.flash_attention_triton])."""
-    seq = np.asarray(triton["seq"], dtype=float)
+    seq = floats(triton["seq"])
     fa2 = np.interp(np.log2(seq), *flash_curve_points(flash_curve)) if flash_curve else np.full(seq.shape, flash)
     ratio = triton["forward_ratio" if forward else "ratio"]
-    return {"seq": triton["seq"], "fraction": (fa2 * np.asarray(ratio)).tolist()}
+    return {"seq": triton["seq"], "fraction": (fa2 * values(ratio)).tolist()}
 
 
 def flash_head_dim(d, kernel: str, multiple: int):
@@ -32,7 +32,7 @@ def flash_head_dim(d, kernel: str, multiple: int):
     flash_head_dim_multiple); the Triton kernel's tiles span the next power of two, at least 16
     (flash_attn_triton.py: BLOCK_HEADDIM = max(next_power_of_2(d), 16)); cuDNN's attention is
     priced at the head dimension as given (no published padding rule)."""
-    d = maximum(np.asarray(d, dtype=float), 1.0)
+    d = maximum(floats(d), 1.0)
     if kernel == "triton":
         return maximum(2.0 ** np.ceil(np.log2(d)), 16.0)
     if kernel == "cudnn":
@@ -53,4 +53,4 @@ def flash_efficiency(hw: Hardware, seq, forward: bool = False):
     curve = hw.flash_fwd_curve if forward and hw.flash_fwd_curve is not None else hw.flash_curve
     if curve is None:
         return hw.flash_eff
-    return np.interp(np.log2(maximum(np.asarray(seq, dtype=float), 1.0)), *curve)
+    return np.interp(np.log2(maximum(floats(seq), 1.0)), *curve)

@@ -15,7 +15,7 @@ import numpy as np
 from . import comm
 from .gemm_rates import layer_gemms
 from .hardware import Hardware
-from .scalars import maximum, minimum, where
+from .scalars import floats, maximum, minimum, values, where
 
 
 def _scalar(x) -> bool:
@@ -80,8 +80,8 @@ def _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls):
     per_node = comm.ranks_per_node(n, stride, gpn)
     nodes = comm.group_nodes(n, stride, gpn, per_node)
     busbw = comm.group_busbw(n, stride, gpn, nvlink, nic, per_node)
-    calls = maximum(np.asarray(calls, dtype=float), 1e-9)
-    secs, algo, proto, lat = comm.nccl_call(kind, np.asarray(nbytes, dtype=float) / calls, n, nodes, per_node,
+    calls = maximum(floats(calls), 1e-9)
+    secs, algo, proto, lat = comm.nccl_call(kind, floats(nbytes) / calls, n, nodes, per_node,
                                             busbw, nccl, sharp)
     return calls * secs, algo, proto, lat
 
@@ -127,7 +127,7 @@ def recompute_regathered(r, recompute, zero, unit_params):
     P - R/2 elements of a P-element unit are gathered a third time; FSDP recomputes inside the
     unit's backward, after its gather (R infinite: none)."""
     share = maximum(unit_params - r.zero3_max_reuse_distance / 2, 0.0) / maximum(unit_params, 1.0)
-    return where((np.asarray(recompute) == 2) & (np.asarray(zero) >= 3), share, 0.0)
+    return where((values(recompute) == 2) & (values(zero) >= 3), share, 0.0)
 
 
 def zero3_exposed(gather, scatter, units, compute, recompute, regathered, backward_gathers, backward_prefetch,
@@ -149,10 +149,10 @@ def zero3_exposed(gather, scatter, units, compute, recompute, regathered, backwa
     if not gathers_overlap:
         back = where(backward_gathers, gather, 0.0)
         bwd_scatter = where(backward_prefetch >= 2, scatter, overlapped(scatter, 2 * compute / units /
-                                                                           (3 + where(np.asarray(recompute) == 2,
+                                                                           (3 + where(values(recompute) == 2,
                                                                                          1.0, 0.0)), slowdown))
         return units * ((1 + regathered) * gather + back + where(overlap, bwd_scatter, scatter))
-    rec = where(np.asarray(recompute) == 2, 1.0, 0.0)
+    rec = where(values(recompute) == 2, 1.0, 0.0)
     per_unit = compute / units / (3 + rec)  # one unit's forward
     back_gather = where(backward_gathers, gather, 0.0)
     hidden_bwd = where(backward_prefetch >= 1, 0.0, back_gather) + where(backward_prefetch >= 2, 0.0, scatter)

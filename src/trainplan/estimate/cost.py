@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .scalars import maximum
+from .scalars import floats, maximum, values
 
 HOURS = 3600.0
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
@@ -23,22 +23,22 @@ CHINCHILLA_TOKENS_PER_PARAM = 20.0
 
 def checkpoint_interval(write_s, mtbf_s):
     """Young/Daly optimum between checkpoints."""
-    return np.sqrt(2.0 * np.asarray(write_s, dtype=float) * np.asarray(mtbf_s, dtype=float))
+    return np.sqrt(2.0 * floats(write_s) * floats(mtbf_s))
 
 
 def goodput(write_s, mtbf_s, restart_s=0.0):
     """Share of wall time spent on useful steps with checkpoints at the Young/Daly interval."""
     tau = checkpoint_interval(write_s, mtbf_s)
-    lost = np.asarray(write_s) / maximum(tau, 1e-12) + (tau / 2 + restart_s) / np.asarray(mtbf_s)
+    lost = values(write_s) / maximum(tau, 1e-12) + (tau / 2 + restart_s) / values(mtbf_s)
     return np.clip(1.0 - lost, 0.0, 1.0)
 
 
 def training_run(*, tokens, tokens_per_step, step_s, gpus, price_per_gpu_hour, gpu_power_w,
                  gpus_per_host, host_power_w, pue, grid_kg_per_kwh, utilization=1.0, goodput_share=1.0):
-    steps = np.ceil(np.asarray(tokens, dtype=float) / tokens_per_step)
+    steps = np.ceil(floats(tokens) / tokens_per_step)
     seconds = steps * step_s / goodput_share
     gpu_hours = seconds / HOURS * gpus
-    hosts = np.ceil(np.asarray(gpus, dtype=float) / gpus_per_host)
+    hosts = np.ceil(floats(gpus) / gpus_per_host)
     power_w = gpus * gpu_power_w * utilization + hosts * host_power_w
     energy_kwh = power_w * seconds / HOURS / 1000.0 * pue
     return {

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .scalars import maximum
+from .scalars import floats, maximum
 
 TOKEN_ID_BYTES = 8  # the batch crosses to the GPU as int64 token ids (PyTorch's default index dtype)
 
@@ -22,7 +22,7 @@ TOKEN_ID_BYTES = 8  # the batch crosses to the GPU as int64 token ids (PyTorch's
 def data_stage_seconds(tokens, *, bytes_per_token, storage_gbs, workers, tokenize_rate, h2d_gbs) -> dict:
     """Seconds per step of each input-pipeline stage for `tokens` tokens on one data-parallel
     rank. A stage given as None (no storage limit, pre-tokenized data) takes no time."""
-    tokens = np.asarray(tokens, dtype=float)
+    tokens = floats(tokens)
     zero = np.zeros_like(tokens)
     return {
         "storage": zero if storage_gbs is None else tokens * bytes_per_token / (storage_gbs * 1e9),

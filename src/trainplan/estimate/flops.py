@@ -39,11 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-import numpy as np
-
 from ..specs.model import ModelSpec
 from .norm_features import causal_keys
-from .scalars import where
+from .scalars import floats, values, where
 
 ATTN_BWD_FUSED = 2.5  # flash/SDPA backward: 5 matmuls vs 2 in forward
 ATTN_BWD_EAGER = 2.0  # materialised scores: 2 bmm per forward bmm
@@ -107,7 +105,7 @@ def first_input_grad_skipped(recompute, reentrant_checkpoint):
     a reentrant checkpoint (no early stop) of the first layer gives gradients only if an input
     needs one, so the frozen embedding's output is made to (transformers'
     enable_input_require_grads) and the first layer's input gradients are computed."""
-    return 1.0 - (np.asarray(recompute) == 2) * float(reentrant_checkpoint)
+    return 1.0 - (values(recompute) == 2) * float(reentrant_checkpoint)
 
 
 @lru_cache(maxsize=256)
@@ -161,10 +159,10 @@ def step_flops(model: ModelSpec, *, tokens, seq, dense_layers, moe_layers, head,
     forward = gemm_fwd + attn_fwd + head_fwd
     backward = (1.0 if frozen else GEMM_BWD) * (gemm_fwd - adapters_fwd + head_fwd) \
         + GEMM_BWD * adapters_fwd + attn_bwd - first_input_grad
-    rc = np.asarray(recompute)
+    rc = values(recompute)
     # per-op selective checkpointing (activations.op_sac_saved) re-runs every second matmul of
     # each (dense) layer; float8 matmuls are all saved (low_precision_mm)
-    op_sac = tokens * op_sac_recomputed(model) * (1 - np.asarray(low_precision_mm, dtype=float)) * (
+    op_sac = tokens * op_sac_recomputed(model) * (1 - floats(low_precision_mm)) * (
         dense_layers + moe_layers) * recompute_share
     full = gemm_fwd + attn_fwd - where(skip_last, tokens * (lf.dense_last * dense_layers + lf.moe_last * moe_layers),
                                           0.0)

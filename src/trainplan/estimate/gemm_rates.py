@@ -20,7 +20,7 @@ from ..plan import conventions
 from .distinct import per_distinct
 from .flops import ATTENTION_INPUTS
 from .gemm_shape import GemmShape
-from .scalars import maximum, minimum, where
+from .scalars import floats, maximum, minimum, where
 
 TILE = 128  # GEMM output tile edge used for tile/wave quantization (CUTLASS/cuBLAS 128x128)
 
@@ -105,7 +105,7 @@ def gemm_efficiency(m, n, k, peak_eff, sms, elem_bytes=2, curve=None):
     dimension k and at the square size of equal work, (m·n·k)^(1/3), interpolated in log size;
     or, with an accelerator's fitted `GemmShape`, its write-back share k / (k + k0) in place
     of wave quantization (gemm_shape.py)."""
-    m, n, k = (maximum(np.asarray(x, dtype=float), 1) for x in (m, n, k))
+    m, n, k = (maximum(floats(x), 1) for x in (m, n, k))
     residual = 1.0 if curve is None else curve(m, n, k)
     tiles_m, tiles_n = np.ceil(m / TILE), np.ceil(n / TILE)
     tile_q = (m * n) / (tiles_m * tiles_n * TILE * TILE)
@@ -210,7 +210,7 @@ def _one_layer_gemm_time(g, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, ele
 
 def _layer_gemm_time(g: LayerGemms, tokens, tp, ep, kv_heads, top_k, peak, eff, sms, elem_bytes, curve=None,
                      backward=False, weight_grad=True):
-    ex = lambda x: np.asarray(x, dtype=float)[..., None]  # noqa: E731
+    ex = lambda x: floats(x)[..., None]  # noqa: E731
     tokens, tp, ep = ex(tokens), ex(tp), ex(ep)
     k = where(g.split == SPLIT["row"], g.fan_in / tp, g.fan_in)
     n = where(g.split == SPLIT["col"], g.fan_out / tp,

@@ -31,7 +31,7 @@ from .pipeline import (
     last_stage_logits_in_flight,
 )
 from .recipe import Recipe, recipe
-from .scalars import maximum, minimum, where
+from .scalars import any_, bools, floats, maximum, minimum, values, where
 from .torch_schedules import V_SHAPED
 
 FP32 = 4
@@ -169,14 +169,14 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     the stage (`pipeline.last_stage_heads_in_flight`); `heads_major_copy`: see
     `activations.layer_terms` (1 for PyTorch's CPU attention kernels)."""
     h = mn.hidden
-    first = np.asarray(first, dtype=float)
-    last = np.asarray(last, dtype=float)
+    first = floats(first)
+    last = floats(last)
     layers = dense_layers + moe_layers
     # ---- parameters held by this rank
     d_dense, d_exp = _per_rank(mn.dense, tp, ep, mn.kv_heads)
     m_dense, m_exp = _per_rank(mn.moe, tp, ep, mn.kv_heads)
     embed = vocab_padded * h / tp + mn.position_params
-    head_matrix = where((mn.tied) & (np.asarray(pp) == 1), 0.0, vocab_padded * h / tp)
+    head_matrix = where((mn.tied) & (values(pp) == 1), 0.0, vocab_padded * h / tp)
     head = head_matrix + mn.norm_params + mn.head_bias * vocab_padded / tp
     p_dense = dense_layers * d_dense + moe_layers * m_dense + first * embed + last * head
     p_expert = dense_layers * d_exp + moe_layers * m_exp
@@ -196,7 +196,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # FSDP1 runs NO_SHARD whatever strategy it is given when its shard group is one rank
     # (torch/distributed/fsdp/_init_utils.py: "FSDP is switching to use `NO_SHARD` ... since the
     # world size is 1"): ZeRO-0's memory
-    zero = where(r.single_rank_no_shard & (np.asarray(shard_dense) <= 1), 0, zero)
+    zero = where(r.single_rank_no_shard & (values(shard_dense) <= 1), 0, zero)
 
     def sharded(per_param_bytes, stage_from):
         div_d = where(zero >= stage_from, shard_dense, 1)
@@ -222,7 +222,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # the sharded copies; FSDP's SHARD_GRAD_OP keeps each unit gathered from its forward to its
     # backward, the whole stage when the backward starts (LoRA's frozen base is never sharded
     # here, so it has nothing to add)
-    not_lora = ~np.asarray(lora, dtype=bool)
+    not_lora = ~bools(lora)
     pipelined_fsdp = r.keeps_stage_gathered(pp, zero) & not_lora
     forward_to_backward = r.keeps_gathered_forward_to_backward(zero) & not_lora & ~pipelined_fsdp
     stage_gathered = (pipelined_fsdp & weights_sharded) | forward_to_backward
@@ -264,7 +264,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   adapter_dropout=float(r.lora_dropout), adapter_copies=float(r.lora_input_copies),
                   modules=modules, fp8_cache=fp8_cache, heads_major_copy=heads_major_copy,
                   gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs),
-                  cp_output_copy=float(r.cp_ring_output_copy) * (np.asarray(cp) > 1))
+                  cp_output_copy=float(r.cp_ring_output_copy) * (values(cp) > 1))
 
     def layer_terms(moe, **kw):  # activations' terms with the norm, mask and soft-capping features
         return norm_features.adjust_layer_terms(
@@ -282,9 +282,9 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     # RMSNorm upcasts a 16-bit input to a new fp32 copy.
     eager_rms = (not r.fused_kernels) and not mn.layernorm and r.residual_bytes < FP32
     ckpt_reused = 0.0 if eager_rms else ckpt
-    op_sac = np.asarray(recompute) == act.RECOMPUTE_CODE["selective-op"]
-    full = (np.asarray(recompute) == act.RECOMPUTE_CODE["full"]) | op_sac
-    if np.any(op_sac):
+    op_sac = values(recompute) == act.RECOMPUTE_CODE["selective-op"]
+    full = (values(recompute) == act.RECOMPUTE_CODE["full"]) | op_sac
+    if any_(op_sac):
         # per-op selective checkpointing keeps, besides each block's input, the outputs its
         # policy saves (dense layers; plan.py refuses it for MoE layers)
         # (the re-run block returns those saved outputs instead of making new ones)
@@ -292,7 +292,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                                                       low_precision_mm=float(r.linear_in_bytes < 2)), 0.0)
         extra = where(op_sac, op_saved - ckpt, 0.0)  # op_saved counts the block's input too
         ckpt, ckpt_reused = ckpt + extra, ckpt_reused + extra
-    if np.any(full):
+    if any_(full):
         # a layer that full recomputation leaves out, or re-runs in the backward, saves what it
         # saves without recomputation
         plain = {**common, "recompute": act.RECOMPUTE_CODE["none"]}
@@ -380,7 +380,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                             unit * 2 * r.compute_weight_bytes + unit_grad * r.reduce_bytes,
                             where(forward_to_backward, unit * r.reduce_bytes, 0.0))
     bucket = minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
-    bucket = bucket + where(r.grad_bucket_copy & (np.asarray(dp) > 1), trainable * r.grad_bytes, 0.0)
+    bucket = bucket + where(r.grad_bucket_copy & (values(dp) > 1), trainable * r.grad_bytes, 0.0)
     loss_ws = last * tokens * vocab_padded / tp * r.loss_workspace_bytes
     allocated = weights + grads + master + opt_state + activations + zero3_gather + bucket + loss_ws
     fragment = allocated * fragmentation
@@ -390,10 +390,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     params_gathered = params_gathered + 0 * total
     grads_unsharded = grads_unsharded + 0 * total
     cpu_offload = np.zeros(np.shape(total))
-    if np.any(offload_optimizer):
+    if any_(offload_optimizer):
         cpu_offload = cpu_offload + where(offload_optimizer, sharded(r.master_bytes, 1)
                                              + sharded(r.optimizer_bytes, 1), 0.0)
-    if np.any(offload_params):
+    if any_(offload_params):
         cpu_offload = cpu_offload + where(offload_params, p_stage * r.weight_bytes
                                              / where(zero >= 3, shard_dense, 1), 0.0)
     return {
@@ -553,7 +553,7 @@ def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batc
         flight = in_flight(SCHEDULE_CODE[plan.schedule], np.arange(pp)[:, None], pp,
                            np.array([np.min(micro_batches), np.max(micro_batches)])[None, :], layout.vpp,
                            plan.pp_group, plan.framework)
-        if np.any(np.diff(flight, axis=0) > 0):
+        if any_(np.diff(flight, axis=0) > 0):
             return np.arange(pp)
     first: dict = {}  # kind -> its first stage, in stage order
     columns = (np.broadcast_to(inputs[k], (pp,)).tolist() for k in ("dense_layers", "moe_layers", "first", "last"))

@@ -44,15 +44,13 @@ compute all s² anyway.
 
 from __future__ import annotations
 
-import numpy as np
-
 from .activations import ATTENTION_CODE, FP32, INDEX_BYTES, LayerShape, _norm_bytes
-from .scalars import maximum, minimum, where
+from .scalars import floats, maximum, minimum, values, where
 
 
 def window_keys(seq, window):
     """Keys a causal query attends on average, with a sliding window of `window` keys."""
-    seq = np.asarray(seq, dtype=float)
+    seq = floats(seq)
     return where(seq > window, window - window * window / (2.0 * maximum(seq, 1.0)), 0.5 * seq)
 
 
@@ -60,8 +58,8 @@ def causal_keys(seq, sliding_share: float, window: int):
     """Average keys per query over a model's layers, causal: its sliding layers' `window_keys`,
     the others' s/2."""
     if not sliding_share:
-        return 0.5 * np.asarray(seq, dtype=float)
-    return (1 - sliding_share) * 0.5 * np.asarray(seq, dtype=float) + sliding_share * window_keys(seq, window)
+        return 0.5 * floats(seq)
+    return (1 - sliding_share) * 0.5 * floats(seq) + sliding_share * window_keys(seq, window)
 
 
 # Memory passes over h per token of one norm's forward (read the input, write the output; a
@@ -92,12 +90,12 @@ def adjust_layer_terms(t: dict, shape: LayerShape, *, tokens, seq, tp, sp, act_b
     """The norm, mask and soft-capping terms of one layer, from `activations.layer_terms`' terms."""
     h = shape.hidden
     rep = where(sp, tp, 1)
-    fused = np.asarray(fused)
+    fused = values(fused)
     eager_rms = (1 - fused) * (0 if shape.layernorm else 1)
     stats = 2 if shape.layernorm else 1
-    eager = np.asarray(attention) == ATTENTION_CODE["eager"]
-    sdpa = np.asarray(attention) == ATTENTION_CODE["sdpa"]
-    no_recompute = np.asarray(recompute) == 0
+    eager = values(attention) == ATTENTION_CODE["eager"]
+    sdpa = values(attention) == ATTENTION_CODE["sdpa"]
+    no_recompute = values(recompute) == 0
     t = dict(t)
     if shape.python_layernorm:
         python = python_layernorm_bytes(h, frozen) * (1 - fused)
@@ -122,7 +120,7 @@ def adjust_layer_terms(t: dict, shape: LayerShape, *, tokens, seq, tp, sp, act_b
         # the max's int64 indices and the softmax output's one more column (s + 1 keys)
         t["attention_sinks"] = tokens * shape.heads / tp * (INDEX_BYTES + act_bytes) * eager * no_recompute
     if shape.sliding_share:
-        masked = sdpa * (np.asarray(seq) >= shape.sliding_window) * shape.sliding_share
+        masked = sdpa * (values(seq) >= shape.sliding_window) * shape.sliding_share
         repeated = (shape.q - shape.k + shape.attn_out - shape.v) / tp * (shape.kv_heads > tp)  # a view of one head
         t["window_mask"] = masked * tokens * (seq * act_bytes + repeated * act_bytes)
     return t
@@ -130,9 +128,9 @@ def adjust_layer_terms(t: dict, shape: LayerShape, *, tokens, seq, tp, sp, act_b
 
 def window_stage_bytes(shape: LayerShape, *, seq, cp, attention):
     """Per micro-batch: the boolean sliding-window mask SDPA's layers share (s² bytes)."""
-    sdpa = np.asarray(attention) == ATTENTION_CODE["sdpa"]
-    on = sdpa * (np.asarray(seq) >= shape.sliding_window) * (shape.sliding_share > 0)
-    return on * (np.asarray(seq) / cp) ** 2
+    sdpa = values(attention) == ATTENTION_CODE["sdpa"]
+    on = sdpa * (values(seq) >= shape.sliding_window) * (shape.sliding_share > 0)
+    return on * (values(seq) / cp) ** 2
 
 
 def final_softcap_bytes(vocab_padded, *, tokens, tp, logit_act_bytes):

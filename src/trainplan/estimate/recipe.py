@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..plan import DTYPE_BYTES, Plan, conventions
+from .scalars import bools, values
 
 
 @dataclass(frozen=True)
@@ -120,17 +119,17 @@ class Recipe:
     def keeps_stage_gathered(self, pp, zero):
         """Where ZeRO-2/3 runs as pipelined FSDP (`pp_accumulates_unsharded` and more than one
         stage): the stage stays gathered and its gradients unsharded, reduced once a step."""
-        return self.pp_accumulates_unsharded & (np.asarray(pp) > 1) & (np.asarray(zero) >= 2)
+        return bools(self.pp_accumulates_unsharded & (values(pp) > 1) & (values(zero) >= 2))
 
     def weights_sharded(self, zero):
         """Where the persistent weights are sharded over data parallelism: ZeRO-3, and ZeRO-2
         under FSDP (`shards_params_at_rest`)."""
-        return np.asarray(zero) >= (2 if self.shards_params_at_rest else 3)
+        return bools(values(zero) >= (2 if self.shards_params_at_rest else 3))
 
     def keeps_gathered_forward_to_backward(self, zero):
         """Where each unit's gathered compute-dtype copy lives from its forward to its backward
         (FSDP's SHARD_GRAD_OP): at the start of the backward the whole stage is gathered."""
-        return self.shards_params_at_rest & (np.asarray(zero) == 2)
+        return bools(self.shards_params_at_rest & (values(zero) == 2))
 
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "

@@ -65,3 +65,10 @@ def values(x):
     if x.__class__ in SCALAR_TYPES:
         return x
     return np.asarray(x)
+
+
+def bools(x):
+    """np.asarray(x, dtype=bool), with a scalar as a numpy bool (whose `~` is logical not)."""
+    if x.__class__ in SCALAR_TYPES:
+        return np.bool_(x)
+    return np.asarray(x, dtype=bool)

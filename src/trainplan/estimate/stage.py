@@ -285,7 +285,7 @@ def recomputed_share(recompute, recompute_layers, layers):
     otherwise (selective recomputation, or none, which adds nothing)."""
     if recompute_layers is None:
         return 1.0
-    layers = np.asarray(layers, dtype=float)
+    layers = floats(layers)
     share = minimum(recompute_layers, layers) / maximum(layers, 1.0)
     return where(values(recompute) == 2, share, 1.0)
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .scalars import maximum, minimum, where
+from .scalars import floats, maximum, minimum, where
 
 # planner schedule name -> torch.distributed.pipelining class
 TORCH_CLASSES = {
@@ -58,14 +58,14 @@ V_SHAPED = ("zbv", "dualpipev")
 
 def rounds_size(pp, micro_batches):
     """Micro-batches per round of torch's interleaved schedules: m // max(1, m // p)."""
-    p, m = (np.asarray(x, dtype=float) for x in (pp, micro_batches))
+    p, m = (floats(x) for x in (pp, micro_batches))
     return m // maximum(1.0, m // p)
 
 
 def chunks_in_flight(name, stage, pp, micro_batches, vpp=1):
     """(chunk, micro-batch) pairs rank `stage` holds at its peak under torch's schedule `name`
     (a planner schedule name, see TORCH_CLASSES); vpp: chunks per rank (2 for zbv, dualpipev)."""
-    i, p, m, v = (np.asarray(x, dtype=float) for x in (stage, pp, micro_batches, vpp))
+    i, p, m, v = (floats(x) for x in (stage, pp, micro_batches, vpp))
     r = rounds_size(p, m)
     if name == "gpipe":
         return m + 0 * i
@@ -87,7 +87,7 @@ def chunks_in_flight(name, stage, pp, micro_batches, vpp=1):
 def in_flight(name, stage, pp, micro_batches, vpp=1):
     """Layer-equivalent micro-batches (chunks in flight / chunks per rank) at rank `stage`'s
     peak: what `estimate.pipeline.in_flight` returns for framework torch."""
-    return chunks_in_flight(name, stage, pp, micro_batches, vpp) / np.asarray(vpp, dtype=float)
+    return chunks_in_flight(name, stage, pp, micro_batches, vpp) / floats(vpp)
 
 
 def logits_in_flight(name, micro_batches, pp):
@@ -98,7 +98,7 @@ def logits_in_flight(name, micro_batches, pp):
     the weight-gradient pass the zero-bubble schedules defer: `stage_backward_input` detaches
     the loss, and the cross-entropy's nodes lie below the head's weight intermediate, so nothing
     holds them after it (torch/distributed/pipelining/_backward.py, PyTorch 2.13)."""
-    m = np.asarray(micro_batches, dtype=float) + 0 * np.asarray(pp, dtype=float)
+    m = floats(micro_batches) + 0 * floats(pp)
     return where(name in ("gpipe", "looped_bfs"), m, 1.0 + 0 * m)
 
 
@@ -107,7 +107,7 @@ def heads_in_flight(name, micro_batches, pp):
     and the output layer's input, kept until the stage's full backward or weight-gradient pass):
     the live losses' count, except under InterleavedZeroBubble, whose last rank defers its
     weight gradients by p - 1 micro-batches (min(p, m))."""
-    m, p = np.asarray(micro_batches, dtype=float), np.asarray(pp, dtype=float)
+    m, p = floats(micro_batches), floats(pp)
     return where(name == "zb", minimum(p, m), logits_in_flight(name, m, p))
 
 
