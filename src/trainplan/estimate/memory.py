@@ -515,6 +515,10 @@ def _first_column(value):
     return value
 
 
+# the memory line's keys, in the order max_micro_batch combines them
+LINE_KEYS = ("total", "total_per_in_flight", "total_per_logits", "total_per_loss")
+
+
 def estimate_memory_and_line(layout: Layout, r: Recipe | None = None) -> tuple[dict, dict]:
     """`estimate_memory`, and in the same evaluation the line `max_micro_batch` reads: each
     stage's memory at micro-batch sizes 1 and 2 with one micro-batch (one set of logits) in
@@ -529,14 +533,18 @@ def estimate_memory_and_line(layout: Layout, r: Recipe | None = None) -> tuple[d
         if isinstance(v, np.ndarray) and v.ndim == 1:
             inputs[k] = v[:, None, None]
     inputs["mbs"] = np.array([[layout.mbs, 1, 2]], dtype=float)
-    flight = np.broadcast_to(inputs["in_flight_mb"], (pp, 1, 1))
-    inputs["in_flight_mb"] = np.concatenate([flight, np.ones((pp, 1, 2))], axis=2)
+    flight = np.ones((pp, 1, 3))
+    flight[:, :, :1] = inputs["in_flight_mb"]
+    inputs["in_flight_mb"] = flight
     inputs["logits_in_flight"] = np.array([[float(inputs["logits_in_flight"]), 1.0, 1.0]])
     inputs["head_in_flight"] = np.array([[float(inputs["head_in_flight"]), 1.0, 1.0]])
     out = stage_memory(numbers_for(layout), r, **inputs)
-    line = {k: np.broadcast_to(out[k], (pp, 1, 3))[:, 0, 1:]
-            for k in ("total", "total_per_in_flight", "total_per_logits", "total_per_loss")}
-    return _first_column(out), {**line, "stage_kinds": kinds}
+    points = np.empty((len(LINE_KEYS), pp, 2))  # each key at sizes 1 and 2, on every stage
+    for i, k in enumerate(LINE_KEYS):
+        v = out[k]
+        points[i] = v[:, 0, 1:] if np.ndim(v) == 3 else v[0, 1:] if np.ndim(v) == 2 else v
+    line = dict(zip(LINE_KEYS, points, strict=True))
+    return _first_column(out), {**line, "points": points, "stage_kinds": kinds}
 
 
 def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batches=None) -> np.ndarray:
@@ -556,7 +564,8 @@ def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batc
         if any_(np.diff(flight, axis=0) > 0):
             return np.arange(pp)
     first: dict = {}  # kind -> its first stage, in stage order
-    columns = (np.broadcast_to(inputs[k], (pp,)).tolist() for k in ("dense_layers", "moe_layers", "first", "last"))
+    columns = (inputs[k].tolist() if np.shape(inputs[k]) == (pp,) else np.broadcast_to(inputs[k], (pp,)).tolist()
+               for k in ("dense_layers", "moe_layers", "first", "last"))
     kinds = zip(*columns, strict=True)
     for i, kind in enumerate(kinds):
         first.setdefault(kind, i)
@@ -582,10 +591,6 @@ def _mbs_candidates(limit: int, gbs: int | None, dp: int, micro_batches: int) ->
     return cands, m
 
 
-# the memory line's keys, in the order max_micro_batch combines them
-LINE_KEYS = ("total", "total_per_in_flight", "total_per_logits", "total_per_loss")
-
-
 def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None) -> int:
     """Largest micro-batch that fits every stage (respecting gbs divisibility when the
     global batch was given); 0 when even 1 does not fit. Every candidate size on the stages
@@ -602,7 +607,7 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
     sched = SCHEDULE_CODE[plan.schedule]
     stages = peak_candidate_stages(layout, line["stage_kinds"], m)
     # each key's value at each candidate size, keys x stages x candidates
-    points = np.stack([line[k] for k in LINE_KEYS])[:, stages]
+    points = (line["points"] if "points" in line else np.stack([line[k] for k in LINE_KEYS]))[:, stages]
     one, two = points[:, :, :1], points[:, :, 1:]
     total, per_flight, per_logits, per_loss = one + (cands - 1) * (two - one)
     flight = in_flight(sched, stages[:, None], layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework)

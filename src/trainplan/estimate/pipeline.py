@@ -44,7 +44,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import torch_orders, torch_schedules
-from .scalars import maximum, minimum, where
+from .scalars import SCALAR_TYPES, floats, maximum, minimum, values, where
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb", "dualpipe"]
 # A backward pass costs twice its forward (input and weight gradients: two GEMMs per forward
@@ -86,6 +86,9 @@ IN_FLIGHT_RULES: dict[tuple[int, str | None], Callable] = {
     (SCHEDULE_CODE["dualpipe"], None): _dualpipe,
 }
 
+# the schedule codes with a rule (for any framework)
+_RULE_CODES = {c for c, _ in IN_FLIGHT_RULES}
+
 
 def register_schedule(name: str, rule: Callable, framework: str | None = None) -> int:
     """Add a schedule, or a framework's own rule for one (its pipeline engine runs it its way),
@@ -94,6 +97,7 @@ def register_schedule(name: str, rule: Callable, framework: str | None = None) -
         SCHEDULES.append(name)
         SCHEDULE_CODE[name] = len(SCHEDULES) - 1
     IN_FLIGHT_RULES[(SCHEDULE_CODE[name], framework)] = rule
+    _RULE_CODES.add(SCHEDULE_CODE[name])
     return SCHEDULE_CODE[name]
 
 
@@ -106,17 +110,24 @@ def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framew
     """Micro-batches' worth of activations stage `stage` holds at its peak; `group` is the
     interleaved schedule's contiguous micro-batches per chunk (N; default pp); `framework` picks
     that framework's own rule for a schedule where it registered one."""
-    stage, pp, m, v = (np.asarray(x, dtype=float) for x in (stage, pp, micro_batches, vpp))
-    n = pp if group is None else np.asarray(group, dtype=float)
-    code = np.asarray(schedule_code)
-    out = np.zeros(np.broadcast_shapes(code.shape, stage.shape, pp.shape, m.shape, v.shape, np.shape(n)))
-    if code.ndim == 0:  # one schedule (a single plan): its rule alone, without scanning the registry
-        c = code.item()
-        if any(key == c for key, _ in IN_FLIGHT_RULES):
-            rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
-            out = where(code == c, rule(stage, pp, m, v, n), out)
+    stage, pp, m, v = (floats(x) for x in (stage, pp, micro_batches, vpp))
+    n = pp if group is None else floats(group)
+    if schedule_code.__class__ in SCALAR_TYPES or np.ndim(schedule_code) == 0:
+        # one schedule (a single plan): its rule alone, without scanning the registry, on the
+        # arguments' broadcast shape
+        c = int(schedule_code)
+        shape = np.broadcast(stage, pp, m, v, n).shape
+        if c not in _RULE_CODES:
+            return np.zeros(shape)
+        rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
+        out = rule(stage, pp, m, v, n)
+        if not (isinstance(out, np.ndarray) and out.shape == shape and out.dtype == float):
+            out = np.broadcast_to(out, shape).astype(float)
         return out
-    for c in {c for c, _ in IN_FLIGHT_RULES}:
+    code = np.asarray(schedule_code)
+    out = np.zeros(np.broadcast_shapes(code.shape, np.shape(stage), np.shape(pp), np.shape(m), np.shape(v),
+                                       np.shape(n)))
+    for c in _RULE_CODES:
         if np.any(code == c):
             rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
             out = where(code == c, rule(stage, pp, m, v, n), out)
@@ -129,7 +140,7 @@ def last_stage_logits_in_flight(schedule_code, micro_batches, framework: str | N
     torch.distributed.pipelining's schedules, `torch_schedules.logits_in_flight`)."""
     if framework == "torch":
         return torch_schedules.by_code(torch_schedules.logits_in_flight, SCHEDULES, schedule_code, micro_batches, pp)
-    return where(np.asarray(schedule_code) == 0, np.asarray(micro_batches, dtype=float), 1.0)
+    return where(values(schedule_code) == 0, floats(micro_batches), 1.0)
 
 
 def last_stage_heads_in_flight(schedule_code, micro_batches, framework: str | None = None, pp=1):
