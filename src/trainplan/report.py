@@ -92,7 +92,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
     L = result.layout
     p = L.plan
     r = result.recipe if result.recipe is not None else recipe(p)
-    peak = result.peak
+    peak, capacity = result.peak, result.capacity
     return {
         "model": {"name": L.model.name, "params": L.model.params, "active_params": L.model.active_params,
                   "layers": L.model.layers, "hidden": L.model.hidden, "vocab": L.model.vocab,
@@ -118,10 +118,10 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                      **({"lora_rank": p.lora_rank, "lora_targets": p.lora_targets}
                         if p.finetune != "full" else {})},
         "memory": {
-            "capacity_bytes": result.capacity,
+            "capacity_bytes": capacity,
             "peak_bytes": peak,
-            "fits": bool(result.fits),
-            "headroom_bytes": result.capacity - peak,
+            "fits": bool(peak <= capacity),
+            "headroom_bytes": capacity - peak,
             "peak_stage": int(np.argmax(result.memory["total"])) if np.ndim(result.memory["total"]) else 0,
             **({"max_mbs": max_micro_batch(L, line=result.mbs_line)} if with_max_mbs else {}),
             "stages": stage_rows(result),

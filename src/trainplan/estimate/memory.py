@@ -558,10 +558,10 @@ def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batc
     inputs = inputs or layout_inputs(layout)
     plan, pp = layout.plan, layout.pp
     if micro_batches is not None and len(micro_batches):
+        m = np.asarray(micro_batches)
         flight = in_flight(SCHEDULE_CODE[plan.schedule], np.arange(pp)[:, None], pp,
-                           np.array([np.min(micro_batches), np.max(micro_batches)])[None, :], layout.vpp,
-                           plan.pp_group, plan.framework)
-        if any_(np.diff(flight, axis=0) > 0):
+                           np.array([m.min(), m.max()])[None, :], layout.vpp, plan.pp_group, plan.framework)
+        if (flight[1:] > flight[:-1]).any():  # more in flight on a later stage
             return np.arange(pp)
     first: dict = {}  # kind -> its first stage, in stage order
     columns = (inputs[k].tolist() if np.shape(inputs[k]) == (pp,) else np.broadcast_to(inputs[k], (pp,)).tolist()
@@ -614,5 +614,5 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
     logits = last_stage_logits_in_flight(sched, m[None, :], plan.framework, layout.pp)
     heads = last_stage_heads_in_flight(sched, m[None, :], plan.framework, layout.pp)
     total = total + per_flight * (flight - 1) + per_logits * (heads - 1) + per_loss * (logits - heads)
-    fits = np.max(total, axis=0) <= layout.gpu.capacity_bytes
+    fits = total.max(axis=0) <= layout.gpu.capacity_bytes
     return int(cands[fits].max()) if fits.any() else 0

@@ -20,9 +20,16 @@ SCALAR_TYPES = frozenset({bool, int, float, np.bool_, np.float64, np.int64, np.f
 
 
 def where(condition, x, y):
-    """np.where(condition, x, y); for scalars, x or y itself."""
-    if condition.__class__ in SCALAR_TYPES and x.__class__ in SCALAR_TYPES and y.__class__ in SCALAR_TYPES:
-        return x if condition else y
+    """np.where(condition, x, y); for a scalar condition, x or y itself where that is what numpy
+    would give: both scalars, or the one chosen a float array of the result's shape (the other a
+    scalar or an array of the same shape)."""
+    if condition.__class__ in SCALAR_TYPES:
+        if x.__class__ in SCALAR_TYPES and y.__class__ in SCALAR_TYPES:
+            return x if condition else y
+        chosen, other = (x, y) if condition else (y, x)
+        if (chosen.__class__ is np.ndarray and chosen.dtype == np.float64
+                and (other.__class__ in SCALAR_TYPES or (other.__class__ is np.ndarray and other.shape == chosen.shape))):
+            return chosen
     return np.where(condition, x, y)
 
 
