@@ -503,16 +503,20 @@ def estimate_memory(layout: Layout, r: Recipe | None = None) -> dict:
     return stage_memory(numbers_for(layout), r if r is not None else recipe(layout.plan), **layout_inputs(layout))
 
 
-def _first_column(value):
+def _first_column(value: dict) -> dict:
     """The plan's own figures out of a `stage_memory` result evaluated on (stage, 1, column)
     arrays: column 0 of each, as a (pp,) array where it varies by stage (three axes), a scalar
-    where it does not (two)."""
-    if isinstance(value, dict):
-        return {k: _first_column(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        ndim = value.ndim
-        return value[:, 0, 0] if ndim == 3 else value[0, 0] if ndim == 2 else value
-    return value
+    where it does not (two); nested dicts alike."""
+    out = {}
+    for k, v in value.items():
+        if v.__class__ is np.ndarray:
+            ndim = v.ndim
+            out[k] = v[:, 0, 0] if ndim == 3 else v[0, 0] if ndim == 2 else v
+        elif isinstance(v, dict):
+            out[k] = _first_column(v)
+        else:
+            out[k] = v
+    return out
 
 
 # the memory line's keys, in the order max_micro_batch combines them
