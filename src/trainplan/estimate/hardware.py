@@ -15,6 +15,7 @@ from . import comm
 from .attention_rates import flash_curve_points, triton_attention_curve
 from .gemm_rates import GemmResiduals, gemm_residuals, gemm_shape, gemm_training_fraction
 from .gemm_shape import GemmShape
+from .memo import Memo, cached_hash
 
 
 def efficiencies(layout: Layout, profile: dict | None = None) -> dict:
@@ -136,13 +137,30 @@ class Hardware:
     nccl: comm.NcclTuning | None = None  # NCCL's algorithm and protocol choice (comm.nccl_call)
     a2a_nvlink: float | None = None  # NVLink bytes/s per GPU of an expert-parallel all-to-all (None: `nvlink`)
 
+    def __hash__(self) -> int:
+        return cached_hash(self)
+
     @property
     def gemm16(self) -> tuple:
         """(efficiency, curve) of the 16-bit GEMMs: the layers' own unless the recipe is fp8."""
         return (self.gemm_eff, self.gemm_curve) if self.eff_16 is None else (self.eff_16, self.curve_16)
 
 
+_HARDWARE = Memo(256)
+
+
 def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
+    """The accelerator of a plan as the time model sees it; without a calibrated profile one
+    object per distinct accelerator and plan settings it reads (memoised)."""
+    if profile:
+        return _hardware(layout, profile)
+    plan, gpu = layout.plan, layout.gpu
+    key = (gpu.name, gpu.hbm_tbs, gpu.sms, gpu.scale_up_gbs, gpu.nic_gbps, tuple(sorted(gpu.peak_tflops.items())),
+           plan.precision, plan.attention, plan.h2d_gbs, plan.host_gbs)
+    return _HARDWARE.get(key, lambda: _hardware(layout, None))
+
+
+def _hardware(layout: Layout, profile: dict | None) -> Hardware:
     plan, gpu = layout.plan, layout.gpu
     e = efficiencies(layout, profile)
     # fp8 recipes (Transformer Engine's) run the layers' GEMMs in fp8; attention, the output

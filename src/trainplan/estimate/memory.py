@@ -267,11 +267,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   cp_output_copy=float(r.cp_ring_output_copy) * (values(cp) > 1))
 
     def layer_terms(moe, **kw):  # activations' terms with the norm, mask and soft-capping features
-        return norm_features.adjust_layer_terms(
-            act.layer_terms(mn.shape, moe=moe, **kw), mn.shape, tokens=tokens, seq=seq, tp=tp, sp=sp,
-            act_bytes=r.act_bytes, residual_bytes=r.residual_bytes, attention=kw["attention"],
-            recompute=kw["recompute"], fused=float(r.fused_kernels), autocast=float(r.casts_linear_inputs),
-            frozen=float(lora_saves is not None))
+        return layer_terms_of(mn.shape, moe, kw)
 
     dense_terms = layer_terms(False, **common)
     moe_terms = layer_terms(True, **common) if mn.moe.expert or mn.moe.split else {}
@@ -419,6 +415,47 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         "total_per_logits": per_logits * (1 + fragmentation),
         "total_per_loss": per_loss * (1 + fragmentation),
     }
+
+
+# one layout's per-layer terms (scalars, or a few columns), memoised by their arguments: the
+# explorer and repeated plans ask for the same micro-batch shapes again (search's arrays are not)
+_LAYER_TERMS: dict = {}
+_LAYER_TERMS_MAX = 1024
+_LARGE = object()  # an argument the memo does not key on (an array of many layouts)
+
+
+def _key_part(value):
+    if value.__class__ is np.ndarray:
+        return (value.shape, value.dtype.str, value.tobytes()) if value.size <= 16 else _LARGE
+    if value.__class__ is dict:
+        return tuple(value.items())
+    return value
+
+
+def layer_terms_of(shape: act.LayerShape, moe: bool, kw: dict) -> dict:
+    """`activations.layer_terms` with the norm, mask and soft-capping terms
+    (`norm_features.adjust_layer_terms`) for one layer kind, `kw` the former's keyword
+    arguments; memoised for one layout's arguments (a fresh dict of read-only figures)."""
+    parts = tuple((k, _key_part(v)) for k, v in kw.items())
+    key = (shape, moe, parts)
+    try:
+        hit = _LAYER_TERMS.get(key) if not any(p is _LARGE for _, p in parts) else None
+    except TypeError:  # an unhashable argument (arrays inside a dict): not memoised
+        key, hit = None, None
+    if hit is None:
+        hit = norm_features.adjust_layer_terms(
+            act.layer_terms(shape, moe=moe, **kw), shape, tokens=kw["tokens"], seq=kw["seq"], tp=kw["tp"],
+            sp=kw["sp"], act_bytes=kw["act_bytes"], residual_bytes=kw["residual_bytes"], attention=kw["attention"],
+            recompute=kw["recompute"], fused=kw["fused"], autocast=kw["autocast"],
+            frozen=float(kw["saves"] is not None))
+        if key is not None and not any(p is _LARGE for _, p in parts):
+            for v in hit.values():
+                if v.__class__ is np.ndarray:
+                    v.flags.writeable = False
+            if len(_LAYER_TERMS) >= _LAYER_TERMS_MAX:
+                _LAYER_TERMS.clear()
+            _LAYER_TERMS[key] = hit
+    return dict(hit)
 
 
 def layout_inputs(layout: Layout) -> dict:

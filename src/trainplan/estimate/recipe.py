@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..plan import DTYPE_BYTES, Plan, conventions
+from .memo import Memo, cached_hash
 from .scalars import bools, values
 
 
@@ -131,12 +132,30 @@ class Recipe:
         (FSDP's SHARD_GRAD_OP): at the start of the backward the whole stage is gathered."""
         return bools(self.shards_params_at_rest & (values(zero) == 2))
 
+    def __hash__(self) -> int:
+        return cached_hash(self)
+
     def describe(self) -> str:
         return (f"weights {self.weight_bytes:g} B + grads {self.grad_bytes:g} B + master "
                 f"{self.master_bytes:g} B + optimizer {self.optimizer_bytes:g} B per parameter")
 
 
+# the plan's fields `recipe` reads (tests/test_bounds.py checks the list against its source)
+RECIPE_FIELDS = ("dropout", "finetune", "fp8_params", "framework", "fused_kernels", "fused_loss", "grad_clip",
+                 "grad_dtype", "lora_dropout", "lora_targets", "master_weights", "optimizer", "optimizer_impl",
+                 "optimizer_state_dtype", "precision", "qlora_bits", "recompute_early_stop", "reduce_dtype",
+                 "tp_backward_overlap")
+_RECIPES = Memo(256)
+
+
 def recipe(plan: Plan) -> Recipe:
+    """Bytes per parameter and element, and the framework's conventions, for a plan's recipe
+    (one object per distinct recipe: memoised on the fields it reads)."""
+    key = tuple(tuple(v) if isinstance(v, list) else v for v in (getattr(plan, f) for f in RECIPE_FIELDS))
+    return _RECIPES.get(key, lambda: _recipe(plan))
+
+
+def _recipe(plan: Plan) -> Recipe:
     conv = conventions()
     fw = conv["frameworks"][plan.framework]
     opt = float(conv["optimizers"][plan.optimizer])

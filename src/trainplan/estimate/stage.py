@@ -5,6 +5,8 @@ collectives and pipeline transfers each layer exposes. Nothing here depends on t
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from . import activations as act
@@ -54,6 +56,90 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     gradients only, and rank-`lora_rank` adapters on the targeted linears add their GEMMs
     (`reentrant_checkpoint`: see `flops.first_input_grad_skipped`). Full recomputation re-runs
     the first `recompute_layers` layers of each stage (all when None)."""
+    f = floats
+    lt = layer_times(model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=recompute,
+                     eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, vocab_padded=vocab_padded, sp=sp,
+                     sharp=sharp, cp_allgather=cp_allgather, lora_targets=lora_targets, lora_rank=lora_rank,
+                     reentrant_checkpoint=reentrant_checkpoint, ep_node_limit=ep_node_limit)
+    rc, pp = f(recompute), f(pp)
+    compute, recompute_extra, layer, head = lt["compute"], lt["recompute_extra"], lt["layer"], lt["head"]
+    embed_passes, embed_fwd, first_input_grad = lt["embed_passes"], lt["embed_fwd"], lt["first_input_grad"]
+    tp_fwd, tp_bwd, tp_extra, a2a = lt["tp_fwd"], lt["tp_bwd"], lt["tp_extra"], lt["a2a"]
+    cp_layer, cp_extra, p2p = lt["cp_layer"], lt["cp_extra"], lt["p2p"]
+
+    def ep_exposed(one, recomputed, overlap=ep_overlap):
+        """One MoE layer's exposed all-to-all seconds per micro-batch."""
+        total = 4 * one
+        return where(f(overlap) > 0, overlapped(total, compute["moe"] + recomputed * recompute_extra["moe"],
+                                                   hw.overlap_slowdown), total)
+
+    def per_stage(dense, moe, first_, last_, n_stages, recomputed):
+        """recomputed: the share of the layers whose recomputation is paid"""
+        return {
+            "compute": dense * (compute["dense"] + recomputed * recompute_extra["dense"])
+            + moe * (compute["moe"] + recomputed * recompute_extra["moe"]) + last_ * head
+            + first_ * (embed_passes * embed_fwd - first_input_grad),
+            "tp_comm": dense * (tp_fwd + tp_bwd + recomputed * tp_extra["dense"])
+            + moe * (tp_fwd + tp_bwd + recomputed * tp_extra["moe"]),
+            "ep_comm": moe * ep_exposed(a2a, recomputed),
+            "cp_comm": (dense + moe) * (cp_layer + recomputed * cp_extra),
+            "pp_comm": n_stages * 2 * p2p,
+        }
+
+    stage_layers = f(stage_dense) + f(stage_moe)
+    share = recomputed_share(rc, recompute_layers, stage_layers)
+    parts = per_stage(f(stage_dense), f(stage_moe), f(first), f(last), 1.0, share)
+    totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp,
+                       model_recomputed_share(rc, recompute_layers, stage_layers))
+    # the terms above, one layer of each kind and one micro-batch (for `plan --explain`)
+    # (the collectives per layer: with a recomputation's share of them where only some layers are recomputed)
+    detail = {"layer": layer, "tp_layer": {kind: tp_fwd + tp_bwd + share * tp_extra[kind] for kind in tp_extra},
+              "cp_layer": cp_layer + share * cp_extra, "ep_layer": ep_exposed(a2a, share),
+              "a2a": a2a, "moe_layer_compute": compute["moe"] + share * recompute_extra["moe"],
+              "head": head, "embedding": embed_passes * embed_fwd, "p2p": p2p,
+              # one layer's tensor-parallel seconds by pass (the recomputation's: full recomputation)
+              "tp_passes": {kind: {"forward": tp_fwd, "backward": tp_bwd, "recompute": tp_extra[kind]}
+                            for kind in tp_extra}}
+    # what DualPipe's overlap of one micro-batch's all-to-alls with another's compute saves where
+    # the plan does not already overlap them (step_from_stages applies it under that schedule)
+    saving = {"ep_saving": f(stage_moe) * (ep_exposed(a2a, share, False) - ep_exposed(a2a, share, True))
+              * (f(ep_overlap) == 0)}
+    slow = slowest_stage(parts, saving)
+    ep_saving_total = f(total_moe) * (ep_exposed(a2a, 1.0, False) - ep_exposed(a2a, 1.0, True)) * (f(ep_overlap) == 0)
+    return {**slow, "ep_saving": slow["slowest_extra"]["ep_saving"], "ep_saving_total": ep_saving_total,
+            "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
+
+
+def layer_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout, overlap_tp, gpn,
+                vocab_padded, sp=False, sharp=False, cp_allgather=False, lora_targets=None, lora_rank=0,
+                reentrant_checkpoint=False, ep_node_limit=None) -> dict:
+    """One layer of each kind, one micro-batch (`stage_times`' per-layer terms): its compute by
+    part ("layer"), with and without what recomputation adds ("compute", "recompute_extra"), its
+    exposed tensor-, expert- and context-parallel collectives, the pipeline transfer, the output
+    head's and the embedding's seconds. Nothing here depends on the stage; one layout's
+    (scalars) memoised."""
+    args = (model, hw, r, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout, overlap_tp, gpn, vocab_padded,
+            sp, sharp, cp_allgather, lora_targets, lora_rank, reentrant_checkpoint, ep_node_limit)
+    if all(a.__class__ is not np.ndarray for a in args[3:]):
+        try:
+            out = _one_layer_times(*args)
+        except TypeError:  # an unhashable argument: not memoised
+            out = None
+        if out is not None:
+            return {**out, "layer": {k: dict(v) for k, v in out["layer"].items()},
+                    "tp_extra": dict(out["tp_extra"]), "compute": dict(out["compute"]),
+                    "recompute_extra": dict(out["recompute_extra"])}
+    return _layer_times(*args)
+
+
+@lru_cache(maxsize=1024)
+def _one_layer_times(*args) -> dict:
+    return _layer_times(*args)
+
+
+def _layer_times(model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout, overlap_tp, gpn,
+                 vocab_padded, sp, sharp, cp_allgather, lora_targets, lora_rank, reentrant_checkpoint,
+                 ep_node_limit) -> dict:
     f = floats
     tp, pp, dp, cp, ep, mbs, seq = (f(x) for x in (tp, pp, dp, cp, ep, mbs, seq))
     rc = f(recompute)
@@ -202,47 +288,10 @@ def stage_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     embed_fwd = tokens * h * elem * 2 / hw.hbm
     embed_passes = 1 if frozen else 3
 
-    def ep_exposed(one, recomputed, overlap=ep_overlap):
-        """One MoE layer's exposed all-to-all seconds per micro-batch."""
-        total = 4 * one
-        return where(f(overlap) > 0, overlapped(total, compute["moe"] + recomputed * recompute_extra["moe"],
-                                                   hw.overlap_slowdown), total)
-
-    def per_stage(dense, moe, first_, last_, n_stages, recomputed):
-        """recomputed: the share of the layers whose recomputation is paid"""
-        return {
-            "compute": dense * (compute["dense"] + recomputed * recompute_extra["dense"])
-            + moe * (compute["moe"] + recomputed * recompute_extra["moe"]) + last_ * head
-            + first_ * (embed_passes * embed_fwd - first_input_grad),
-            "tp_comm": dense * (tp_fwd + tp_bwd + recomputed * tp_extra["dense"])
-            + moe * (tp_fwd + tp_bwd + recomputed * tp_extra["moe"]),
-            "ep_comm": moe * ep_exposed(a2a, recomputed),
-            "cp_comm": (dense + moe) * (cp_layer + recomputed * cp_extra),
-            "pp_comm": n_stages * 2 * p2p,
-        }
-
-    stage_layers = f(stage_dense) + f(stage_moe)
-    share = recomputed_share(rc, recompute_layers, stage_layers)
-    parts = per_stage(f(stage_dense), f(stage_moe), f(first), f(last), 1.0, share)
-    totals = per_stage(f(total_dense), f(total_moe), 1.0, 1.0, pp,
-                       model_recomputed_share(rc, recompute_layers, stage_layers))
-    # the terms above, one layer of each kind and one micro-batch (for `plan --explain`)
-    # (the collectives per layer: with a recomputation's share of them where only some layers are recomputed)
-    detail = {"layer": layer, "tp_layer": {kind: tp_fwd + tp_bwd + share * tp_extra[kind] for kind in tp_extra},
-              "cp_layer": cp_layer + share * cp_extra, "ep_layer": ep_exposed(a2a, share),
-              "a2a": a2a, "moe_layer_compute": compute["moe"] + share * recompute_extra["moe"],
-              "head": head, "embedding": embed_passes * embed_fwd, "p2p": p2p,
-              # one layer's tensor-parallel seconds by pass (the recomputation's: full recomputation)
-              "tp_passes": {kind: {"forward": tp_fwd, "backward": tp_bwd, "recompute": tp_extra[kind]}
-                            for kind in tp_extra}}
-    # what DualPipe's overlap of one micro-batch's all-to-alls with another's compute saves where
-    # the plan does not already overlap them (step_from_stages applies it under that schedule)
-    saving = {"ep_saving": f(stage_moe) * (ep_exposed(a2a, share, False) - ep_exposed(a2a, share, True))
-              * (f(ep_overlap) == 0)}
-    slow = slowest_stage(parts, saving)
-    ep_saving_total = f(total_moe) * (ep_exposed(a2a, 1.0, False) - ep_exposed(a2a, 1.0, True)) * (f(ep_overlap) == 0)
-    return {**slow, "ep_saving": slow["slowest_extra"]["ep_saving"], "ep_saving_total": ep_saving_total,
-            "totals": sum(totals.values()), "p2p": p2p, "detail": detail}
+    return {"compute": compute, "recompute_extra": recompute_extra, "layer": layer, "head": head,
+            "embed_passes": embed_passes, "embed_fwd": embed_fwd, "first_input_grad": first_input_grad,
+            "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "tp_extra": tp_extra, "a2a": a2a, "cp_layer": cp_layer,
+            "cp_extra": cp_extra, "p2p": p2p}
 
 
 def dropout_passes(fused: bool, elem: float) -> tuple[float, float]:

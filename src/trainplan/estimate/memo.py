@@ -1,0 +1,43 @@
+"""Memoisation of one plan's derived constants, for the evaluations that ask for the same ones
+again (the explorer's plans, a report after its plan, repeated plans in process): each cache is
+bounded and keyed on everything its figures are computed from, catalog data included (the
+conventions' parse is one object per catalog change: `specs.index.catalog_files`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from ..specs.conventions import conventions
+
+
+def cached_hash(obj) -> int:
+    """The hash of a frozen dataclass's field values, computed once per object (the memoised
+    estimators look it up as part of their keys several times per plan)."""
+    h = obj.__dict__.get("_fields_hash")
+    if h is None:
+        h = hash(tuple(getattr(obj, f.name) for f in fields(obj)))
+        object.__setattr__(obj, "_fields_hash", h)
+    return h
+
+
+class Memo:
+    """A bounded dict of computed values that starts afresh when the catalog's conventions
+    change or when it is full."""
+
+    def __init__(self, maxsize: int = 256):
+        self.maxsize = maxsize
+        self.values: dict = {}
+        self.conventions = None
+
+    def get(self, key, compute):
+        conv = conventions()
+        if conv is not self.conventions:
+            self.values, self.conventions = {}, conv
+        value = self.values.get(key)
+        if value is None:
+            value = compute()
+            if len(self.values) >= self.maxsize:
+                self.values.clear()
+            self.values[key] = value
+        return value
