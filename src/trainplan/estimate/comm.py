@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .memo import cached_hash
+
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV = range(5)
 
 
@@ -129,6 +131,9 @@ class NcclTuning:
     ring_ll128_cap: float = float("inf")
     tree_cap: tuple = (float("inf"), float("inf"))
     tree_ll128_cap: tuple = (float("inf"), float("inf"))
+
+    def __hash__(self) -> int:  # the memoised collectives key on it: hashed once
+        return cached_hash(self)
 
 
 def _log2i(x):

@@ -495,14 +495,14 @@ def pipeline_time(schedule_code, pp, micro_batches, stage_fwd_bwd_max, stage_fwd
     backward cross 2(p - 1)·v stage boundaries under every schedule with v chunks per rank (V-
     shaped: the bottom of the V stays on its rank).
     """
-    code = np.asarray(schedule_code)
-    m, p, v = (np.asarray(x, dtype=float) for x in (micro_batches, pp, vpp))
-    tmax = np.asarray(stage_fwd_bwd_max, dtype=float)
-    tsum = np.asarray(stage_fwd_bwd_sum, dtype=float)
+    code = values(schedule_code)
+    m, p, v = (floats(x) for x in (micro_batches, pp, vpp))
+    tmax = floats(stage_fwd_bwd_max)
+    tsum = floats(stage_fwd_bwd_sum)
     fill = tsum - tmax
     base = (m - 1) * tmax + tsum
     inter = m * tmax + fill / v
-    w = np.asarray(wgrad_share, dtype=float)
+    w = floats(wgrad_share)
     zb = m * tmax + fill * (1 - minimum(2 * w, 1.0)) / v
     dual = m * tmax / 2 + (p / 2 - 1) * maximum(1 - 2 * w, 0.0) * tmax / 2
     vee = m * tmax + fill * maximum(1 - 2 * w, 0.0) / 2
