@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .memo import cached_hash
 from .scalars import bools, floats, maximum, minimum, values, where
 
 ATTENTION = ("flash", "sdpa", "eager", "triton", "cudnn")
@@ -143,6 +144,9 @@ class LayerShape:
     final_softcap: bool = False  # cap·tanh(logits/cap) on the output head (Gemma 2)
     clip_qkv: bool = False  # q, k and v clamped in place (OLMo): each clamp keeps a copy of its input
     kv_repeat_view: bool = True  # eager's repeat of a rank's one KV head is a view (transformers' repeat_kv)
+
+    def __hash__(self) -> int:  # the memoised layer terms key on it: hashed once
+        return cached_hash(self)
 
 
 def _adapted(shape: LayerShape, saves) -> dict:

@@ -266,13 +266,11 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs),
                   cp_output_copy=float(r.cp_ring_output_copy) * (values(cp) > 1))
 
-    def layer_terms(moe, **kw):  # activations' terms with the norm, mask and soft-capping features
+    def layer_terms(moe, **kw):  # activations' terms with the norm, mask and soft-capping features, and their sum
         return layer_terms_of(mn.shape, moe, kw)
 
-    dense_terms = layer_terms(False, **common)
-    moe_terms = layer_terms(True, **common) if mn.moe.expert or mn.moe.split else {}
-    dense_layer = sum(dense_terms.values())
-    moe_layer = sum(moe_terms.values()) if moe_terms else 0.0
+    dense_terms, dense_layer = layer_terms(False, **common)
+    moe_terms, moe_layer = layer_terms(True, **common) if mn.moe.expert or mn.moe.split else ({}, 0.0)
     ckpt = act.checkpoint_bytes(h, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes)
     # The re-run layer's first norm keeps the checkpointed input itself, unless an eager
     # RMSNorm upcasts a 16-bit input to a new fp32 copy.
@@ -292,8 +290,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         # a layer that full recomputation leaves out, or re-runs in the backward, saves what it
         # saves without recomputation
         plain = {**common, "recompute": act.RECOMPUTE_CODE["none"]}
-        dense_plain = sum(layer_terms(False, **plain).values())
-        moe_plain = sum(layer_terms(True, **plain).values()) if moe_terms else 0.0
+        dense_plain = layer_terms(False, **plain)[1]
+        moe_plain = layer_terms(True, **plain)[1] if moe_terms else 0.0
         working_set = maximum(where(dense_layers > 0, dense_plain, 0.0),
                                  where(moe_layers > 0, moe_plain, 0.0))
         dense_layer = where(full, dense_plain, dense_layer)
@@ -421,41 +419,51 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
 # explorer and repeated plans ask for the same micro-batch shapes again (search's arrays are not)
 _LAYER_TERMS: dict = {}
 _LAYER_TERMS_MAX = 1024
-_LARGE = object()  # an argument the memo does not key on (an array of many layouts)
 
 
-def _key_part(value):
-    if value.__class__ is np.ndarray:
-        return (value.shape, value.dtype.str, value.tobytes()) if value.size <= 16 else _LARGE
-    if value.__class__ is dict:
-        return tuple(value.items())
-    return value
-
-
-def layer_terms_of(shape: act.LayerShape, moe: bool, kw: dict) -> dict:
+def layer_terms_of(shape: act.LayerShape, moe: bool, kw: dict) -> tuple[dict, object]:
     """`activations.layer_terms` with the norm, mask and soft-capping terms
     (`norm_features.adjust_layer_terms`) for one layer kind, `kw` the former's keyword
-    arguments; memoised for one layout's arguments (a fresh dict of read-only figures)."""
-    parts = tuple((k, _key_part(v)) for k, v in kw.items())
-    key = (shape, moe, parts)
-    try:
-        hit = _LAYER_TERMS.get(key) if not any(p is _LARGE for _, p in parts) else None
-    except TypeError:  # an unhashable argument (arrays inside a dict): not memoised
-        key, hit = None, None
+    arguments, and their sum; memoised for one layout's arguments (scalars, or a few columns of
+    micro-batch sizes: a fresh dict of read-only figures)."""
+    key = _layer_terms_key(shape, moe, kw)
+    hit = _LAYER_TERMS.get(key) if key is not None else None
     if hit is None:
-        hit = norm_features.adjust_layer_terms(
+        terms = norm_features.adjust_layer_terms(
             act.layer_terms(shape, moe=moe, **kw), shape, tokens=kw["tokens"], seq=kw["seq"], tp=kw["tp"],
             sp=kw["sp"], act_bytes=kw["act_bytes"], residual_bytes=kw["residual_bytes"], attention=kw["attention"],
             recompute=kw["recompute"], fused=kw["fused"], autocast=kw["autocast"],
             frozen=float(kw["saves"] is not None))
-        if key is not None and not any(p is _LARGE for _, p in parts):
-            for v in hit.values():
+        hit = terms, sum(terms.values())
+        if key is not None:
+            for v in (*terms.values(), hit[1]):
                 if v.__class__ is np.ndarray:
                     v.flags.writeable = False
             if len(_LAYER_TERMS) >= _LAYER_TERMS_MAX:
                 _LAYER_TERMS.clear()
             _LAYER_TERMS[key] = hit
-    return dict(hit)
+    return dict(hit[0]), hit[1]
+
+
+def _layer_terms_key(shape, moe, kw: dict):
+    """The memo's key for `layer_terms_of`: None where an argument is an array of many layouts
+    (search's) or is not hashable."""
+    parts = []
+    for v in kw.values():
+        cls = v.__class__
+        if cls is np.ndarray:
+            if v.size > 16:
+                return None
+            v = (v.shape, v.dtype.str, v.tobytes())
+        elif cls is dict:
+            v = tuple(v.items())
+        parts.append(v)
+    key = (shape, moe, tuple(kw), tuple(parts))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def layout_inputs(layout: Layout) -> dict:
