@@ -1,0 +1,180 @@
+"""One plan's fast paths give the figures of the general ones: the scalar answers of
+estimate/scalars.py equal numpy's, the memoised per-layout figures (layer terms, layer times, the
+recipe, the accelerator) equal freshly computed ones, a plan evaluated on scalars equals the same
+layout evaluated as one entry of layout arrays (search's path), and a plan's JSON is the same
+with every memo cleared as with every memo warm."""
+
+import inspect
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from trainplan.estimate import activations as act
+from trainplan.estimate import hardware as hardware_module
+from trainplan.estimate import memory, norm_features, stage
+from trainplan.estimate import recipe as recipe_module
+from trainplan.estimate.hardware import hardware
+from trainplan.estimate.recipe import RECIPE_FIELDS, recipe
+from trainplan.estimate.scalars import any_, bools, floats, maximum, minimum, values, where
+from trainplan.estimate.stage import _layer_times, layer_times, stage_times
+from trainplan.plan import make_plan, resolve
+from trainplan.report import evaluate, to_json
+
+# layouts over the model kinds and options the per-layer figures branch on
+CASES = [
+    dict(model="llama-2-70b", gpus=64, tp=8, pp=4, zero=1, sp=True, recompute="selective", gbs=128, seq_len=4096),
+    dict(model="deepseek-v3", gpu="H800", gpus=2048, pp=16, ep=64, zero=1, gbs=4096, precision="fp8",
+         framework="megatron", recompute="selective", recompute_modules="layernorm,mla_up_proj,moe_act",
+         fp8_cache="attn_out,moe_act_input"),
+    dict(model="llama-3-8b", gpus=8, zero=3, framework="fsdp", recompute="full", recompute_layers=4),
+    dict(model="llama-3-8b", gpus=1, finetune="qlora", gpu="RTX-4090", recompute="full", lora_dropout=0.1),
+    dict(model="mixtral-8x7b", gpus=32, tp=2, ep=8, pp=2, zero=1, framework="megatron", sp=True),
+    dict(model="gpt2-xl", gpus=4, gpu="V100-SXM2-32GB", precision="fp16", attention="eager", dropout=0.1),
+    dict(model="llama-3-8b", gpus=16, tp=2, cp=4, seq_len=65536, gbs=32, framework="megatron", sp=True,
+         cp_comm="allgather"),
+    dict(model="gemma-2-27b", gpus=32, tp=4, pp=2, gpu="TPU-v5p", optimizer="adafactor"),
+    dict(model="llama-3.1-70b", gpus=128, tp=8, pp=8, schedule="dualpipev", gbs=256, framework="torch"),
+]
+
+SCALARS = [0, 1, 3, -2, 0.0, -0.0, 2.5, -1.5, True, False, np.float64(4.0), np.float64(-0.0), np.int64(7),
+           np.bool_(True), float("inf"), float("nan")]
+
+
+def _same(a, b) -> bool:
+    """Equal value, NaN included, and the same sign of zero."""
+    a, b = float(a), float(b)
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+def test_scalar_answers_equal_numpys():
+    """Every pair (and condition) of scalar kinds: the value numpy gives, NaN and -0.0 included
+    (numpy's maximum and minimum return the second operand on a tie)."""
+    for a in SCALARS:
+        assert any_(a) == bool(np.any(a))
+        assert _same(floats(a), np.asarray(a, dtype=float)) and type(floats(a)) is np.float64
+        assert bool(bools(a)) == bool(np.asarray(a, dtype=bool)) and type(bools(a)) is np.bool_
+        assert values(a) is a
+        for b in SCALARS:
+            assert _same(maximum(a, b), np.maximum(a, b)), (a, b)
+            assert _same(minimum(a, b), np.minimum(a, b)), (a, b)
+            for c in (True, False, np.bool_(False), 0, 1.0):
+                assert _same(where(c, a, b), np.where(c, a, b)), (c, a, b)
+
+
+def test_array_arguments_go_to_numpy():
+    """Arrays get numpy's own result; a scalar condition picks an array only where numpy's
+    result is that array's values in its shape and dtype."""
+    x, y = np.array([1.0, -2.0, 3.0]), np.array([0.5, 4.0, 3.0])
+    assert np.array_equal(maximum(x, y), np.maximum(x, y)) and np.array_equal(minimum(x, 2), np.minimum(x, 2))
+    assert np.array_equal(where(x > 0, x, y), np.where(x > 0, x, y))
+    for cond in (True, False):
+        for a, b in ((x, y), (x, 2.0), (2.0, x), (x, y[:1]), (x.astype(int), 1.5), (x[None, :], y)):
+            got, want = where(cond, a, b), np.where(cond, a, b)
+            assert got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want)
+    assert bools(np.array([0, 2])).tolist() == [False, True] and floats([1, 2]).dtype == float
+    assert any_(np.array([0.0, 1.0])) is True and any_(np.zeros(3)) is False
+
+
+def _clear_memos():
+    memory._LAYER_TERMS.clear()
+    stage._one_layer_times.cache_clear()
+    recipe_module._RECIPES.values.clear()
+    hardware_module._HARDWARE.values.clear()
+
+
+@pytest.mark.parametrize("kw", CASES, ids=lambda kw: kw["model"])
+def test_a_plans_json_is_the_same_cold_and_warm(kw):
+    """Every memo cleared, then warm (twice): the same `plan --json` text."""
+    _clear_memos()
+    cold = json.dumps(to_json(evaluate(make_plan(**kw))), allow_nan=False)
+    warm = [json.dumps(to_json(evaluate(make_plan(**kw))), allow_nan=False) for _ in range(2)]
+    assert warm == [cold, cold]
+
+
+@pytest.mark.parametrize("kw", CASES, ids=lambda kw: kw["model"])
+def test_memoised_figures_equal_fresh_ones(kw):
+    """The memoised recipe, accelerator, layer terms and layer times equal the ones computed
+    afresh, and the memos hand out copies (or read-only arrays) callers cannot change."""
+    plan = make_plan(**kw)
+    layout = resolve(plan)
+    r = recipe(plan)
+    assert r == recipe_module._recipe(plan) and recipe(make_plan(**kw)) is r
+    hw = hardware(layout)
+    assert hw == hardware_module._hardware(layout, None) and hardware(resolve(make_plan(**kw))) is hw
+    _clear_memos()
+    dense = memory.estimate_memory(layout, r)["dense_layer_terms"]  # the plain (scalar) evaluation
+    memory.estimate_memory_and_line(layout, r)  # ... and the one with the micro-batch line's columns
+    assert memory._LAYER_TERMS
+    for key, (terms, total) in memory._LAYER_TERMS.items():  # every entry against a fresh evaluation
+        shape, moe, args = key[0], key[1], dict(zip(key[2], key[3], strict=True))
+        for name, v in args.items():
+            if name in ("saves", "modules", "fp8_cache") and v is not None:
+                args[name] = dict(v)
+            elif isinstance(v, tuple):  # an array: (shape, dtype, bytes)
+                args[name] = np.frombuffer(v[2], dtype=v[1]).reshape(v[0])
+        fresh = norm_features.adjust_layer_terms(
+            act.layer_terms(shape, moe=moe, **args), shape, tokens=args["tokens"], seq=args["seq"], tp=args["tp"],
+            sp=args["sp"], act_bytes=args["act_bytes"], residual_bytes=args["residual_bytes"],
+            attention=args["attention"], recompute=args["recompute"], fused=args["fused"],
+            autocast=args["autocast"], frozen=float(args["saves"] is not None))
+        assert fresh.keys() == terms.keys()
+        assert all(np.array_equal(fresh[k], terms[k]) for k in fresh) and np.array_equal(sum(fresh.values()), total)
+    dense["attn_norm"] = -1.0  # a caller's change stays its own
+    assert memory.estimate_memory(layout, r)["dense_layer_terms"]["attn_norm"] != -1.0
+    args = dict(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, mbs=layout.mbs,
+                seq=layout.seq_len, recompute=1, eager=False, dropout=0.0, overlap_tp=False, gpn=8,
+                vocab_padded=layout.vocab_padded)
+    memo = layer_times(layout.model, hw, r, **args)
+    fresh = _layer_times(layout.model, hw, r, *args.values(), False, False, False, None, 0, False, None)
+    assert memo.keys() == fresh.keys()
+    for k in memo:
+        if isinstance(memo[k], dict):
+            flat = lambda d: {(a, b): v for a, sub in d.items() for b, v in (sub.items() if isinstance(sub, dict) else [(None, sub)])}  # noqa: E731
+            assert flat(memo[k]).keys() == flat(fresh[k]).keys()
+            assert all(_same(x, flat(fresh[k])[j]) for j, x in flat(memo[k]).items()), k
+        else:
+            assert _same(memo[k], fresh[k]), k
+    memo["layer"]["dense"]["total"] = -1.0
+    assert layer_times(layout.model, hw, r, **args)["layer"]["dense"]["total"] != -1.0
+
+
+def test_recipe_memo_keys_on_every_field_recipe_reads():
+    """RECIPE_FIELDS names every plan field the recipe reads (from its source), and two plans
+    that differ in one of them get their own recipes."""
+    read = set(re.findall(r"\bplan\.(\w+)", inspect.getsource(recipe_module._recipe)))
+    assert read == set(RECIPE_FIELDS)
+    for base, change in ((dict(), dict(framework="megatron")), (dict(), dict(optimizer="sgd")),
+                         (dict(), dict(grad_clip=0.0)), (dict(framework="fsdp"), dict(dropout=0.1)),
+                         (dict(), dict(fused_loss=True)), (dict(), dict(precision="fp32")),
+                         (dict(), dict(reduce_dtype="fp32")), (dict(finetune="lora"), dict(lora_dropout=0.1))):
+        first = make_plan(model="llama-3-8b", gpus=8, **base)
+        other = make_plan(model="llama-3-8b", gpus=8, **base, **change)
+        assert recipe(other) == recipe_module._recipe(other) != recipe(first), change
+
+
+def test_stage_times_on_scalars_equal_one_entry_of_layout_arrays():
+    """A plan's stage times (scalars, memoised) equal the same layout priced as the one entry of
+    layout arrays, as search prices it, to the last bit."""
+    for kw in CASES[:3] + CASES[4:6]:
+        layout = resolve(make_plan(**kw))
+        r, hw = recipe(layout.plan), hardware(layout)
+        stages = np.arange(layout.pp)
+        common = dict(pp=layout.pp, dp=layout.dp, cp=layout.cp, mbs=layout.mbs, seq=layout.seq_len,
+                      recompute=1 if layout.plan.recompute == "selective" else 0, eager=False,
+                      dropout=layout.plan.dropout, overlap_tp=False, gpn=8,
+                      stage_dense=np.asarray(layout.stage_dense_layers, dtype=float),
+                      stage_moe=np.asarray(layout.stage_moe_layers, dtype=float),
+                      first=(stages == 0).astype(float), last=(stages == layout.pp - 1).astype(float),
+                      total_dense=sum(layout.stage_dense_layers), total_moe=sum(layout.stage_moe_layers),
+                      vocab_padded=layout.vocab_padded, sp=layout.sp)
+        one = stage_times(layout.model, hw, r, tp=layout.tp, ep=layout.ep, **common)
+        arrays = stage_times(layout.model, hw, r, tp=np.array([layout.tp]), ep=np.array([layout.ep]), **common)
+        for key in ("slowest_s", "totals", "p2p"):
+            assert np.array_equal(np.ravel(one[key]), np.ravel(arrays[key])), (kw["model"], key)
+        for part, value in one["slowest_parts"].items():
+            assert np.array_equal(np.ravel(value), np.ravel(arrays["slowest_parts"][part])), (kw["model"], part)
