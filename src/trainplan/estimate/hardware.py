@@ -155,7 +155,7 @@ def hardware(layout: Layout, profile: dict | None = None) -> Hardware:
     if profile:
         return _hardware(layout, profile)
     plan, gpu = layout.plan, layout.gpu
-    key = (gpu.name, gpu.hbm_tbs, gpu.sms, gpu.scale_up_gbs, gpu.nic_gbps, tuple(sorted(gpu.peak_tflops.items())),
+    key = (gpu.name, gpu.hbm_tbs, gpu.sms, gpu.scale_up_gbs, gpu.nic_gbps, tuple(gpu.peak_tflops.items()),
            plan.precision, plan.attention, plan.h2d_gbs, plan.host_gbs)
     return _HARDWARE.get(key, lambda: _hardware(layout, None))
 

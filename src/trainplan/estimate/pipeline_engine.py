@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plan import conventions
+from .memo import Memo
 from .pipeline import SCHEDULE_CODE
 from .scalars import SCALAR_TYPES, values, where
 
@@ -30,8 +31,15 @@ class PipelineEngine:
     dp_reduction_overlapped: bool
 
 
+_ENGINES = Memo(64)
+
+
 def engine(name: str) -> PipelineEngine:
-    """One engine's convention."""
+    """One engine's convention (one object per engine)."""
+    return _ENGINES.get(name, lambda: _engine(name))
+
+
+def _engine(name: str) -> PipelineEngine:
     conv = conventions()["pipeline_engines"][name]
     return PipelineEngine(name=name, p2p_transfers_per_micro_batch=float(conv["p2p_transfers_per_micro_batch"]),
                           dp_reduction_overlapped=bool(conv["dp_reduction_overlapped"]))

@@ -120,7 +120,7 @@ def layer_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     (scalars) memoised."""
     args = (model, hw, r, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout, overlap_tp, gpn, vocab_padded,
             sp, sharp, cp_allgather, lora_targets, lora_rank, reentrant_checkpoint, ep_node_limit)
-    if all(a.__class__ is not np.ndarray for a in args[3:]):
+    if np.ndarray not in set(map(type, args[3:])):
         try:
             out = _one_layer_times(*args)
         except TypeError:  # an unhashable argument: not memoised
