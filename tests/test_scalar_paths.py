@@ -82,6 +82,7 @@ def test_array_arguments_go_to_numpy():
 
 def _clear_memos():
     memory._LAYER_TERMS.clear()
+    memory._HELD.clear()
     stage._one_layer_times.cache_clear()
     recipe_module._RECIPES.values.clear()
     hardware_module._HARDWARE.values.clear()
@@ -124,6 +125,11 @@ def test_memoised_figures_equal_fresh_ones(kw):
             autocast=args["autocast"], frozen=float(args["saves"] is not None))
         assert fresh.keys() == terms.keys()
         assert all(np.array_equal(fresh[k], terms[k]) for k in fresh) and np.array_equal(sum(fresh.values()), total)
+    assert memory._HELD
+    for key, figures in memory._HELD.items():  # the parameters' figures against a fresh evaluation
+        args = [np.frombuffer(v[2], dtype=v[1]).reshape(v[0]) if isinstance(v, tuple) else v for v in key]
+        fresh = memory._held(*args)
+        assert fresh.keys() == figures.keys() and all(np.array_equal(fresh[k], figures[k]) for k in fresh)
     dense["attn_norm"] = -1.0  # a caller's change stays its own
     assert memory.estimate_memory(layout, r)["dense_layer_terms"]["attn_norm"] != -1.0
     args = dict(tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, mbs=layout.mbs,

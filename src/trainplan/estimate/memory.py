@@ -24,6 +24,7 @@ from ..units import GiB
 from . import activations as act
 from . import norm_features
 from .flops import ATTENTION_INPUTS
+from .memo import cached_hash
 from .pipeline import (
     SCHEDULE_CODE,
     in_flight,
@@ -94,6 +95,9 @@ class ModelNumbers:
     layernorm: bool
     head_bias: bool = False  # a bias on the output head (vocabulary-parallel like its matrix)
 
+    def __hash__(self) -> int:  # the memoised parameter figures key on it: hashed once
+        return cached_hash(self)
+
 
 @lru_cache(maxsize=256)
 def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0) -> ModelNumbers:
@@ -155,23 +159,55 @@ def layer_matrix_params(lp: LayerParams, tp, ep, kv_heads):
     return dense - lp.rep + expert
 
 
-def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first, last,
-                 in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
-                 vocab_padded, attention, recompute, recompute_layers, dropout, lora,
-                 lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
-                 fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None, lora_rank=0, modules=None,
-                 fp8_cache=None, head_in_flight=None, heads_major_copy=0) -> dict:
-    """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast);
-    `dp_shard`, the data-parallel ranks ZeRO shards over (all `dp` when None);
-    `logits_in_flight`, the losses alive at the peak (the logits the loss keeps);
-    `head_in_flight`, the last stage's micro-batches alive then (its final norm and the output
-    layer's input), `logits_in_flight` unless a split backward frees the loss before the rest of
-    the stage (`pipeline.last_stage_heads_in_flight`); `heads_major_copy`: see
-    `activations.layer_terms` (1 for PyTorch's CPU attention kernels)."""
+def held(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard,
+         lora, offload_optimizer, offload_params, pp, vocab_padded) -> dict:
+    """The parameters a stage's rank holds and their bytes (`stage_memory`'s weights, gradients,
+    master copy and optimizer state, and what it derives them from); one layout's memoised
+    (scalars, or a few stages: read-only figures)."""
+    args = (mn, r, dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard, lora, offload_optimizer,
+            offload_params, pp, vocab_padded)
+    key = _memo_key(args)
+    out = _HELD.get(key) if key is not None else None
+    if out is None:
+        out = _held(*args)
+        if key is not None:
+            for v in out.values():
+                if v.__class__ is np.ndarray:
+                    v.flags.writeable = False
+            if len(_HELD) >= _HELD_MAX:
+                _HELD.clear()
+            _HELD[key] = out
+    return out
+
+
+_HELD: dict = {}
+_HELD_MAX = 256
+
+
+def _memo_key(args: tuple):
+    """A hashable key for a memo over `args` (an array as its shape, dtype and bytes; a dict as
+    its items); None where one is an array of many layouts (search's) or is not hashable."""
+    parts = []
+    for v in args:
+        cls = v.__class__
+        if cls is np.ndarray:
+            if v.size > 64:
+                return None
+            v = (v.shape, v.dtype.str, v.tobytes())
+        elif cls is dict:
+            v = tuple(v.items())
+        parts.append(v)
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _held(mn, r, dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard, lora, offload_optimizer,
+          offload_params, pp, vocab_padded) -> dict:
     h = mn.hidden
-    first = floats(first)
-    last = floats(last)
-    layers = dense_layers + moe_layers
     # ---- parameters held by this rank
     d_dense, d_exp = _per_rank(mn.dense, tp, ep, mn.kv_heads)
     m_dense, m_exp = _per_rank(mn.moe, tp, ep, mn.kv_heads)
@@ -253,6 +289,48 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                        + first * (vocab_padded + h) + last * (vocab_padded + h + mn.norm_params))
         opt_state = opt_state + fac * r.state_bytes / where(zero >= 1, shard_dense, 1)
     opt_state = where(offload_optimizer, 0.0, opt_state)
+
+    offloaded_state = (sharded(r.master_bytes, 1) + sharded(r.optimizer_bytes, 1)) if any_(offload_optimizer) else 0.0
+    return {"d_dense": d_dense, "d_exp": d_exp, "m_dense": m_dense, "m_exp": m_exp, "embed": embed, "head": head,
+            "p_stage": p_stage, "adapters": adapters, "layer_max_adapters": layer_max_adapters,
+            "trainable": trainable, "shard_dense": shard_dense, "zero": zero, "dense_matrices": dense_matrices,
+            "moe_matrices": moe_matrices, "layer_matrices": layer_matrices, "uncast_experts": uncast_experts,
+            "weights": weights, "grads": grads, "master": master, "opt_state": opt_state,
+            "pipelined_fsdp": pipelined_fsdp, "forward_to_backward": forward_to_backward,
+            "params_gathered": params_gathered, "grads_unsharded": grads_unsharded,
+            "offloaded_state": offloaded_state}
+
+
+def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first, last,
+                 in_flight_mb, logits_in_flight, tp, sp, cp, ep, dp, zero, mbs, seq,
+                 vocab_padded, attention, recompute, recompute_layers, dropout, lora,
+                 lora_saves, offload_optimizer, offload_params, pp, reserved_bytes,
+                 fragmentation, mask_bytes=act.MASK_BYTES, dp_shard=None, lora_rank=0, modules=None,
+                 fp8_cache=None, head_in_flight=None, heads_major_copy=0) -> dict:
+    """Memory of one pipeline stage on one GPU, by component (bytes; arrays broadcast);
+    `dp_shard`, the data-parallel ranks ZeRO shards over (all `dp` when None);
+    `logits_in_flight`, the losses alive at the peak (the logits the loss keeps);
+    `head_in_flight`, the last stage's micro-batches alive then (its final norm and the output
+    layer's input), `logits_in_flight` unless a split backward frees the loss before the rest of
+    the stage (`pipeline.last_stage_heads_in_flight`); `heads_major_copy`: see
+    `activations.layer_terms` (1 for PyTorch's CPU attention kernels)."""
+    h = mn.hidden
+    first = floats(first)
+    last = floats(last)
+    layers = dense_layers + moe_layers
+    hd_ = held(mn, r, dense_layers=dense_layers, moe_layers=moe_layers, first=first, last=last, tp=tp, cp=cp, ep=ep,
+               dp=dp, zero=zero, dp_shard=dp_shard, lora=lora, offload_optimizer=offload_optimizer,
+               offload_params=offload_params, pp=pp, vocab_padded=vocab_padded)
+    d_dense, d_exp, m_dense, m_exp, embed, head = (hd_[k] for k in ("d_dense", "d_exp", "m_dense", "m_exp", "embed",
+                                                                    "head"))
+    p_stage, adapters, layer_max_adapters, trainable = (hd_[k] for k in ("p_stage", "adapters", "layer_max_adapters",
+                                                                         "trainable"))
+    shard_dense, zero, dense_matrices, moe_matrices = (hd_[k] for k in ("shard_dense", "zero", "dense_matrices",
+                                                                        "moe_matrices"))
+    layer_matrices, uncast_experts = hd_["layer_matrices"], hd_["uncast_experts"]
+    weights, grads, master, opt_state = hd_["weights"], hd_["grads"], hd_["master"], hd_["opt_state"]
+    pipelined_fsdp, forward_to_backward = hd_["pipelined_fsdp"], hd_["forward_to_backward"]
+    params_gathered, grads_unsharded = hd_["params_gathered"], hd_["grads_unsharded"]
 
     # ---- activations: one micro-batch's saved tensors x micro-batches in flight
     tokens = mbs * seq / cp
@@ -385,8 +463,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     grads_unsharded = grads_unsharded + 0 * total
     cpu_offload = np.zeros(np.shape(total))
     if any_(offload_optimizer):
-        cpu_offload = cpu_offload + where(offload_optimizer, sharded(r.master_bytes, 1)
-                                             + sharded(r.optimizer_bytes, 1), 0.0)
+        cpu_offload = cpu_offload + where(offload_optimizer, hd_["offloaded_state"], 0.0)
     if any_(offload_params):
         cpu_offload = cpu_offload + where(offload_params, p_stage * r.weight_bytes
                                              / where(zero >= 3, shard_dense, 1), 0.0)
