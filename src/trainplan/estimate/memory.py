@@ -730,15 +730,43 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
         return 0
     if line is None:
         line = estimate_memory_and_line(layout)[1]
-    sched = SCHEDULE_CODE[plan.schedule]
-    stages = peak_candidate_stages(layout, line["stage_kinds"], m)
+    kinds = line["stage_kinds"]
+    grid_args = (plan.schedule, plan.framework, plan.pp_group, layout.pp, layout.vpp, limit,
+                 layout.gbs if plan.gbs is not None else None, layout.dp, layout.micro_batches,
+                 *(kinds[k] for k in ("dense_layers", "moe_layers", "first", "last")))
+    key = _memo_key(grid_args)
+    grid = _MBS_GRIDS.get(key) if key is not None else None
+    if grid is None:
+        grid = _mbs_grid(layout, kinds, cands, m)
+        if key is not None:
+            if len(_MBS_GRIDS) >= 256:
+                _MBS_GRIDS.clear()
+            _MBS_GRIDS[key] = grid
+    stages, flight_extra, heads_extra, loss_extra = grid
     # each key's value at each candidate size, keys x stages x candidates
     points = (line["points"] if "points" in line else np.stack([line[k] for k in LINE_KEYS]))[:, stages]
     one, two = points[:, :, :1], points[:, :, 1:]
     total, per_flight, per_logits, per_loss = one + (cands - 1) * (two - one)
+    total = total + per_flight * flight_extra + per_logits * heads_extra + per_loss * loss_extra
+    fits = total.max(axis=0) <= layout.gpu.capacity_bytes
+    return int(cands[fits].max()) if fits.any() else 0
+
+
+_MBS_GRIDS: dict = {}  # one layout's `_mbs_grid`, memoised by the integers it is computed from
+
+
+def _mbs_grid(layout: Layout, kinds: dict, cands, m) -> tuple:
+    """`max_micro_batch`'s integers: the stages that can hold the peak, and at each candidate size
+    on them the micro-batches in flight beyond one, the live heads beyond one and the live losses
+    beyond the heads (read-only arrays)."""
+    plan = layout.plan
+    sched = SCHEDULE_CODE[plan.schedule]
+    stages = peak_candidate_stages(layout, kinds, m)
     flight = in_flight(sched, stages[:, None], layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework)
     logits = last_stage_logits_in_flight(sched, m[None, :], plan.framework, layout.pp)
     heads = last_stage_heads_in_flight(sched, m[None, :], plan.framework, layout.pp)
-    total = total + per_flight * (flight - 1) + per_logits * (heads - 1) + per_loss * (logits - heads)
-    fits = total.max(axis=0) <= layout.gpu.capacity_bytes
-    return int(cands[fits].max()) if fits.any() else 0
+    grid = (stages, flight - 1, heads - 1, logits - heads)
+    for a in grid:
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    return grid
