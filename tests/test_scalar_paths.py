@@ -83,6 +83,7 @@ def test_array_arguments_go_to_numpy():
 def _clear_memos():
     memory._LAYER_TERMS.clear()
     memory._HELD.clear()
+    memory._MBS_GRIDS.clear()
     stage._one_layer_times.cache_clear()
     recipe_module._RECIPES.values.clear()
     hardware_module._HARDWARE.values.clear()
