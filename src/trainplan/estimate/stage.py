@@ -165,28 +165,8 @@ def _layer_times(model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, recompute
         first_input_grad = layer_gemm_time(attention_input_gemms(model), tokens, tp, ep, kvh, model.top_k,
                                            hw.gemm_peak, hw.gemm_eff, hw.sms, elem, hw.gemm_curve, True,
                                            weight_grad=False) * first_input_grad_skipped(rc, reentrant_checkpoint)
-    heads_local = model.heads / tp
-    qk = model.q_dim / model.heads
-    vd = model.attn_out_dim / model.heads
-    eff16, curve16 = hw.gemm16
-    attn_eager = 2 * _gemm_time(seq, seq, qk, mbs * heads_local / cp, hw.peak, eff16, hw.sms, elem, curve16) \
-        + (mbs * heads_local * seq * seq / cp) * elem * (4 + norm_features.softcap_passes(model)) / hw.hbm  # softmax, mask
-    # FlashAttention: the causal half of 2·s·(qk + v) per token and head, at its efficiency
-    # for the s/cp tokens one kernel call spans (a context-parallel ring computes s/cp blocks),
-    # over the head dimensions the kernel pads to
-    qk_run, vd_run = (flash_head_dim(d, hw.attention_kernel, hw.flash_head_dim_multiple) for d in (qk, vd))
-    # (on sliding-window layers the window's keys: norm_features.causal_keys)
-    attn_flops = tokens * causal_keys(seq, model.sliding_share, model.sliding_window or 0) * heads_local * 2 * (
-        qk_run + vd_run)
-    attn_flash = attn_flops / (hw.peak * flash_efficiency(hw, seq / cp))
-    attn_bwd = where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
-    # forward + backward at the kernel's combined efficiency; where its forward alone is
-    # published (Hopper FA2, cuDNN, the Triton kernel) the forward, and a recomputed forward,
-    # take that speed and the backward the rest of the same total
-    attn_total = where(eager, attn_eager, attn_flash) * (1 + attn_bwd)
-    attn = where(eager, attn_eager, attn_flash if hw.flash_fwd_curve is None else
-                    attn_flops / (hw.peak * flash_efficiency(hw, seq / cp, forward=True)))
-    attn_backward = attn_total - attn
+    attn, attn_backward = _attention_times(model, hw, tokens=tokens, tp=tp, cp=cp, mbs=mbs, seq=seq, eager=eager,
+                                           elem=elem)
     # norms, residual adds and dropout see the full hidden width of every token, or 1/t of the
     # tokens under sequence parallelism (Korthikanti et al. 2022 §4.2.2); the MLP activation
     # and RoPE work on the TP-sharded width, in an MoE layer on each of a token's top-k routed
@@ -246,14 +226,56 @@ def _layer_times(model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, recompute
                        "attention_backward": attn_backward, "elementwise_forward": elem_fwd,
                        "elementwise_backward": elem_bwd, "dequantize": dequant[kind],
                        "recompute": recompute_extra[kind], "total": compute[kind] + recompute_extra[kind]}
+    comms = _layer_comm(model, hw, r, tokens=tokens, tp=tp, ep=ep, cp=cp, dp=dp, pp=pp, gpn=gpn, sharp=sharp, sp=sp,
+                        overlap_tp=overlap_tp, cp_allgather=cp_allgather, ep_node_limit=ep_node_limit, rc=rc,
+                        skip=skip, frozen=frozen, kv_heads=kvh, gemm_dense=gemm["dense"],
+                        gemm_bwd_dense=gemm_bwd["dense"], attn=attn, vocab_padded=vocab_padded)
+    return {"compute": compute, "recompute_extra": recompute_extra, "layer": layer,
+            "first_input_grad": first_input_grad, **comms}
 
+
+def _attention_times(model, hw: Hardware, *, tokens, tp, cp, mbs, seq, eager, elem) -> tuple:
+    """One layer's attention core per micro-batch: (forward seconds, backward seconds)."""
+    heads_local = model.heads / tp
+    qk = model.q_dim / model.heads
+    vd = model.attn_out_dim / model.heads
+    eff16, curve16 = hw.gemm16
+    attn_eager = 2 * _gemm_time(seq, seq, qk, mbs * heads_local / cp, hw.peak, eff16, hw.sms, elem, curve16) \
+        + (mbs * heads_local * seq * seq / cp) * elem * (4 + norm_features.softcap_passes(model)) / hw.hbm  # softmax, mask
+    # FlashAttention: the causal half of 2·s·(qk + v) per token and head, at its efficiency
+    # for the s/cp tokens one kernel call spans (a context-parallel ring computes s/cp blocks),
+    # over the head dimensions the kernel pads to
+    qk_run, vd_run = (flash_head_dim(d, hw.attention_kernel, hw.flash_head_dim_multiple) for d in (qk, vd))
+    # (on sliding-window layers the window's keys: norm_features.causal_keys)
+    attn_flops = tokens * causal_keys(seq, model.sliding_share, model.sliding_window or 0) * heads_local * 2 * (
+        qk_run + vd_run)
+    attn_flash = attn_flops / (hw.peak * flash_efficiency(hw, seq / cp))
+    attn_bwd = where(eager, ATTN_BWD_EAGER, ATTN_BWD_FUSED)
+    # forward + backward at the kernel's combined efficiency; where its forward alone is
+    # published (Hopper FA2, cuDNN, the Triton kernel) the forward, and a recomputed forward,
+    # take that speed and the backward the rest of the same total
+    attn_total = where(eager, attn_eager, attn_flash) * (1 + attn_bwd)
+    attn = where(eager, attn_eager, attn_flash if hw.flash_fwd_curve is None else
+                    attn_flops / (hw.peak * flash_efficiency(hw, seq / cp, forward=True)))
+    attn_backward = attn_total - attn
+    return attn, attn_backward
+
+
+def _layer_comm(model, hw: Hardware, r, *, tokens, tp, ep, cp, dp, pp, gpn, sharp, sp, overlap_tp, cp_allgather,
+                ep_node_limit, rc, skip, frozen, kv_heads, gemm_dense, gemm_bwd_dense, attn, vocab_padded) -> dict:
+    """`layer_times`' collectives per layer and micro-batch (tensor-, expert- and context-
+    parallel), the pipeline transfer, and the output head's and the embedding's seconds."""
+    f = floats
+    elem = r.act_bytes
+    h = model.hidden
+    kvh = kv_heads
     # -- communication per layer and micro-batch
     # (each call at the algorithm and protocol NCCL picks for its size: comm.nccl_call)
     tp_ar = collective(hw, comm.ALL_REDUCE, tokens * h * elem, tp, 1, gpn, sharp)
     # Chunked TP overlap (Megatron --tp-comm-overlap) hides the collectives behind the GEMMs of
     # the same pass; what exceeds them stays exposed.
-    tp_fwd = where(overlap_tp, maximum(0.0, 2 * tp_ar - gemm["dense"]), 2 * tp_ar)
-    tp_bwd = where(overlap_tp, maximum(0.0, 2 * tp_ar - gemm_bwd["dense"]),
+    tp_fwd = where(overlap_tp, maximum(0.0, 2 * tp_ar - gemm_dense), 2 * tp_ar)
+    tp_bwd = where(overlap_tp, maximum(0.0, 2 * tp_ar - gemm_bwd_dense),
                       tp_backward(model, hw, r, tp_ar, tokens=tokens, tp=tp, ep=ep, kv_heads=kvh, sp=f(sp) > 0,
                                   frozen=frozen))
     # (early stop: the attention's collective only; per-op selective checkpointing keeps the
@@ -288,10 +310,8 @@ def _layer_times(model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, recompute
     embed_fwd = tokens * h * elem * 2 / hw.hbm
     embed_passes = 1 if frozen else 3
 
-    return {"compute": compute, "recompute_extra": recompute_extra, "layer": layer, "head": head,
-            "embed_passes": embed_passes, "embed_fwd": embed_fwd, "first_input_grad": first_input_grad,
-            "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "tp_extra": tp_extra, "a2a": a2a, "cp_layer": cp_layer,
-            "cp_extra": cp_extra, "p2p": p2p}
+    return {"head": head, "embed_passes": embed_passes, "embed_fwd": embed_fwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd,
+            "tp_extra": tp_extra, "a2a": a2a, "cp_layer": cp_layer, "cp_extra": cp_extra, "p2p": p2p}
 
 
 def dropout_passes(fused: bool, elem: float) -> tuple[float, float]:
