@@ -84,6 +84,7 @@ def _clear_memos():
     memory._LAYER_TERMS.clear()
     memory._HELD.clear()
     memory._MBS_GRIDS.clear()
+    memory._schedule_inputs.cache_clear()
     stage._one_layer_times.cache_clear()
     recipe_module._RECIPES.values.clear()
     hardware_module._HARDWARE.values.clear()
@@ -185,3 +186,19 @@ def test_stage_times_on_scalars_equal_one_entry_of_layout_arrays():
             assert np.array_equal(np.ravel(one[key]), np.ravel(arrays[key])), (kw["model"], key)
         for part, value in one["slowest_parts"].items():
             assert np.array_equal(np.ravel(value), np.ravel(arrays["slowest_parts"][part])), (kw["model"], part)
+
+
+def test_a_rule_registered_later_is_not_hidden_by_the_memo():
+    """The memoised schedule figures follow the in-flight rules registered after them (and
+    their removal)."""
+    from trainplan.estimate import pipeline
+
+    layout = resolve(make_plan(model="llama-3-8b", gpus=4, pp=4, gbs=32, framework="deepspeed"))
+    before = memory.layout_inputs(layout)["in_flight_mb"].tolist()
+    assert before == [4.0, 3.0, 2.0, 1.0]  # 1F1B: pp - stage (32 micro-batches)
+    code = pipeline.register_schedule("1f1b", lambda stage, pp, m, v, n: m + 0 * stage, framework="deepspeed")
+    try:
+        assert memory.layout_inputs(layout)["in_flight_mb"].tolist() == [32.0] * 4
+    finally:
+        del pipeline.IN_FLIGHT_RULES[(code, "deepspeed")]
+    assert memory.layout_inputs(layout)["in_flight_mb"].tolist() == before

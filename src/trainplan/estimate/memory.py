@@ -30,6 +30,7 @@ from .pipeline import (
     in_flight,
     last_stage_heads_in_flight,
     last_stage_logits_in_flight,
+    rules_version,
 )
 from .recipe import Recipe, recipe
 from .scalars import any_, bools, floats, maximum, minimum, values, where
@@ -548,8 +549,8 @@ def layout_inputs(layout: Layout) -> dict:
     plan = layout.plan
     conv = conventions()
     pp = layout.pp
-    stages = np.arange(pp)
-    sched = SCHEDULE_CODE[plan.schedule]
+    first, last, flight, logits, heads = _schedule_inputs(plan.schedule, plan.framework, pp, layout.micro_batches,
+                                                          layout.vpp, plan.pp_group, rules_version())
     lora = plan.finetune != "full"
     run = conv["runtime"]
     reserved = (plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB
@@ -557,10 +558,7 @@ def layout_inputs(layout: Layout) -> dict:
     return dict(
         dense_layers=np.asarray(layout.stage_dense_layers, dtype=float),
         moe_layers=np.asarray(layout.stage_moe_layers, dtype=float),
-        first=pipeline_ends(layout, 0), last=pipeline_ends(layout, pp - 1),
-        in_flight_mb=in_flight(sched, stages, pp, layout.micro_batches, layout.vpp, plan.pp_group, plan.framework),
-        logits_in_flight=last_stage_logits_in_flight(sched, layout.micro_batches, plan.framework, pp),
-        head_in_flight=last_stage_heads_in_flight(sched, layout.micro_batches, plan.framework, pp),
+        first=first, last=last, in_flight_mb=flight, logits_in_flight=logits, head_in_flight=heads,
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
         dp_shard=layout.dp_shard,
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
@@ -572,6 +570,23 @@ def layout_inputs(layout: Layout) -> dict:
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
         reserved_bytes=reserved, fragmentation=frag,
     )
+
+
+@lru_cache(maxsize=128)
+def _schedule_inputs(schedule: str, framework: str, pp: int, micro_batches: int, vpp: int, group,
+                     version: tuple) -> tuple:
+    """`layout_inputs`' figures of the pipeline schedule: the stages holding the model's first
+    and last layers, each stage's micro-batches in flight, and the last stage's live logits and
+    heads (read-only arrays; one schedule's memoised, `version` the rules registered)."""
+    sched = SCHEDULE_CODE[schedule]
+    out = (_ends(schedule, framework, pp, 0), _ends(schedule, framework, pp, pp - 1),
+           in_flight(sched, np.arange(pp), pp, micro_batches, vpp, group, framework),
+           last_stage_logits_in_flight(sched, micro_batches, framework, pp),
+           last_stage_heads_in_flight(sched, micro_batches, framework, pp))
+    for a in out:
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    return out
 
 
 def recompute_code(plan) -> int:
@@ -592,11 +607,15 @@ def recompute_modules(plan) -> dict | None:
 def pipeline_ends(layout: Layout, end: int) -> np.ndarray:
     """1.0 for the stages holding the model's first (end 0: the embedding) or last (end pp - 1:
     the output head) stage: under DualPipe both end ranks hold both, one for each copy."""
-    stages = np.arange(layout.pp)
+    return _ends(layout.plan.schedule, layout.plan.framework, layout.pp, end)
+
+
+def _ends(schedule: str, framework: str, pp: int, end: int) -> np.ndarray:
+    stages = np.arange(pp)
     ends = (stages == end)
-    if layout.plan.schedule == "dualpipe":
-        ends = ends | (stages == layout.pp - 1 - end)
-    if layout.plan.framework == "torch" and layout.plan.schedule in V_SHAPED:
+    if schedule == "dualpipe":
+        ends = ends | (stages == pp - 1 - end)
+    if framework == "torch" and schedule in V_SHAPED:
         ends = stages == 0  # torch's V-shaped schedules: rank 0 holds the first and the last stage
     return ends.astype(float)
 
@@ -731,7 +750,7 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
     if line is None:
         line = estimate_memory_and_line(layout)[1]
     kinds = line["stage_kinds"]
-    grid_args = (plan.schedule, plan.framework, plan.pp_group, layout.pp, layout.vpp, limit,
+    grid_args = (plan.schedule, plan.framework, plan.pp_group, layout.pp, layout.vpp, limit, *rules_version(),
                  layout.gbs if plan.gbs is not None else None, layout.dp, layout.micro_batches,
                  *(kinds[k] for k in ("dense_layers", "moe_layers", "first", "last")))
     key = _memo_key(grid_args)

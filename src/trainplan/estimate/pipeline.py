@@ -86,8 +86,9 @@ IN_FLIGHT_RULES: dict[tuple[int, str | None], Callable] = {
     (SCHEDULE_CODE["dualpipe"], None): _dualpipe,
 }
 
-# the schedule codes with a rule (for any framework)
+# the schedule codes with a rule (for any framework), and the registrations made
 _RULE_CODES = {c for c, _ in IN_FLIGHT_RULES}
+_REGISTRATIONS = [0]
 
 
 def register_schedule(name: str, rule: Callable, framework: str | None = None) -> int:
@@ -98,7 +99,14 @@ def register_schedule(name: str, rule: Callable, framework: str | None = None) -
         SCHEDULE_CODE[name] = len(SCHEDULES) - 1
     IN_FLIGHT_RULES[(SCHEDULE_CODE[name], framework)] = rule
     _RULE_CODES.add(SCHEDULE_CODE[name])
+    _REGISTRATIONS[0] += 1
     return SCHEDULE_CODE[name]
+
+
+def rules_version() -> tuple:
+    """Changes whenever a rule is registered (or removed): part of the keys of memoised
+    in-flight figures."""
+    return _REGISTRATIONS[0], len(IN_FLIGHT_RULES)
 
 
 # framework torch: torch.distributed.pipelining's own rules for its schedules (torch_schedules.py)
