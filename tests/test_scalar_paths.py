@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 
+from trainplan import report
 from trainplan.estimate import activations as act
 from trainplan.estimate import hardware as hardware_module
 from trainplan.estimate import memory, norm_features, stage
@@ -85,6 +86,7 @@ def _clear_memos():
     memory._HELD.clear()
     memory._MBS_GRIDS.clear()
     memory._schedule_inputs.cache_clear()
+    report._ACCURACY.values.clear()
     stage._one_layer_times.cache_clear()
     recipe_module._RECIPES.values.clear()
     hardware_module._HARDWARE.values.clear()

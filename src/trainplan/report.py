@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .estimate.accuracy import prediction_accuracy
+from .estimate.memo import Memo
 from .estimate.memory import estimate_memory_and_line, max_micro_batch
 from .estimate.recipe import Recipe, recipe
 from .plan import Layout, Plan, conventions, resolve
@@ -88,6 +89,16 @@ def stage_rows(result: PlanResult) -> list[dict]:
     return rows
 
 
+_ACCURACY = Memo(64)
+
+
+def _accuracy(gpu_name: str, profiled: bool, moe: bool, finetune: str) -> dict:
+    """`prediction_accuracy`, read once per accelerator and kind of plan (a fresh copy each time)."""
+    found = _ACCURACY.get((gpu_name, profiled, moe, finetune),
+                          lambda: prediction_accuracy(gpu_name, profiled=profiled, moe=moe, finetune=finetune))
+    return {k: list(v) if isinstance(v, list) else v for k, v in found.items()}
+
+
 def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
     L = result.layout
     p = L.plan
@@ -134,8 +145,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
                         "hardware_flops_per_step": result.time["hardware_flops_per_step"]},
             "time": {**{k: v for k, v in result.time.items()
                         if k not in ("model_flops_per_step", "hardware_flops_per_step")},
-                     "accuracy": prediction_accuracy(L.gpu.name, profiled=bool(p.gpu_profile), moe=L.model.is_moe,
-                                                     finetune=p.finetune)},
+                     "accuracy": _accuracy(L.gpu.name, bool(p.gpu_profile), L.model.is_moe, p.finetune)},
             "training": result.training} if result.time else {}),
         "warnings": list(L.warnings),
         "warning_details": list(L.warning_details),
