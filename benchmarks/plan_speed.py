@@ -1,5 +1,7 @@
 """Cost of one plan in process, in CPU milliseconds: the full plan (`make_plan` + `evaluate` +
-`to_json`, the figures `plan --json` prints) and `evaluate` alone, this tree against a
+`to_json`, the figures `plan --json` prints) asked again (`full`: the estimators' memos warm, as
+for the explorer's or a script's repeated plans), the same with every memo emptied first
+(`cold`: a plan as the first in a process prices it) and `evaluate` alone, this tree against a
 baseline revision (alternating rounds in fresh interpreters; the median of each), and
 llm-analysis's `training()` on the first case, side by side, when the benchmark environment
 has it (scripts/bench_setup.sh).
@@ -50,10 +52,31 @@ def worker() -> None:
     from trainplan.plan import make_plan
     from trainplan.report import evaluate, to_json
 
+    try:  # the memos of this tree's estimators (a tree without them has none of its own)
+        from trainplan.estimate.memo import clear_all
+    except ImportError:
+        def clear_all():
+            return 0
+
+    def clear():
+        """Every memo emptied alike in both trees: their `clear_all`, and every lru_cache of the
+        estimators and the report, the older trees' included."""
+        clear_all()
+        for mod_name, module in list(sys.modules.items()):
+            if mod_name.startswith("trainplan.estimate.") or mod_name == "trainplan.report":
+                for value in list(vars(module).values()):
+                    if callable(getattr(value, "cache_clear", None)):
+                        value.cache_clear()
+
+    def cold(kw):
+        clear()
+        return to_json(evaluate(make_plan(**kw)))
+
     out = {}
     for name, kw in CASES.items():
         plan = make_plan(**kw)
         out[name + " full"] = cpu_ms(lambda kw=kw: to_json(evaluate(make_plan(**kw))))
+        out[name + " cold"] = cpu_ms(lambda kw=kw: cold(kw))
         out[name + " evaluate"] = cpu_ms(lambda plan=plan: evaluate(plan))
     print(json.dumps(out))
 
@@ -91,7 +114,7 @@ def main() -> None:
         head += f" {'baseline':>9s} {'ratio':>7s}"
     print(head)
     for name in CASES:
-        for what in ("full", "evaluate"):
+        for what in ("full", "cold", "evaluate"):
             key = f"{name} {what}"
             new = statistics.median(r[key] for r in results["this tree"])
             line = f"{name:<36s} {what:<9s} {new:>10.3f}"

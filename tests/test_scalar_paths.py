@@ -15,7 +15,7 @@ import pytest
 from trainplan import report
 from trainplan.estimate import activations as act
 from trainplan.estimate import hardware as hardware_module
-from trainplan.estimate import memory, norm_features, stage
+from trainplan.estimate import memo, memory, norm_features, stage
 from trainplan.estimate import recipe as recipe_module
 from trainplan.estimate.hardware import hardware
 from trainplan.estimate.recipe import RECIPE_FIELDS, recipe
@@ -82,14 +82,10 @@ def test_array_arguments_go_to_numpy():
 
 
 def _clear_memos():
-    memory._LAYER_TERMS.clear()
-    memory._HELD.clear()
-    memory._MBS_GRIDS.clear()
-    memory._schedule_inputs.cache_clear()
-    report._ACCURACY.values.clear()
-    stage._one_layer_times.cache_clear()
-    recipe_module._RECIPES.values.clear()
-    hardware_module._HARDWARE.values.clear()
+    assert memo.clear_all() >= 8
+    assert not (memory._LAYER_TERMS or memory._HELD or memory._MBS_GRIDS or report._ACCURACY.values
+                or recipe_module._RECIPES.values or hardware_module._HARDWARE.values)
+    assert memory._schedule_inputs.cache_info().currsize == stage._one_layer_times.cache_info().currsize == 0
 
 
 @pytest.mark.parametrize("kw", CASES, ids=lambda kw: kw["model"])

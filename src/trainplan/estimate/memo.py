@@ -6,9 +6,34 @@ conventions' parse is one object per catalog change: `specs.index.catalog_files`
 
 from __future__ import annotations
 
+import sys
 from dataclasses import fields
 
 from ..specs.conventions import conventions
+
+_ALL: list = []  # every memo of the estimators: `clear_all` empties them
+
+
+def track(cache):
+    """Register a cache (a dict, an lru_cache-wrapped function or a `Memo`) for `clear_all`;
+    returns it."""
+    _ALL.append(cache)
+    return cache
+
+
+def clear_all() -> int:
+    """Empty every memo of the estimators and the report: those registered here and every
+    `functools.lru_cache` function of a loaded `trainplan.estimate.*` or `trainplan.report`
+    module (a cold plan, as the first in a process prices it). Returns how many it emptied."""
+    caches = {id(c): c for c in _ALL}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("trainplan.estimate.") or name == "trainplan.report":
+            for value in vars(module).values():
+                if callable(getattr(value, "cache_clear", None)):
+                    caches[id(value)] = value
+    for cache in caches.values():
+        (getattr(cache, "cache_clear", None) or cache.clear)()
+    return len(caches)
 
 
 def cached_hash(obj) -> int:
@@ -29,6 +54,10 @@ class Memo:
         self.maxsize = maxsize
         self.values: dict = {}
         self.conventions = None
+        track(self)
+
+    def clear(self) -> None:
+        self.values = {}
 
     def get(self, key, compute):
         conv = conventions()

@@ -24,7 +24,7 @@ from ..units import GiB
 from . import activations as act
 from . import norm_features
 from .flops import ATTENTION_INPUTS
-from .memo import cached_hash
+from .memo import cached_hash, track
 from .pipeline import (
     SCHEDULE_CODE,
     in_flight,
@@ -100,6 +100,7 @@ class ModelNumbers:
         return cached_hash(self)
 
 
+@track
 @lru_cache(maxsize=256)
 def model_numbers(model: ModelSpec, lora_targets: tuple = (), lora_rank: int = 0) -> ModelNumbers:
     dense_i, moe_i = model.first_layer(False), model.first_layer(True)
@@ -181,7 +182,7 @@ def held(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first, last, 
     return out
 
 
-_HELD: dict = {}
+_HELD: dict = track({})
 _HELD_MAX = 256
 
 
@@ -495,7 +496,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
 
 # one layout's per-layer terms (scalars, or a few columns), memoised by their arguments: the
 # explorer and repeated plans ask for the same micro-batch shapes again (search's arrays are not)
-_LAYER_TERMS: dict = {}
+_LAYER_TERMS: dict = track({})
 _LAYER_TERMS_MAX = 1024
 
 
@@ -572,6 +573,7 @@ def layout_inputs(layout: Layout) -> dict:
     )
 
 
+@track
 @lru_cache(maxsize=128)
 def _schedule_inputs(schedule: str, framework: str, pp: int, micro_batches: int, vpp: int, group,
                      version: tuple) -> tuple:
@@ -771,7 +773,7 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
     return int(cands[fits].max()) if fits.any() else 0
 
 
-_MBS_GRIDS: dict = {}  # one layout's `_mbs_grid`, memoised by the integers it is computed from
+_MBS_GRIDS: dict = track({})  # one layout's `_mbs_grid`, memoised by the integers it is computed from
 
 
 def _mbs_grid(layout: Layout, kinds: dict, cands, m) -> tuple:

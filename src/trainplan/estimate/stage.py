@@ -30,6 +30,7 @@ from .gemm_rates import (
     lora_gemms,
 )
 from .hardware import Hardware
+from .memo import track
 from .norm_features import causal_keys
 from .recipe import recipe
 from .scalars import SCALAR_TYPES, floats, maximum, minimum, values, where
@@ -132,6 +133,7 @@ def layer_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     return _layer_times(*args)
 
 
+@track
 @lru_cache(maxsize=1024)
 def _one_layer_times(*args) -> dict:
     return _layer_times(*args)
