@@ -52,26 +52,29 @@ def worker() -> None:
     from trainplan.plan import make_plan
     from trainplan.report import evaluate, to_json
 
-    try:  # the memos of this tree's estimators (a tree without them has none of its own)
-        from trainplan.estimate.memo import clear_all
-    except ImportError:
-        def clear_all():
-            return 0
+    def memos() -> list:
+        """Every memo of the estimators and the report, alike in both trees: the ones this tree
+        registers (`estimate.memo`; an older tree has none) and every lru_cache of theirs."""
+        try:
+            from trainplan.estimate.memo import _ALL as registered
+        except ImportError:
+            registered = []
+        return [value for mod_name, module in list(sys.modules.items())
+                if mod_name.startswith("trainplan.estimate.") or mod_name == "trainplan.report"
+                for value in list(vars(module).values())
+                if callable(getattr(value, "cache_clear", None))] + list(registered)
 
     def clear():
-        """Every memo emptied alike in both trees: their `clear_all`, and every lru_cache of the
-        estimators and the report, the older trees' included."""
-        clear_all()
-        for mod_name, module in list(sys.modules.items()):
-            if mod_name.startswith("trainplan.estimate.") or mod_name == "trainplan.report":
-                for value in list(vars(module).values()):
-                    if callable(getattr(value, "cache_clear", None)):
-                        value.cache_clear()
+        for cache in caches:
+            (getattr(cache, "cache_clear", None) or cache.clear)()
 
     def cold(kw):
         clear()
         return to_json(evaluate(make_plan(**kw)))
 
+    for kw in CASES.values():  # every estimator module loaded
+        to_json(evaluate(make_plan(**kw)))
+    caches = memos()
     out = {}
     for name, kw in CASES.items():
         plan = make_plan(**kw)
