@@ -474,6 +474,8 @@ def torchtitan_virtual_stages(split: list[int], v: int) -> tuple[int, int] | Non
 
 def schedule_batch_rules(plan: Plan, pp: int, m: int) -> None:
     """The micro-batches per step a schedule needs (m), and its interleaving group."""
+    if plan.schedule == "interleaved" and m % pp:
+        raise PlanError("gbs", f"the interleaved schedule needs micro-batches per step ({m}) divisible by pp ({pp})")
     if plan.pp_group is not None:
         if plan.schedule != "interleaved":
             raise PlanError("pp_group", f"applies to --schedule interleaved only (got {plan.schedule})")
@@ -620,6 +622,10 @@ def _pipeline(plan: Plan, model: ModelSpec, pp: int) -> tuple[int, list[int], li
         vpp = torch_schedule_vpp(plan.schedule, plan.vpp, pp)
     elif plan.schedule in ("looped_bfs", "zbv", "dualpipev"):
         raise PlanError("schedule", f"{plan.schedule} is torch.distributed.pipelining's schedule: use --framework torch")
+    elif plan.framework == "torch" and plan.schedule == "dualpipe":
+        # torch.distributed.pipelining 2.13 has no two-copy DualPipe (schedules.py), only DualPipeV
+        raise PlanError("schedule", "dualpipe (two copies of the model) is not a torch.distributed.pipelining "
+                        "schedule: use dualpipev, its one-copy V-shaped form, or --framework megatron")
     elif plan.vpp not in (None, 1):
         raise PlanError("vpp", f"virtual stages only apply to --schedule interleaved (got {plan.schedule})")
     if plan.schedule == "dualpipe" and (pp < 2 or pp % 2):
@@ -649,6 +655,12 @@ def _pipeline(plan: Plan, model: ModelSpec, pp: int) -> tuple[int, list[int], li
                                          for x in (split, stage_moe, stage_dense))
 
     return vpp, split, stage_dense, stage_moe
+
+
+def pipeline_rules(plan: Plan, model: ModelSpec, pp: int) -> int:
+    """The virtual stages per GPU the plan's schedule runs on `pp` stages of the default split,
+    checked as `resolve` checks them (a PlanError names the rule broken)."""
+    return _pipeline(plan.model_copy(update={"stage_layers": None}) if plan.stage_layers else plan, model, pp)[0]
 
 
 def _context_and_experts(plan: Plan, model: ModelSpec, cp: int, ep: int, dp: int) -> int:
@@ -714,9 +726,6 @@ def _batch(plan: Plan, dp: int, pp: int, warn: _Warnings) -> tuple[int, int]:
     if plan.ep_overlap and micro_batches < 2:
         raise PlanError("ep_overlap", f"hides a micro-batch's all-to-alls behind another's compute: needs at least 2 "
                         f"micro-batches per step; got {micro_batches}")
-    if plan.schedule == "interleaved" and micro_batches % pp:
-        raise PlanError("gbs", f"the interleaved schedule needs micro-batches per step "
-                        f"({micro_batches}) divisible by pp ({pp})")
     schedule_batch_rules(plan, pp, micro_batches)
     if pp > 1 and micro_batches < pp:
         warn("few_micro_batches", f"only {micro_batches} micro-batches for {pp} pipeline stages: "

@@ -33,10 +33,17 @@ from ..estimate.distinct import per_distinct
 from ..estimate.flops import step_flops
 from ..estimate.hardware import hardware
 from ..estimate.memory import lora_saves, plan_numbers, stage_memory
-from ..estimate.pipeline import in_flight, last_stage_heads_in_flight, last_stage_logits_in_flight
+from ..estimate.pipeline import (
+    SCHEDULE_CODE,
+    SCHEDULES,
+    in_flight,
+    last_stage_heads_in_flight,
+    last_stage_logits_in_flight,
+)
 from ..estimate.recipe import recipe
 from ..estimate.stage import lora_arguments, stage_times
 from ..estimate.time import step_from_stages
+from ..estimate.torch_schedules import V_SHAPED
 from ..plan import Plan, conventions, default_stage_split, least_zero, load_model, resolve
 from ..units import GiB
 from .space import _sequence_parallel
@@ -44,10 +51,32 @@ from .space import _sequence_parallel
 REPRESENTATIVE = 4  # representative stages a table holds at least
 
 
+# Where a schedule places the model's stages on the ranks (`placements`): one stage per rank in
+# order (or looped, v per rank), the end ranks holding the embedding and the head; DualPipe's two
+# copies in opposite directions, rank r holding stages r and p - 1 - r (their layers together,
+# both end ranks holding the embedding and the head for memory, the time counting each once, on
+# rank 0 and rank p - 1, as `plan` does: estimate/memory.py pipeline_ends, estimate/time.py);
+# torch's V-shaped schedules, rank i holding stages i and 2p - 1 - i, the embedding and the head
+# on rank 0.
+PLAIN, FOLDED, V_SHAPE = 0, 1, 2
+
+
+def placements(framework: str, schedule: np.ndarray) -> np.ndarray:
+    """Each layout's placement of stages on ranks (PLAIN, FOLDED or V_SHAPE) by its schedule
+    code, under `framework`."""
+    table = np.full(len(SCHEDULES), PLAIN, dtype=np.int64)
+    table[SCHEDULE_CODE["dualpipe"]] = FOLDED
+    if framework == "torch":
+        for name in V_SHAPED:
+            table[SCHEDULE_CODE[name]] = V_SHAPE
+    return np.take(table, schedule)
+
+
 @lru_cache(maxsize=4096)
-def _representatives(model, p: int, lora: bool) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
-    """A pipeline of p stages' representative stage indices and their (dense, MoE) layers (see
-    `_stage_tables`); O(layers), once per model and depth."""
+def _representatives(model, p: int, lora: bool, placement: int = PLAIN) -> tuple[tuple[int, ...], tuple[tuple, ...]]:
+    """A pipeline of p ranks' representative ranks and each one's (dense layers, MoE layers,
+    embedding, head for memory, embedding, head for time) under `placement` (see
+    `_stage_tables`); O(layers), once per model, depth and placement."""
     split = np.asarray(default_stage_split(model.layers, p), dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum(split)])
     # (dense, MoE) layers of each stage: a model whose first layers are dense (DeepSeek-V3's
@@ -55,47 +84,60 @@ def _representatives(model, p: int, lora: bool) -> tuple[tuple[int, ...], tuple[
     moe_before = np.concatenate([[0], np.cumsum(np.asarray(model.moe_layer_flags, dtype=np.int64))])
     moe = moe_before[bounds[1:]] - moe_before[bounds[:-1]]
     kinds = np.stack([split - moe, moe], axis=1)
-    # stage 0 (embedding, most micro-batches in flight), the last stage (output head) and
-    # the first stage holding each distinct mix of layers: in-flight micro-batches fall with
-    # the stage index, so no later stage with the same layers can hold or take more
-    firsts = np.sort(np.unique(kinds, axis=0, return_index=True)[1]).tolist()
-    reps = list(dict.fromkeys([0, p - 1] + ([1] if lora and p > 1 else []) + firsts))
-    return tuple(reps), tuple((int(kinds[s, 0]), int(kinds[s, 1])) for s in reps)
+    if placement == FOLDED:  # a rank's two stages' layers together
+        kinds = kinds + kinds[::-1]
+    # rank 0 (embedding, most micro-batches in flight), the last rank (output head) and the first
+    # rank holding each distinct mix of layers: in-flight micro-batches fall with the rank under
+    # every schedule but torch's ZBVZeroBubble, where they rise (the last rank holding each mix
+    # too), so no other rank with the same layers can hold or take more
+    firsts = np.unique(kinds, axis=0, return_index=True)[1].tolist()
+    if placement == V_SHAPE:
+        firsts += (p - 1 - np.unique(kinds[::-1], axis=0, return_index=True)[1]).tolist()
+    reps = list(dict.fromkeys([0, p - 1] + ([1] if lora and p > 1 else []) + sorted(set(firsts))))
+    ends = {PLAIN: lambda s: (s == 0, s == p - 1, s == 0, s == p - 1),
+            FOLDED: lambda s: (s in (0, p - 1), s in (0, p - 1), s == 0, s == p - 1),
+            V_SHAPE: lambda s: (s == 0,) * 4}[placement]
+    return tuple(reps), tuple((int(kinds[s, 0]), int(kinds[s, 1]), *map(float, ends(s))) for s in reps)
 
 
 class StageTable(NamedTuple):
-    """Per layout (or per pipeline depth): its representative stages (last axis), each one's
-    index and dense and MoE layer counts, and how many of them are distinct."""
+    """Per layout (or per pipeline depth and placement): its representative ranks (last axis),
+    each one's index, dense and MoE layer counts, whether it holds the embedding and the head
+    (for memory, and for time: they differ under DualPipe), and how many of them are distinct."""
 
     idx: np.ndarray
     dense: np.ndarray
     moe: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    time_first: np.ndarray
+    time_last: np.ndarray
     width: np.ndarray | None = None
 
     def rows(self, rows, w: int) -> StageTable:
-        """These rows' tables, the first `w` representative stages."""
-        return StageTable(self.idx[rows, :w], self.dense[rows, :w], self.moe[rows, :w])
+        """These rows' tables, the first `w` representative ranks."""
+        return StageTable(*(a[rows, :w] for a in self[:7]))
 
 
-def _stage_tables(model, pps: np.ndarray, lora: bool = False) -> StageTable:
-    """Per pp value: the representative stages' indices, dense/MoE layer counts, and how many
-    of them are distinct (the rest repeat stage 0 and change no maximum); `lora`: stage 1 too,
-    as LoRA's stage 0 keeps nothing for its first layer's input norm and may hold less. The
-    tables are as wide as the most representative stages any pp value needs (REPRESENTATIVE
-    at least)."""
-    chosen = [_representatives(model, int(p), lora) for p in pps]
+def _stage_tables(model, pps: np.ndarray, lora: bool = False, places: np.ndarray | None = None) -> StageTable:
+    """Per pp value (and placement, `places`; PLAIN when None): the representative ranks'
+    indices, layer counts and ends, and how many of them are distinct (the rest repeat rank 0
+    and change no maximum); `lora`: rank 1 too, as LoRA's rank 0 keeps nothing for its first
+    layer's input norm and may hold less. The tables are as wide as the most representative
+    ranks any row needs (REPRESENTATIVE at least)."""
+    places = np.full(len(pps), PLAIN) if places is None else places
+    chosen = [_representatives(model, int(p), lora, int(c)) for p, c in zip(pps, places, strict=True)]
     wide = max([REPRESENTATIVE] + [len(reps) for reps, _ in chosen])
     idx = np.zeros((len(pps), wide), dtype=np.int64)
-    dense = np.zeros((len(pps), wide))
-    moe = np.zeros((len(pps), wide))
+    cols = np.zeros((6, len(pps), wide))
     width = np.zeros(len(pps), dtype=np.int64)
     for row, (reps, kinds) in enumerate(chosen):
         width[row] = len(reps)
         for j in range(wide):
-            k = j if j < len(reps) else 0  # padding repeats stage 0
+            k = j if j < len(reps) else 0  # padding repeats rank 0
             idx[row, j] = reps[k]
-            dense[row, j], moe[row, j] = kinds[k]
-    return StageTable(idx, dense, moe, width)
+            cols[:, row, j] = kinds[k]
+    return StageTable(idx, *cols, width)
 
 
 def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=None,
@@ -198,10 +240,11 @@ def _grid(plan: Plan, layouts: dict[str, np.ndarray], model) -> Grid:
     (tp, pp, cp, ep, dp): enumeration lists them outermost, so there are few runs. Each run is
     evaluated on the representative stages of the widest pipeline among them (a narrower one
     repeats its stage 0, which changes no maximum)."""
-    run = _runs(layouts, ("tp", "pp", "cp", "ep", "dp"))
+    place = placements(plan.framework, layouts["schedule"])
+    run = _runs(layouts, ("tp", "pp", "cp", "ep", "dp"), place)
     head = np.flatnonzero(np.diff(run, prepend=-1))
-    pps, inverse = np.unique(layouts["pp"][head], return_inverse=True)
-    tables = _stage_tables(model, pps, lora=plan.finetune != "full")
+    kinds, inverse = np.unique(layouts["pp"][head] * 3 + place[head], return_inverse=True)
+    tables = _stage_tables(model, kinds // 3, plan.finetune != "full", kinds % 3)
     wide = int(tables.width.max())
     mbs, mi = _codes(layouts["mbs"])
     rc, ri = _codes(layouts["recompute"])
@@ -210,14 +253,14 @@ def _grid(plan: Plan, layouts: dict[str, np.ndarray], model) -> Grid:
     return Grid(run, cell, head, mbs, rc, zero, tables.rows(inverse, wide))
 
 
-def _runs(layouts: dict[str, np.ndarray], keys: tuple[str, ...]) -> np.ndarray:
-    """Run number of each layout: a new run starts wherever one of `keys` changes from the
-    previous layout."""
+def _runs(layouts: dict[str, np.ndarray], keys: tuple[str, ...], *more: np.ndarray) -> np.ndarray:
+    """Run number of each layout: a new run starts wherever one of `keys` (or of the columns
+    `more`) changes from the previous layout."""
     n = len(layouts["tp"])
     change = np.zeros(n, dtype=bool)
     change[0:1] = True
-    for k in keys:
-        change[1:] |= layouts[k][1:] != layouts[k][:-1]
+    for col in [layouts[k] for k in keys] + list(more):
+        change[1:] |= col[1:] != col[:-1]
     return np.cumsum(change) - 1
 
 
@@ -235,15 +278,14 @@ def _grid_memory(plan: Plan, layouts: dict[str, np.ndarray], model, grid: Grid, 
     run = conv["runtime"]
     head = grid.head
     tp, pp, cp, ep, dp = (_on_axis(layouts[k][head], 0) for k in ("tp", "pp", "cp", "ep", "dp"))
-    stage_idx, dense, moe = (a[:, None, None, None, :] for a in grid.stages[:3])
+    dense, moe, first, last = (a[:, None, None, None, :] for a in grid.stages[1:5])
     mult = int(conv["frameworks"][plan.framework]["vocab_multiple"])
     vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
     dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
     fragmentation = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
     return stage_memory(
         plan_numbers(model, plan), r, dense_layers=dense, moe_layers=moe,
-        first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
-        in_flight_mb=1.0, logits_in_flight=1.0,
+        first=first, last=last, in_flight_mb=1.0, logits_in_flight=1.0,
         tp=tp, sp=(tp > 1) & _sequence_parallel(plan), cp=cp, ep=ep, dp=dp, dp_shard=dp_shard,
         zero=_on_axis(grid.zero, 3), mbs=_on_axis(grid.mbs, 1), seq=seq,
         vocab_padded=vocab_padded, attention=act.ATTENTION_CODE[model.attention_kernel(plan.attention)],
@@ -352,6 +394,8 @@ def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Gr
     heads = rows[first]
     sel = lambda k: layouts[k][heads].astype(float)[:, None]  # noqa: E731
     cols = {k: sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "gbs")}
+    # the copies of the model a rank's stages hold layers of (DualPipe's two)
+    cols["copies"] = 1.0 + (placements(plan.framework, layouts["schedule"][heads]) == FOLDED)[:, None]
     stages = _group_stage_times(plan, gpus, model, grid, heads, cols)
     cols["trainable"] = trainable[first]
     # groups in four tables by their size against the largest's (up to a quarter, a half, three
@@ -404,7 +448,8 @@ def _group_steps(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray], stag
         gbs=gbs, seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
         sharp=plan.sharp, data_s=data_step_seconds(plan, model, gbs * seq / dp),
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-        stage_layers=model.layers / pp, dp_shard=dp_shard, offload_params=plan.offload_params,
+        stage_layers=cols["copies"] * model.layers / pp,
+        dp_shard=dp_shard, offload_params=plan.offload_params,
         recompute=rc, modules_per_layer=modules_per_layer(model, r))
 
 
@@ -417,16 +462,18 @@ def _group_stage_times(plan: Plan, gpus: int, model, grid: Grid, heads: np.ndarr
     run = (grid.cell // len(grid.zero))[heads]
     starts = np.diff(run, prepend=-1) != 0
     at = np.cumsum(starts) - 1
-    tp, pp, dp, cp, ep, mbs, rc = (cols[k][starts] for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute"))
-    stage_idx, dense, moe = (a[grid.run[heads[starts]]] for a in grid.stages[:3])
+    tp, pp, dp, cp, ep, mbs, rc, copies = (cols[k][starts] for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute",
+                                                                       "copies"))
+    dense, moe, first, last = (a[grid.run[heads[starts]]] for a in (grid.stages.dense, grid.stages.moe,
+                                                                    grid.stages.time_first, grid.stages.time_last))
     mult = int(conventions()["frameworks"][plan.framework]["vocab_multiple"])
     vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
     stages = stage_times(
         model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs,
         seq=lay0.seq_len, recompute=rc, eager=model.attention_kernel(plan.attention) == "eager",
         dropout=plan.dropout, overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, stage_dense=dense,
-        stage_moe=moe, first=(stage_idx == 0).astype(float), last=(stage_idx == pp - 1).astype(float),
-        total_dense=model.layers - model.n_moe_layers, total_moe=model.n_moe_layers,
+        stage_moe=moe, first=first, last=last,
+        total_dense=copies * (model.layers - model.n_moe_layers), total_moe=copies * model.n_moe_layers,
         vocab_padded=vocab_padded, sp=(tp > 1) & _sequence_parallel(plan), sharp=plan.sharp,
         cp_allgather=plan.cp_comm == "allgather", ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap,
         **lora_arguments(plan))

@@ -21,6 +21,8 @@ from ..plan import (
     interleaving_problem,
     least_zero,
     load_model,
+    pipeline_rules,
+    schedule_batch_rules,
     zero_stages,
 )
 
@@ -218,39 +220,95 @@ def _layout_blocks(plan: Plan, space: Space, gpus: int, model):
             yield out
 
 
+def plan_vpp(v: int) -> int | None:
+    """A layout's virtual stages per GPU as the plan's --vpp: none for one stage per GPU."""
+    return int(v) if v > 1 else None
+
+
+# (model, framework, schedule, pp, vpp) -> whether `pipeline_rules` accepts it: the rules read
+# nothing else of the plan (its schedule, vpp and framework, the model's layers), so a search
+# asks once per model and depth
+_ACCEPTED: dict[tuple, bool] = {}
+
+
+def _accepts(plan: Plan, model, pp: int, v: int) -> bool:
+    """Whether `plan` (a schedule of the space) runs `v` virtual stages per GPU on `pp` stages:
+    `pipeline_rules`, resolve's own check, returning that count."""
+    key = (model, plan.framework, plan.schedule, pp, v)
+    if key not in _ACCEPTED:
+        if len(_ACCEPTED) > 1 << 16:
+            _ACCEPTED.clear()
+        try:
+            _ACCEPTED[key] = pipeline_rules(plan.model_copy(update={"vpp": plan_vpp(v)}), model, pp) == v
+        except PlanError:
+            _ACCEPTED[key] = False
+    return _ACCEPTED[key]
+
+
+def _schedule_plans(plan: Plan, space: Space) -> dict[str, Plan]:
+    """The plan under each schedule of the space."""
+    return {s: plan.model_copy(update={"schedule": s, "vpp": None, "stage_layers": None}) for s in space.schedule}
+
+
 def _schedule_pairs(plan: Plan, space: Space, model, pps: list[int]) -> dict[int, list[tuple[int, int]]]:
     """Per pipeline depth, its (schedule code, virtual stages) pairs in the space's schedule
-    order: interleaving with each count its split allows (v >= 2), every other schedule v = 1."""
-    inter = SCHEDULE_CODE["interleaved"]
+    order, virtual stages ascending: each count `plan` accepts for the schedule on that depth
+    (`pipeline_rules`): one for a schedule of one stage per GPU, those the split allows
+    (`interleavings`) for interleaving and torch's looped schedules, two for torch's V-shaped
+    ones, none for a schedule the depth cannot run (DualPipe on an odd one)."""
+    plans = _schedule_plans(plan, space)
     out = {}
     for p in pps:
-        allowed = interleavings(model.layers, p, plan.framework)
-        vs = allowed if space.vpp is None else [v for v in space.vpp if v in allowed]
-        out[p] = [(SCHEDULE_CODE[s], v) for s in space.schedule
-                  for v in (vs if SCHEDULE_CODE[s] == inter else (1,) if space.vpp is None or 1 in space.vpp else ())]
+        counts = (1, *interleavings(model.layers, p, plan.framework)) if space.vpp is None else tuple(space.vpp)
+        out[p] = [(SCHEDULE_CODE[s], v) for s in space.schedule for v in counts if _accepts(plans[s], model, p, v)]
     return out
 
 
+def _batch_rules(plans: dict[str, Plan], pairs: dict[int, list[tuple[int, int]]], depths: list[int],
+                 keys: np.ndarray, m_top: int) -> np.ndarray:
+    """Per (depth, micro-batches) key (depth index x m_top + micro-batches), whether each of the
+    depth's pairs takes that many micro-batches per step: `schedule_batch_rules`, resolve's own
+    check (interleaving: a multiple of the depth; DualPipe: an even count, at least twice it;
+    torch's schedules their constructors' rules)."""
+    names = {SCHEDULE_CODE[s]: s for s in plans}
+    width = max(1, max(len(p) for p in pairs.values()))
+    ok = np.zeros((len(keys), width), dtype=bool)
+    for j, key in enumerate(keys.tolist()):
+        p, m = depths[key // m_top], key % m_top
+        takes = {}  # (the rules do not depend on the virtual stages: once per schedule)
+        for k, (code, _) in enumerate(pairs[p]):
+            if code not in takes:
+                try:
+                    schedule_batch_rules(plans[names[code]], p, m)
+                    takes[code] = True
+                except PlanError:
+                    takes[code] = False
+            ok[j, k] = takes[code]
+    return ok
+
+
 def _expand_pairs(cols: dict[str, np.ndarray], pairs: dict[int, list[tuple[int, int]]],
-                  one_stage_1f1b: bool) -> dict[str, np.ndarray]:
+                  one_stage_1f1b: bool, plans: dict[str, Plan]) -> dict[str, np.ndarray]:
     """Every row of `cols` with each (schedule, vpp) pair of its pipeline depth that the rules
-    allow, the pairs innermost (the row order of the full product, restricted to them):
-    interleaving needs two stages or more and micro-batches a multiple of them; without a
-    pipeline, `one_stage_1f1b`, 1F1B alone (1F1B is then plain gradient accumulation, ZB-H1
-    the same and GPipe the same or worse: it keeps every micro-batch's activations)."""
+    allow, the pairs innermost (the row order of the full product, restricted to them): the
+    micro-batches per step each schedule takes (`_batch_rules`); without a pipeline,
+    `one_stage_1f1b`, 1F1B alone (1F1B is then plain gradient accumulation, ZB-H1 the same and
+    GPipe the same or worse: it keeps every micro-batch's activations)."""
     depths = sorted(pairs)
-    width = max(len(p) for p in pairs.values())
+    pairs = {p: [q for q in pairs[p] if p > 1 or not one_stage_1f1b or q[0] == SCHEDULE_CODE["1f1b"]]
+             for p in depths}
+    width = max(1, max(len(p) for p in pairs.values()))
     table = np.full((len(depths), width, 2), -1, dtype=np.int64)
     for i, p in enumerate(depths):
-        kept = [q for q in pairs[p] if p > 1 or not one_stage_1f1b or q[0] == SCHEDULE_CODE["1f1b"]]
-        if kept:
-            table[i, :len(kept)] = kept
+        if pairs[p]:
+            table[i, :len(pairs[p])] = pairs[p]
     depth = np.searchsorted(depths, cols["pp"])
     sched, vpp = table[:, :, 0], table[:, :, 1]
-    pp = cols["pp"]
-    unsplit = (pp < 2) | ((cols["m"] % np.maximum(pp, 1)) != 0)  # micro-batches interleaving cannot take
+    m_top = int(cols["m"].max()) + 1 if len(cols["m"]) else 1
+    keys, code = np.unique(depth * m_top + cols["m"], return_inverse=True)
     valid = np.take(sched >= 0, depth, axis=0)
-    valid &= ~(np.take(sched == SCHEDULE_CODE["interleaved"], depth, axis=0) & unsplit[:, None])
+    if len(keys):
+        valid &= np.take(_batch_rules(plans, pairs, depths, keys, m_top), code.reshape(-1), axis=0)
     # (flat positions: one-dimensional takes, far cheaper than indexing by two index arrays)
     flat = np.flatnonzero(valid)
     row = flat // width
@@ -285,7 +343,7 @@ def _expand_block(plan: Plan, space: Space, cols: dict[str, np.ndarray], gbs: in
         cols = _keep(cols, ok)
 
     # one stage has no pipeline to schedule: only 1F1B stays, where the space has it
-    cols = _expand_pairs(cols, pairs, "1f1b" in space.schedule)
+    cols = _expand_pairs(cols, pairs, "1f1b" in space.schedule, _schedule_plans(plan, space))
     return {k: cols[k] for k in LAYOUT_KEYS}
 
 
@@ -297,7 +355,7 @@ def layout_plan(plan: Plan, layouts: dict[str, np.ndarray], i: int, gpus: int) -
         "gpus": gpus, "dp": None, "tp": tp, "pp": int(layouts["pp"][i]), "cp": int(layouts["cp"][i]),
         "ep": int(layouts["ep"][i]), "zero": int(layouts["zero"][i]), "mbs": int(layouts["mbs"][i]),
         "gbs": int(layouts["gbs"][i]), "recompute": act.RECOMPUTE[int(layouts["recompute"][i])],
-        "schedule": sched, "vpp": int(layouts["vpp"][i]) if sched == "interleaved" else None,
+        "schedule": sched, "vpp": plan_vpp(int(layouts["vpp"][i])),
         "sp": tp > 1 and _sequence_parallel(plan), "stage_layers": None})
 
 
