@@ -270,21 +270,47 @@ def _batch_rules(plans: dict[str, Plan], pairs: dict[int, list[tuple[int, int]]]
     depth's pairs takes that many micro-batches per step: `schedule_batch_rules`, resolve's own
     check (interleaving: a multiple of the depth; DualPipe: an even count, at least twice it;
     torch's schedules their constructors' rules)."""
-    names = {SCHEDULE_CODE[s]: s for s in plans}
+    by_code = {SCHEDULE_CODE[s]: (plan, (plan.framework, s, plan.pp_group)) for s, plan in plans.items()}
     width = max(1, max(len(p) for p in pairs.values()))
     ok = np.zeros((len(keys), width), dtype=bool)
     for j, key in enumerate(keys.tolist()):
         p, m = depths[key // m_top], key % m_top
-        takes = {}  # (the rules do not depend on the virtual stages: once per schedule)
-        for k, (code, _) in enumerate(pairs[p]):
-            if code not in takes:
-                try:
-                    schedule_batch_rules(plans[names[code]], p, m)
-                    takes[code] = True
-                except PlanError:
-                    takes[code] = False
-            ok[j, k] = takes[code]
+        codes = [code for code, _ in pairs[p]]
+        # (the rules do not depend on the virtual stages: once per schedule)
+        takes = {code: _takes(*by_code[code], p, m) for code in set(codes)}
+        ok[j, :len(codes)] = [takes[code] for code in codes]
     return ok
+
+
+# (framework, schedule, interleaving group, pp, micro-batches) -> whether `schedule_batch_rules`
+# accepts them: the rules read nothing else of the plan
+_TAKES: dict[tuple, bool] = {}
+
+
+def _takes(plan: Plan, rules: tuple, pp: int, m: int) -> bool:
+    """Whether `plan`'s schedule takes `m` micro-batches per step on `pp` stages (`rules`: the
+    plan's framework, schedule and interleaving group)."""
+    key = (*rules, pp, m)
+    if key not in _TAKES:
+        if len(_TAKES) > 1 << 16:
+            _TAKES.clear()
+        try:
+            schedule_batch_rules(plan, pp, m)
+            _TAKES[key] = True
+        except PlanError:
+            _TAKES[key] = False
+    return _TAKES[key]
+
+
+def _distinct(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a column of small non-negative integers, ascending, and each
+    element's position among them (a table lookup: no sort)."""
+    present = np.zeros(int(col.max()) + 1, dtype=bool)
+    present[col] = True
+    values = np.flatnonzero(present)
+    position = np.zeros(len(present), dtype=np.int64)
+    position[values] = np.arange(len(values))
+    return values, position[col]
 
 
 def _expand_pairs(cols: dict[str, np.ndarray], pairs: dict[int, list[tuple[int, int]]],
@@ -305,10 +331,10 @@ def _expand_pairs(cols: dict[str, np.ndarray], pairs: dict[int, list[tuple[int, 
     depth = np.searchsorted(depths, cols["pp"])
     sched, vpp = table[:, :, 0], table[:, :, 1]
     m_top = int(cols["m"].max()) + 1 if len(cols["m"]) else 1
-    keys, code = np.unique(depth * m_top + cols["m"], return_inverse=True)
     valid = np.take(sched >= 0, depth, axis=0)
-    if len(keys):
-        valid &= np.take(_batch_rules(plans, pairs, depths, keys, m_top), code.reshape(-1), axis=0)
+    if len(depth):
+        keys, code = _distinct(depth * m_top + cols["m"])
+        valid &= np.take(_batch_rules(plans, pairs, depths, keys, m_top), code, axis=0)
     # (flat positions: one-dimensional takes, far cheaper than indexing by two index arrays)
     flat = np.flatnonzero(valid)
     row = flat // width
