@@ -19,16 +19,18 @@ from trainplan.search import default_space, enumerate_layouts, evaluate_bulk, se
 MODELS = {
     "dense": dict(model="llama-3-8b", gpus=32, gbs=128),
     "moe": dict(model="mixtral-8x7b", gpus=32, gbs=128),
+    "deepseek": dict(model="deepseek-v3", gpus=256, gbs=512),
+    # interleaving with 8 contiguous micro-batches per virtual stage (--pp-group)
+    "grouped": dict(model="llama-3-8b", gpus=32, gbs=256, pp_group=8),
 }
 MEGATRON = ("gpipe", "1f1b", "interleaved", "zb", "dualpipe")
 TORCH = ("gpipe", "1f1b", "interleaved", "zb", "looped_bfs", "zbv", "dualpipev")
-CASES = [(fw, s, m) for fw, names in (("megatron", MEGATRON), ("torch", TORCH)) for s in names for m in MODELS]
-CASES += [("megatron", "dualpipe", "deepseek")]
+CASES = [(fw, s, m) for fw, names in (("megatron", MEGATRON), ("torch", TORCH)) for s in names for m in ("dense", "moe")]
+CASES += [("megatron", "dualpipe", "deepseek"), ("megatron", "interleaved", "grouped"), ("torch", "interleaved", "grouped")]
 
 
 def _listing(framework: str, schedule: str, kind: str):
-    kw = dict(MODELS.get(kind) or dict(model="deepseek-v3", gpus=256, gbs=512), framework=framework,
-              schedule=schedule)
+    kw = dict(MODELS[kind], framework=framework, schedule=schedule)
     plan = make_plan(**kw)
     model = load_model(plan)
     space = default_space(plan, {"schedule"}, kw["gpus"], model.layers, 8, model.is_moe)

@@ -180,7 +180,7 @@ def _base(plan: Plan, gpus: int, model):
     lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": least_zero(plan), "dp": None,
                                            "dp_shard": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
-                                           "vpp": None, "recompute": "none", "stage_layers": None,
+                                           "vpp": None, "pp_group": None, "recompute": "none", "stage_layers": None,
                                            "ep_overlap": False}), model)
     profile = None
     if plan.gpu_profile:
@@ -312,7 +312,7 @@ def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid) -> tuple[
     s, m, v, pp = f("schedule"), f("m"), f("vpp"), f("pp")
     stage_idx = grid.stages.idx[grid.run[first]]
     fw = plan.framework
-    inflight = in_flight(s, stage_idx, pp, m, v, framework=fw)
+    inflight = in_flight(s, stage_idx, pp, m, v, plan.pp_group, framework=fw)
     column = lambda a: np.broadcast_to(a, (len(first), 1))[:, 0]  # noqa: E731
     return np.ascontiguousarray(inflight.T), column(last_stage_heads_in_flight(s, m, fw, pp)), \
         column(last_stage_logits_in_flight(s, m, fw, pp)), code
