@@ -121,3 +121,33 @@ def test_dualpipe_search_on_deepseek_v3():
     one = to_json(evaluate(make_plan(model="deepseek-v3", gpus=1024, **{k: par[k] for k in (
         "tp", "pp", "cp", "ep", "zero", "mbs", "gbs", "recompute", "schedule", "sp")})))
     assert out["best"][0]["time"]["step_s"] == pytest.approx(one["time"]["step_s"], rel=1e-12)
+
+
+def test_a_schedule_no_depth_runs_is_refused_by_its_rule():
+    """DeepSeek-V3's 61 layers split over no pipeline of 256 GPUs into torch's two V-shaped
+    virtual stages per rank (every split of 61 has an odd stage; with the end stages a layer
+    lighter 63 layers' worth, odd too): the search names that rule, not the plan's own depth's
+    (pp 1); a broken rule every depth shares is given as it is."""
+    plan = make_plan(model="deepseek-v3", gpus=256, framework="torch", schedule="zbv")
+    with pytest.raises(PlanError) as err:
+        search(plan, {"schedule"}, top=1)
+    assert err.value.field == "vpp" and "runs on none of the pipeline depths" in err.value.rule
+    assert "[31, 30] divisible by 2" in err.value.rule
+    with pytest.raises(PlanError) as err:
+        search(make_plan(model="llama-3-8b", gpus=8, schedule="zbv"), {"schedule"}, top=1)
+    assert err.value.field == "schedule" and "use --framework torch" in err.value.rule
+    # a global batch too small for every depth DualPipe runs on: the batch's rule on one of them
+    with pytest.raises(PlanError) as err:
+        search(make_plan(model="llama-3-8b", gpus=8, gbs=2, schedule="dualpipe"), {"schedule", "gbs"}, top=1)
+    assert err.value.field == "gbs"
+
+
+def test_dualpipe_is_not_a_torch_pipelining_schedule():
+    """torch.distributed.pipelining has DualPipeV but no two-copy DualPipe: `plan` refuses it
+    by name under the torch framework (its memory was NaN), and the search never lists it."""
+    with pytest.raises(PlanError) as err:
+        resolve(make_plan(model="llama-3-8b", gpus=32, pp=4, gbs=128, framework="torch", schedule="dualpipe"))
+    assert err.value.field == "schedule" and "dualpipev" in err.value.rule
+    with pytest.raises(PlanError) as err:
+        search(make_plan(model="llama-3-8b", gpus=32, gbs=128, framework="torch", schedule="dualpipe"), {"schedule"})
+    assert err.value.field == "schedule"

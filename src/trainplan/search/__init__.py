@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import PlanError
 from ..limits import MAX_SEARCH_LAYOUTS
-from ..plan import Plan, load_model, resolve
+from ..plan import Plan, load_model, pipeline_rules, resolve
 from ..specs.hardware import GPUSpec
 from .bulk import REPRESENTATIVE, StageTable, evaluate_bulk
 from .largest import STRATEGIES, family_model, max_model
@@ -23,10 +23,12 @@ from .space import (
     LAYOUT_KEYS,
     Space,
     _list_layouts,
+    _schedule_pairs,
     default_space,
     enumerate_layouts,
     interleavings,
     layout_plan,
+    plan_vpp,
     search_batch,
     search_batch_tokens,
 )
@@ -53,15 +55,52 @@ def _layouts(plan: Plan, fixed: set[str], gpus: int, model, max_tp: int | None, 
                                       MAX_SEARCH_LAYOUTS if max_layouts is None else max_layouts, deadline)
     if len(layouts["tp"]):
         return layouts, complete
+    runs = _no_depth_runs(plan, space, gpus, model)
     gbs = plan.gbs or search_batch(plan.seq_len or min(model.max_position, 4096), gpus)
+    # the rule broken on a depth the schedule runs on (and a count of virtual stages it runs
+    # there), when the plan's own depth and count are not one
+    runs = [(p, v) for p, v in runs if gpus % (plan.tp * p * plan.cp) == 0]
+    depth = {}
+    if runs and (plan.pp, plan.vpp or 1) not in runs:
+        depth = {"pp": runs[0][0], "vpp": plan_vpp(runs[0][1])}
     try:
-        resolve(plan.model_copy(update={"gpus": gpus, "gbs": gbs}), model)
+        resolve(plan.model_copy(update={"gpus": gpus, "gbs": gbs, **depth}), model)
     except PlanError as err:
         if plan.gbs is None and err.field == "gbs":
             raise PlanError("gbs", f"{err.rule} (the search's default global batch, about {search_batch_tokens(gpus)} "
                             "tokens; give --gbs)") from None
         raise
     raise PlanError("search", "no layout satisfies the constraints; relax the fixed dimensions")
+
+
+def _no_depth_runs(plan: Plan, space: Space, gpus: int, model) -> list[tuple[int, int]]:
+    """The (pipeline depth, virtual stages) pairs searched that the one schedule searched runs
+    on; when there are none, the rule it breaks (a PlanError: the same on every depth, or on
+    the first of two stages or more), not the plan's own depth's. None with several schedules."""
+    if len(space.schedule) != 1 or len(space.pp) < 2:
+        return []
+    runs = [(p, v) for p, pairs in _schedule_pairs(plan, space, model, space.pp).items() for _, v in pairs]
+    if runs:
+        return runs
+    lone = plan.model_copy(update={"schedule": space.schedule[0], "vpp": space.vpp[0] if space.vpp else None,
+                                   "stage_layers": None})
+    problems = {}
+    for p in space.pp:
+        try:
+            pipeline_rules(lone, model, p)
+        except PlanError as err:
+            problems[p] = err
+            if err.field == "vpp" and space.vpp is None:  # (a search tries every count: the first)
+                try:
+                    pipeline_rules(lone.model_copy(update={"vpp": 2}), model, p)
+                except PlanError as err2:
+                    problems[p] = err2
+    if len({(e.field, e.rule) for e in problems.values()}) == 1:
+        raise next(iter(problems.values()))
+    p = next((q for q in space.pp if q > 1 and q in problems), next(iter(problems)))
+    depths = ", ".join(str(q) for q in space.pp)
+    raise PlanError(problems[p].field, f"{lone.schedule} runs on none of the pipeline depths {gpus:,} GPUs allow for "
+                    f"{model.name} ({depths}); on {p} stages: {problems[p].rule}")
 
 
 # Layouts per batch: each batch pays the estimate functions' fixed cost once (a GPT-3 search on

@@ -1,10 +1,13 @@
 """Peak memory, fit and step time of many layouts at once, with the array formulas `plan` uses
 (DESIGN §2).
 
-Each layout is evaluated on a few representative pipeline stages: stage 0, the last stage and
-the first stage holding each distinct mix of layers (dense and MoE) of the default split.
-In-flight micro-batches fall with the stage index under every schedule and a stage's memory
-and time are set by its layers, so the peak memory and the slowest stage lie among them; the
+Each layout is evaluated on a few representative ranks: rank 0, the last rank and the first
+rank holding each distinct mix of layers (dense and MoE) of the default split, its stages
+placed on the ranks as the schedule places them (`placements`: DualPipe's two copies of the
+model folded onto each rank; torch's V-shaped schedules with the head on rank 0 and, as their
+in-flight micro-batches rise with the rank, the last rank of each mix too). In-flight
+micro-batches are monotonic in the rank under every schedule and a rank's memory and time are
+set by its layers and ends, so the peak memory and the slowest rank lie among them; the
 pipeline's sum over stages comes from the layer totals.
 
 Work shared between layouts is done once. The memory model runs over a grid, (tp, pp, cp, ep,
