@@ -434,6 +434,7 @@ WRONG = [{"tp": 3}, {"tp": 16}, {"pp": 64}, {"ep": 2}, {"cp": 2, "attention": "e
          {"precision": "fp8", "gpu": "A100-80GB-SXM"}, {"gpu": "V100-SXM2-32GB"}, {"gpus": 16, "gpu": "RTX-4090"},
          {"gpus": 16, "gpu": "TPU-v4"}, {"framework": "fsdp", "zero": 1}, {"framework": "megatron", "reduce_dtype": "bf16"},
          {"offload_optimizer": True}, {"zero": 1, "dp_shard": 4}, {"schedule": "looped_bfs", "pp": 2},
+         {"schedule": "dualpipe", "pp": 2, "gbs": 32, "framework": "torch"},
          {"model": "mixtral-8x7b", "ep": 16}, {"model": "mixtral-8x7b", "ep": 8, "gpus": 8, "tp": 2},
          {"recompute": "selective-op", "model": "mixtral-8x7b"}, {"seq_len": 100000000}, {"gpus": 0}, {"dropout": 1.5},
          {"grad_clip": -1}, {"nic_gbps": 0}, {"tokens": 0.5}, {"pp_group": 3}, {"model": "llama3-70b"}, {"gpu": "h1000"},

@@ -160,7 +160,8 @@
     const pp = v("pp"), torch = form.elements.framework.value === "torch";
     for (const o of form.elements.schedule.options) {
       const good = (!["interleaved", "zb", "dualpipe", ...TORCH_ONLY].includes(o.value) ||
-        (pp >= 2 && (o.value !== "dualpipe" || pp % 2 === 0))) && (!TORCH_ONLY.includes(o.value) || torch);
+        (pp >= 2 && (o.value !== "dualpipe" || pp % 2 === 0))) && (!TORCH_ONLY.includes(o.value) || torch)
+        && (o.value !== "dualpipe" || !torch);  // torch.distributed.pipelining has DualPipeV only
       o.disabled = !good;
       o.title = good ? "" : t("option_invalid");
     }

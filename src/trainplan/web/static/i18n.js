@@ -422,6 +422,7 @@ const RULES_ZH = [
   [/^file paths are not accepted.*$/, "网页不接受文件路径"],
   [/^(\d+) virtual stages per rank need each stage's layers \[(.*)\] divisible by (\d+).*$/, "每个进程 $1 个虚拟阶段要求每个阶段的层数 [$2] 能被 $3 整除（或除首尾阶段各少一层外相等）"],
   [/^dualpipe needs an even number of micro-batches per step, at least 2 x pp = (\d+); got (\d+)$/, "DualPipe 需要每步偶数个微批，且至少 2 × pp = $1；当前为 $2"],
+  [/^dualpipe \(two copies of the model\) is not a torch.distributed.pipelining schedule.*$/, "DualPipe（模型的两份副本）不是 torch.distributed.pipelining 的调度：请用它的单副本 V 形版本 dualpipev，或选择 Megatron 的约定"],
   [/^(\S+) is torch.distributed.pipelining's schedule: use --framework torch$/, "$1 是 torch.distributed.pipelining 的调度：请选择 PyTorch DDP 的约定"],
   [/^required for model_type '(.*)'$/, "model_type 为 $1 时必须提供"],
   [/^applies to --schedule interleaved only \(got (\S+)\)$/, "只适用于交错式调度（当前为 $1）"],
