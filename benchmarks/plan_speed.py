@@ -1,7 +1,8 @@
 """Cost of one plan in process, in CPU milliseconds: the full plan (`make_plan` + `evaluate` +
-`to_json`, the figures `plan --json` prints) asked again (`full`: the estimators' memos warm, as
-for the explorer's or a script's repeated plans), the same with every memo emptied first
-(`cold`: a plan as the first in a process prices it) and `evaluate` alone, this tree against a
+`to_json`, the figures `plan --json` prints) of a plan the process has not made before (`full`:
+the case's layout with a new global batch each time, the estimators' memos warm from the
+others, as in a script's sweep or the explorer), the same plan asked again (`again`), a plan
+with every memo emptied first (`cold`: the first in a process) and `evaluate` alone, this tree against a
 baseline revision (alternating rounds in fresh interpreters; the median of each), and
 llm-analysis's `training()` on the first case, side by side, when the benchmark environment
 has it (scripts/bench_setup.sh).
@@ -75,10 +76,17 @@ def worker() -> None:
     for kw in CASES.values():  # every estimator module loaded
         to_json(evaluate(make_plan(**kw)))
     caches = memos()
+    def new(kw, counter):
+        """A plan this process has not made before: the case's layout with a global batch never
+        asked for (gbs x 2, x 3, ...), so no memo of a whole plan can answer it."""
+        counter[0] += 1
+        return to_json(evaluate(make_plan(**{**kw, "gbs": kw["gbs"] * counter[0]})))
+
     out = {}
     for name, kw in CASES.items():
         plan = make_plan(**kw)
-        out[name + " full"] = cpu_ms(lambda kw=kw: to_json(evaluate(make_plan(**kw))))
+        out[name + " full"] = cpu_ms(lambda kw=kw, counter=[1]: new(kw, counter))
+        out[name + " again"] = cpu_ms(lambda kw=kw: to_json(evaluate(make_plan(**kw))))
         out[name + " cold"] = cpu_ms(lambda kw=kw: cold(kw))
         out[name + " evaluate"] = cpu_ms(lambda plan=plan: evaluate(plan))
     print(json.dumps(out))
@@ -117,7 +125,7 @@ def main() -> None:
         head += f" {'baseline':>9s} {'ratio':>7s}"
     print(head)
     for name in CASES:
-        for what in ("full", "cold", "evaluate"):
+        for what in ("full", "again", "cold", "evaluate"):
             key = f"{name} {what}"
             new = statistics.median(r[key] for r in results["this tree"])
             line = f"{name:<36s} {what:<9s} {new:>10.3f}"
