@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .estimate.accuracy import prediction_accuracy
-from .estimate.memo import Memo
+from .estimate.memo import Memo, track
 from .estimate.memory import estimate_memory_and_line, max_micro_batch
 from .estimate.recipe import Recipe, recipe
 from .plan import Layout, Plan, conventions, resolve
@@ -64,20 +64,43 @@ STAGE_COLUMNS = (("params_bytes", "params"), ("grads_bytes", "grads"), ("optimiz
 
 
 def stage_rows(result: PlanResult) -> list[dict]:
-    """One row per pipeline stage: its memory by column, sharding buffer and component. Every
-    figure goes into one stages x figures table of floats (a term that is the same on every
-    stage fills its column), read back as Python floats in one pass."""
+    """One row per pipeline stage: its memory by column, sharding buffer and component (fresh
+    dicts for each call)."""
     m = result.memory
     parts, buffers = m["activation_parts"], m["sharding_buffers"]
     values = ([m[key] for _, key in STAGE_COLUMNS] + list(buffers.values())
               + [m[k] for k in STAGE_COMPONENTS] + list(parts.values()))
-    table = np.empty((len(values), result.layout.pp))
+    names = (tuple(buffers), tuple(parts), tuple(result.layout.stage_layers))
+    # a memoised plan's figures are the same objects (numbers, read-only arrays) again: its rows
+    # are those the same objects gave (the entry holds the objects, so no id is reused)
+    found = _STAGE_ROWS.get(names)
+    if (found is None or len(found[0]) != len(values)
+            or any(a is not b for a, b in zip(found[0], values, strict=True))
+            or any(v.__class__ is np.ndarray and v.flags.writeable for v in values)):
+        found = (values, _stage_rows(values, names, result.layout.pp))
+        if len(_STAGE_ROWS) >= 64:
+            _STAGE_ROWS.clear()
+        _STAGE_ROWS[names] = found
+    return [{**row, "sharding_buffers": {**row["sharding_buffers"]},
+             "components": {**row["components"], "activation_parts": {**row["components"]["activation_parts"]}}}
+            for row in found[1]]
+
+
+_STAGE_ROWS: dict = track({})  # names -> (the figures' objects, the rows they gave)
+
+
+def _stage_rows(values: list, names: tuple, pp: int) -> list[dict]:
+    """`stage_rows` from its figures in order (`values`) and the names of the buffers, the
+    activation parts and each stage's layers. Every figure goes into one stages x figures table
+    of floats (a term that is the same on every stage fills its column), read back as Python
+    floats in one pass."""
+    table = np.empty((len(values), pp))
     for i, v in enumerate(values):
         table[i] = v
     col_names = [name for name, _ in STAGE_COLUMNS]
-    buf_names, part_names = list(buffers), list(parts)
+    buf_names, part_names, stage_layers = names
     rows = []
-    for i, (n, figures) in enumerate(zip(result.layout.stage_layers, table.T.tolist(), strict=True)):
+    for i, (n, figures) in enumerate(zip(stage_layers, table.T.tolist(), strict=True)):
         it = iter(figures)  # each zip below takes its names' count of figures from it, in order
         row = {"stage": i, "layers": n}
         row.update(zip(col_names, it, strict=False))

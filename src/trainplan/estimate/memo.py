@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from dataclasses import fields
 
+import numpy as np
+
 from ..specs.conventions import conventions
 
 _ALL: list = []  # every memo of the estimators: `clear_all` empties them
@@ -70,3 +72,45 @@ class Memo:
                 self.values.clear()
             self.values[key] = value
         return value
+
+
+def frozen_copy(value):
+    """`value` to keep in a memo: its numpy arrays made read-only (in place), its dicts (and
+    tuples) copied (`fresh_copy` hands each caller dicts of its own around the shared arrays)."""
+    if value.__class__ is dict:
+        return {k: frozen_copy(v) for k, v in value.items()}
+    if value.__class__ is tuple:
+        return tuple(frozen_copy(v) for v in value)
+    if value.__class__ is np.ndarray:
+        value.flags.writeable = False
+    return value
+
+
+def fresh_copy(value):
+    """A memoised value's dicts, nested ones included, copied for one caller (numbers and the
+    read-only arrays shared)."""
+    if value.__class__ is dict:
+        return {k: fresh_copy(v) if v.__class__ is dict else v for k, v in value.items()}
+    return value
+
+
+def array_key(args: tuple, max_size: int = 64):
+    """A hashable key for a memo over `args` (an array as its shape, dtype and bytes; a dict as
+    its items); None where one is an array of more than `max_size` entries (search's layouts at
+    once) or is not hashable."""
+    parts = []
+    for v in args:
+        cls = v.__class__
+        if cls is np.ndarray:
+            if v.size > max_size:
+                return None
+            v = (v.shape, v.dtype.str, v.tobytes())
+        elif cls is dict:
+            v = tuple(v.items())
+        parts.append(v)
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key

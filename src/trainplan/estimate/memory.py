@@ -24,7 +24,7 @@ from ..units import GiB
 from . import activations as act
 from . import norm_features
 from .flops import ATTENTION_INPUTS
-from .memo import cached_hash, track
+from .memo import Memo, array_key, cached_hash, fresh_copy, frozen_copy, track
 from .pipeline import (
     SCHEDULE_CODE,
     in_flight,
@@ -186,25 +186,7 @@ _HELD: dict = track({})
 _HELD_MAX = 256
 
 
-def _memo_key(args: tuple):
-    """A hashable key for a memo over `args` (an array as its shape, dtype and bytes; a dict as
-    its items); None where one is an array of many layouts (search's) or is not hashable."""
-    parts = []
-    for v in args:
-        cls = v.__class__
-        if cls is np.ndarray:
-            if v.size > 64:
-                return None
-            v = (v.shape, v.dtype.str, v.tobytes())
-        elif cls is dict:
-            v = tuple(v.items())
-        parts.append(v)
-    key = tuple(parts)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+_memo_key = array_key  # (an array of at most 64 entries: one layout's stages)
 
 
 def _held(mn, r, dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard, lora, offload_optimizer,
@@ -673,19 +655,33 @@ def estimate_memory_and_line(layout: Layout, r: Recipe | None = None) -> tuple[d
     (every term is a per-token figure times tokens, or none), so these two points give it at
     any size."""
     r = r if r is not None else recipe(layout.plan)
-    pp = layout.pp
     inputs = layout_inputs(layout)
+    mn = numbers_for(layout)
+    key = array_key((mn, r, layout.mbs, *inputs.values()))
+    if key is None:
+        return _memory_and_line(mn, r, layout.mbs, inputs)
+    memory, line = _MEMORY_AND_LINE.get(key, lambda: frozen_copy(_memory_and_line(mn, r, layout.mbs, inputs)))
+    return fresh_copy(memory), fresh_copy(line)
+
+
+# one layout's memory and line, memoised by the figures they are computed from
+_MEMORY_AND_LINE = Memo(256)
+
+
+def _memory_and_line(mn: ModelNumbers, r: Recipe, mbs, inputs: dict) -> tuple[dict, dict]:
+    """`estimate_memory_and_line` of a layout's `layout_inputs` (which it reshapes in place)."""
+    pp = inputs["pp"]
     kinds = {k: inputs[k] for k in ("dense_layers", "moe_layers", "first", "last")}
     for k, v in inputs.items():  # per-stage inputs on the first axis
         if isinstance(v, np.ndarray) and v.ndim == 1:
             inputs[k] = v[:, None, None]
-    inputs["mbs"] = np.array([[layout.mbs, 1, 2]], dtype=float)
+    inputs["mbs"] = np.array([[mbs, 1, 2]], dtype=float)
     flight = np.ones((pp, 1, 3))
     flight[:, :, :1] = inputs["in_flight_mb"]
     inputs["in_flight_mb"] = flight
     inputs["logits_in_flight"] = np.array([[float(inputs["logits_in_flight"]), 1.0, 1.0]])
     inputs["head_in_flight"] = np.array([[float(inputs["head_in_flight"]), 1.0, 1.0]])
-    out = stage_memory(numbers_for(layout), r, **inputs)
+    out = stage_memory(mn, r, **inputs)
     points = np.empty((len(LINE_KEYS), pp, 2))  # each key at sizes 1 and 2, on every stage
     for i, k in enumerate(LINE_KEYS):
         v = out[k]
@@ -763,13 +759,33 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
             if len(_MBS_GRIDS) >= 256:
                 _MBS_GRIDS.clear()
             _MBS_GRIDS[key] = grid
+    points = line["points"] if "points" in line else np.stack([line[k] for k in LINE_KEYS])
+    capacity = layout.gpu.capacity_bytes
+    if key is None:
+        return _largest_fitting(points, grid, cands, capacity)
+    # a memoised line's points are one read-only array: the same object, the same answer
+    found = _MAX_MBS.get((key, capacity))
+    if found is None or found[0] is not points or points.flags.writeable:
+        found = (points, _largest_fitting(points, grid, cands, capacity))
+        if len(_MAX_MBS) >= 256:
+            _MAX_MBS.clear()
+        _MAX_MBS[(key, capacity)] = found
+    return found[1]
+
+
+_MAX_MBS: dict = track({})  # grid key, capacity -> (the line's points, max_micro_batch)
+
+
+def _largest_fitting(points: np.ndarray, grid: tuple, cands: np.ndarray, capacity: float) -> int:
+    """`max_micro_batch` from each stage's memory line (`points`, keys x stages x sizes 1 and 2)
+    and its `_mbs_grid`."""
     stages, flight_extra, heads_extra, loss_extra = grid
     # each key's value at each candidate size, keys x stages x candidates
-    points = (line["points"] if "points" in line else np.stack([line[k] for k in LINE_KEYS]))[:, stages]
+    points = points[:, stages]
     one, two = points[:, :, :1], points[:, :, 1:]
     total, per_flight, per_logits, per_loss = one + (cands - 1) * (two - one)
     total = total + per_flight * flight_extra + per_logits * heads_extra + per_loss * loss_extra
-    fits = total.max(axis=0) <= layout.gpu.capacity_bytes
+    fits = total.max(axis=0) <= capacity
     return int(cands[fits].max()) if fits.any() else 0
 
 

@@ -50,6 +50,7 @@ from .collectives import (
 from .data import data_report, step_with_data
 from .flops import step_flops
 from .hardware import Hardware, hardware
+from .memo import Memo, array_key, fresh_copy, frozen_copy
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
 from .recipe import Recipe, recipe
@@ -58,7 +59,25 @@ from .stage import lora_arguments, model_recomputed_share, stage_times
 from .torch_schedules import V_SHAPED
 
 
-def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
+def step_time_core(model, hw: Hardware, r, **layout) -> dict:
+    """Step time and its breakdown (`_step_time_core`); one layout's memoised (scalars, or a few
+    stages), search's arrays of many layouts computed afresh."""
+    return fresh_copy(shared_step_time_core(model, hw, r, **layout))
+
+
+def shared_step_time_core(model, hw: Hardware, r, **layout) -> dict:
+    """`step_time_core`, a memoised layout's figures as the memo holds them (read-only arrays,
+    dicts the caller reads and does not change)."""
+    key = array_key((model, hw, r, *layout, *layout.values()))
+    if key is None:
+        return _step_time_core(model, hw, r, **layout)
+    return _STEP_TIME.get(key, lambda: frozen_copy(_step_time_core(model, hw, r, **layout)))
+
+
+_STEP_TIME = Memo(256)
+
+
+def _step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
@@ -282,7 +301,7 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
               r: Recipe | None = None) -> dict:
     """The step of a resolved plan (every stage considered), as plain numbers; `r`, the plan's
     `recipe` where the caller has it already."""
-    out, fl, data, hw = _step(layout, profile, memory, r)
+    out, fl, data, hw = _step(layout, profile, memory, r, shared=True)
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
@@ -360,7 +379,9 @@ def layer_pass_times(layout: Layout, profile: dict | None = None, kind: str = "d
             "elementwise_s": num(lay["elementwise_forward"]) + num(lay["elementwise_backward"])}
 
 
-def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe | None = None):
+def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe | None = None, shared=False):
+    """`step_time_core` of a resolved layout, its FLOPs, input pipeline and hardware; `shared`: its
+    figures as the memo holds them (for a caller that only reads them)."""
     from .memory import estimate_memory, recompute_code
 
     plan, model = layout.plan, layout.model
@@ -381,7 +402,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     # torch's V-shaped schedules place the model's last stage (the output head and loss) on rank 0
     head = 0 if plan.framework == "torch" and plan.schedule in V_SHAPED else layout.pp - 1
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
-    out = step_time_core(
+    out = (shared_step_time_core if shared else step_time_core)(
         model, hw, r, tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
         ep=layout.ep, zero=layout.zero, mbs=layout.mbs, seq=layout.seq_len, m=layout.micro_batches,
         vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule], recompute=rc, eager=model.attention_kernel(plan.attention) == "eager",
