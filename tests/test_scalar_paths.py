@@ -14,9 +14,10 @@ import pytest
 
 from trainplan import report
 from trainplan.estimate import activations as act
+from trainplan.estimate import collectives, comm, memo, memory, norm_features, stage
 from trainplan.estimate import hardware as hardware_module
-from trainplan.estimate import memo, memory, norm_features, stage
 from trainplan.estimate import recipe as recipe_module
+from trainplan.estimate import time as time_module
 from trainplan.estimate.hardware import hardware
 from trainplan.estimate.recipe import RECIPE_FIELDS, recipe
 from trainplan.estimate.scalars import any_, bools, floats, maximum, minimum, values, where
@@ -84,7 +85,9 @@ def test_array_arguments_go_to_numpy():
 def _clear_memos():
     assert memo.clear_all() >= 8
     assert not (memory._LAYER_TERMS or memory._HELD or memory._MBS_GRIDS or report._ACCURACY.values
-                or recipe_module._RECIPES.values or hardware_module._HARDWARE.values)
+                or recipe_module._RECIPES.values or hardware_module._HARDWARE.values
+                or memory._MEMORY_AND_LINE.values or memory._MAX_MBS or time_module._STEP_TIME.values
+                or report._STAGE_ROWS)
     assert memory._schedule_inputs.cache_info().currsize == stage._one_layer_times.cache_info().currsize == 0
 
 
@@ -200,3 +203,48 @@ def test_a_rule_registered_later_is_not_hidden_by_the_memo():
     finally:
         del pipeline.IN_FLIGHT_RULES[(code, "deepspeed")]
     assert memory.layout_inputs(layout)["in_flight_mb"].tolist() == before
+
+
+def test_a_callers_changes_to_a_memoised_plan_stay_its_own():
+    """A memoised plan's memory, step and stage rows come in dicts of the caller's own: changing
+    them leaves the next plan alone, and stage rows follow a figure the caller replaced."""
+    kw = CASES[0]
+    want = to_json(evaluate(make_plan(**kw)))
+    result = evaluate(make_plan(**kw))
+    result.memory["activation_parts"]["layers"] = -1.0
+    result.memory["params"] = result.memory["params"] * 2
+    result.mbs_line["points"] = result.mbs_line["points"] * 0
+    result.time["breakdown_s"]["compute"] = -1.0
+    changed = to_json(result)
+    assert [row["params_bytes"] for row in changed["memory"]["stages"]] == [
+        2 * row["params_bytes"] for row in want["memory"]["stages"]]
+    assert changed["memory"]["stages"][0]["components"]["activation_parts"]["layers"] == -1.0
+    assert changed["memory"]["max_mbs"] > want["memory"]["max_mbs"]  # no memory per micro-batch
+    changed["memory"]["stages"][0]["components"]["activation_parts"]["layers"] = -2.0
+    assert to_json(evaluate(make_plan(**kw))) == want
+    step = time_module.step_time(result.layout, None, None, result.recipe)
+    flops = ("model_flops_per_step", "hardware_flops_per_step")
+    assert {k: v for k, v in step.items() if k not in flops} == {k: v for k, v in want["time"].items()
+                                                                  if k != "accuracy"}
+
+
+def _same_figures(a: tuple, b: tuple) -> bool:
+    return all(_same(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("gpu", ["H100", "A100-80GB", "H800", "RTX-4090", "TPU-v5p", "MI300X"])
+def test_one_collective_on_numbers_equals_the_array_path(gpu):
+    """A plan's collectives (comm.nccl_call_one on Python numbers) give the seconds, algorithm,
+    protocol and latency of the array path search takes, to the last bit: every kind, group
+    sizes in and across nodes, strides, sizes from zero bytes to 70 GB, SHARP and calls."""
+    hw = hardware(resolve(make_plan(model="llama-3-8b", gpus=8, gpu=gpu)))
+    for kind in range(5):
+        for n in (1.0, 2.0, 3.0, 8.0, 16.0, 64.0, 1024.0, 16384.0):
+            for stride in (1.0, 2.0, 8.0, 16.0):
+                for nbytes in (0.0, 1.0, 4095.0, 65536.0, 2.0 ** 24 - 1, 3.3e7, 7e10):
+                    for gpn, sharp, calls in ((8, False, 1.0), (4, True, 3.0), (8, True, 80.0)):
+                        args = (hw.nvlink, hw.nic, hw.nccl, kind, nbytes, n, stride, gpn, sharp, calls)
+                        secs, algo, proto, lat = collectives._collective(*args)
+                        one = collectives._one_collective.__wrapped__(*args)
+                        assert _same_figures(one, (secs, algo, proto, lat)), args
+                        assert one[1] in range(len(comm.ALGORITHMS)) and one[2] in range(len(comm.PROTOCOLS))
