@@ -74,14 +74,18 @@ class Memo:
         return value
 
 
-def frozen_copy(value):
-    """`value` to keep in a memo: its numpy arrays made read-only (in place), its dicts (and
-    tuples) copied (`fresh_copy` hands each caller dicts of its own around the shared arrays)."""
-    if value.__class__ is dict:
-        return {k: frozen_copy(v) for k, v in value.items()}
-    if value.__class__ is tuple:
-        return tuple(frozen_copy(v) for v in value)
-    if value.__class__ is np.ndarray:
+def read_only(value):
+    """`value`, to keep in a memo, with its numpy arrays (in its dicts and tuples, nested ones
+    included) made read-only in place (`fresh_copy` hands each caller dicts of its own around
+    them)."""
+    cls = value.__class__
+    if cls is dict:
+        for v in value.values():
+            read_only(v)
+    elif cls is tuple:
+        for v in value:
+            read_only(v)
+    elif cls is np.ndarray:
         value.flags.writeable = False
     return value
 

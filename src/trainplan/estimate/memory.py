@@ -24,7 +24,7 @@ from ..units import GiB
 from . import activations as act
 from . import norm_features
 from .flops import ATTENTION_INPUTS
-from .memo import Memo, array_key, cached_hash, fresh_copy, frozen_copy, track
+from .memo import Memo, array_key, cached_hash, fresh_copy, read_only, track
 from .pipeline import (
     SCHEDULE_CODE,
     in_flight,
@@ -660,7 +660,7 @@ def estimate_memory_and_line(layout: Layout, r: Recipe | None = None) -> tuple[d
     key = array_key((mn, r, layout.mbs, *inputs.values()))
     if key is None:
         return _memory_and_line(mn, r, layout.mbs, inputs)
-    memory, line = _MEMORY_AND_LINE.get(key, lambda: frozen_copy(_memory_and_line(mn, r, layout.mbs, inputs)))
+    memory, line = _MEMORY_AND_LINE.get(key, lambda: read_only(_memory_and_line(mn, r, layout.mbs, inputs)))
     return fresh_copy(memory), fresh_copy(line)
 
 

@@ -50,7 +50,7 @@ from .collectives import (
 from .data import data_report, step_with_data
 from .flops import step_flops
 from .hardware import Hardware, hardware
-from .memo import Memo, array_key, fresh_copy, frozen_copy
+from .memo import Memo, array_key, fresh_copy, read_only
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
 from .recipe import Recipe, recipe
@@ -71,7 +71,7 @@ def shared_step_time_core(model, hw: Hardware, r, **layout) -> dict:
     key = array_key((model, hw, r, *layout, *layout.values()))
     if key is None:
         return _step_time_core(model, hw, r, **layout)
-    return _STEP_TIME.get(key, lambda: frozen_copy(_step_time_core(model, hw, r, **layout)))
+    return _STEP_TIME.get(key, lambda: read_only(_step_time_core(model, hw, r, **layout)))
 
 
 _STEP_TIME = Memo(256)
