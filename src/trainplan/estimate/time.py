@@ -139,6 +139,63 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     parameters) shape ZeRO-3's unit-by-unit collectives (`zero3_exposed`)."""
     f = floats
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
+    pipe = _pipeline_terms(stages, r, pp=pp, m=m, vpp=vpp, schedule=schedule, overlap_dp=f(overlap_dp))
+    overlap_dp, stage_compute = pipe["overlap_dp"], pipe["micro_batch_s"]["compute"]
+    c = _dp_collectives(hw, r, dp=dp, cp=cp, tp=tp, zero=zero, gpn=gpn, trainable=trainable, sharp=sharp,
+                        dp_shard=dp_shard, stage_layers=stage_layers, modules_per_layer=modules_per_layer)
+    d = _dp_exposed(hw, r, c, pp=pp, zero=zero, m=m, stage_compute=stage_compute, recompute=recompute,
+                    backward_prefetch=backward_prefetch, overlap_dp=overlap_dp, offload_params=offload_params,
+                    trainable=trainable, dp_group=dp * cp)
+    optimizer, on_host = _optimizer_time(hw, r, shard_params=trainable / d["shard"], reductions=d["reductions"],
+                                         backward=d["backward"], overlap_dp=overlap_dp,
+                                         offload_optimizer=offload_optimizer, offload_params=offload_params,
+                                         ranks_per_host=minimum(f(gpn), f(gpus)))
+    busy = pipe["pipeline_s"] + d["dp_exposed"] + optimizer
+    step = step_with_data(busy, data_s, prefetch)
+    bubble = pipe["bubble"]
+    return {
+        "step_s": step,
+        "tokens_per_s": gbs * seq / step,
+        "tflops_per_gpu": model_flops / step / gpus / 1e12,
+        "hardware_tflops_per_gpu": hw_flops / step / gpus / 1e12,
+        "mfu": model_flops / (hw.peak_dense * step * gpus),
+        "hfu": hw_flops / (hw.peak_dense * step * gpus),
+        # the same model FLOPs against the accelerator's bf16 and fp8 peaks ("mfu" divides by
+        # the one Hardware.mfu_peak names); NaN where it has no such peak
+        "mfu_bf16_peak": model_flops / ((hw.peak_bf16 or np.nan) * step * gpus),
+        "mfu_fp8_peak": model_flops / ((hw.peak_fp8 or np.nan) * step * gpus),
+        "bubble_fraction": bubble / step,
+        "breakdown_s": {**pipe["parts_busy"], "bubble": bubble, "dp_comm": d["dp_exposed"], "optimizer": optimizer,
+                        "data": step - busy},
+        "stage_s": stages.get("stage_s"),
+        "micro_batch_s": pipe["micro_batch_s"],
+        "pipeline_s": pipe["pipeline_s"],
+        # (reduce_scatter includes, under hybrid sharding, the replicas' all-reduce of its output)
+        "dp_collectives_s": {"all_gather": c["gather"], "reduce_scatter": c["scatter"], "all_reduce": c["ar"],
+                             "replica_all_reduce": c["replica_ar"]},
+        "dp_shard_group": c["shard_group"], "dp_replicas": c["replicas"],
+        # the framework's passes over gradients and gathered parameters, inside "dp_comm"
+        "dp_bookkeeping_s": d["bookkeeping"],
+        # --offload-params: fetching the shards from the host, inside "dp_comm"; --offload-optimizer:
+        # the parts of "optimizer"
+        "param_fetch_s": d["fetches"], "offloaded_optimizer_s": on_host,
+        # each collective's calls per pass and the latency of one call (`plan --explain`)
+        "dp_calls": c["calls"],
+        # gradient reductions and (ZeRO-1 and up) parameter all-gathers per step
+        "dp_reductions": d["reductions"], "dp_gathers": where(zero >= 1, d["gathers"], 0.0),
+        "dp_call_latency_s": {"all_gather": c["gather_lat"], "reduce_scatter": c["scatter_lat"],
+                              "all_reduce": c["ar_lat"]},
+        # calls per pass of each (DeepSpeed's ZeRO-3: a submodule's gather each, a bucket's reduce-scatter each)
+        "dp_gather_calls": c["gather_calls"], "dp_scatter_calls": c["scatter_calls"],
+        # the share of the parameters ZeRO-3 gathers again for a recomputed forward (DeepSpeed)
+        "dp_regathered": d["regathered"],
+    }
+
+
+def _pipeline_terms(stages: dict, r, *, pp, m, vpp, schedule, overlap_dp) -> dict:
+    """The pipeline schedule over the slowest stage (`step_from_stages`): its seconds, each
+    micro-batch's parts and their busy seconds, the bubble, and the data-parallel overlap the
+    pipeline engine leaves."""
     stage_max, per_micro_batch, p2p = stages["slowest_s"], stages["slowest_parts"], stages["p2p"]
     # DualPipe runs one micro-batch's all-to-alls beside another's compute (DeepSeek-V3 §3.2.1):
     # the saving stage_times worked out for that overlap, where the plan did not ask for it anyway
@@ -150,7 +207,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # The engine running the pipeline (estimate/pipeline_engine.py): DeepSpeed's blocking sends
     # and receives put more transfers on every micro-batch's critical path than the two
     # stage_times prices, and its gradients are reduced after the schedule, not overlapped.
-    extra_p2p, overlap_dp = engine_terms(r.pipeline_engine, pp, schedule, f(overlap_dp))
+    extra_p2p, overlap_dp = engine_terms(r.pipeline_engine, pp, schedule, overlap_dp)
     per_micro_batch = {**per_micro_batch, "pp_comm": per_micro_batch["pp_comm"] + extra_p2p * p2p}
     pipe = pipeline_time(schedule, pp, m, stage_max, totals, vpp, p2p, wgrad_share=WGRAD_SHARE) \
         + m * extra_p2p * p2p
@@ -158,9 +215,15 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     busy_mbs = where(values(schedule) == SCHEDULE_CODE["dualpipe"], m / 2, m)
     parts_busy = {k: busy_mbs * v for k, v in per_micro_batch.items()}
     bubble = maximum(pipe - sum(parts_busy.values()), 0.0)
+    return {"pipeline_s": pipe, "micro_batch_s": per_micro_batch, "parts_busy": parts_busy, "bubble": bubble,
+            "overlap_dp": overlap_dp}
 
-    # -- data-parallel gradient reduction (+ ZeRO-3 gathers) and the optimizer
-    dp_group = dp * cp
+
+def _dp_collectives(hw: Hardware, r, *, dp, cp, tp, zero, gpn, trainable, sharp, dp_shard, stage_layers,
+                    modules_per_layer) -> dict:
+    """The data-parallel group's collectives for one pass (`step_from_stages`): the groups, the
+    calls per pass and each collective's seconds and latency of one call."""
+    f = floats
     # ZeRO's collectives run over the shard group: all dp x cp ranks, or under hybrid sharding
     # the dp_shard x cp neighbouring ones; the replicas of each shard (dp / dp_shard of them,
     # dp_shard x cp x tp GPUs apart) then all-reduce their reduce-scattered gradients (FSDP2's
@@ -168,7 +231,6 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     shard_group = (dp if dp_shard is None else f(dp_shard)) * cp
     replicas = dp * cp / shard_group
     wire_grad_bytes = trainable * r.reduce_bytes  # the gradients as the collectives carry them
-    stage_compute = per_micro_batch["compute"]
     # ZeRO-3 / FSDP gathers the parameters for every micro-batch's forward and backward and
     # reduce-scatters its gradients, prefetching so each overlaps that micro-batch's compute;
     # a backward gather issued after the layer's gradients (BACKWARD_POST) waits in the open,
@@ -198,6 +260,20 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     scatter, _, _, scatter_lat = collective_terms(hw, comm.REDUCE_SCATTER, wire_grad_bytes, shard_group, tp, gpn,
                                                   calls=scatter_calls)
     scatter = scatter + replica_ar
+    # plain data parallelism all-reduces the gradients, bucket by bucket
+    ar, _, _, ar_lat = collective_terms(hw, comm.ALL_REDUCE, wire_grad_bytes, dp * cp, tp, gpn, sharp, calls=calls)
+    return {"shard_group": shard_group, "replicas": replicas, "per_unit": per_unit, "units": units, "calls": calls,
+            "gather_calls": gather_calls, "scatter_calls": scatter_calls, "gather": gather, "gather_lat": gather_lat,
+            "replica_ar": replica_ar, "scatter": scatter, "scatter_lat": scatter_lat, "ar": ar, "ar_lat": ar_lat}
+
+
+def _dp_exposed(hw: Hardware, r, c: dict, *, pp, zero, m, stage_compute, recompute, backward_prefetch,
+                overlap_dp, offload_params, trainable, dp_group) -> dict:
+    """What the data-parallel collectives `c` (`_dp_collectives`), the framework's passes over
+    gradients and gathered parameters and the parameters' fetches from the host add to a step
+    (`step_from_stages`), with how often each runs."""
+    f = floats
+    gather, scatter, units, per_unit = c["gather"], c["scatter"], c["units"], c["per_unit"]
     # Pipelined FSDP gathers each unit once a step, for the first forward, and reduce-scatters
     # it once, after the last backward (Recipe.keeps_stage_gathered): ZeRO-1's timing, unit by
     # unit. Otherwise FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for
@@ -218,12 +294,11 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     gathers = where(unit_by_unit, where(backward_gathers, 2, 1) * m, 1.0)  # with ZeRO-1 and up
     # a sharded optimizer reduce-scatters the gradients behind each reducing backward and
     # all-gathers the parameters during the next step's first forward (--overlap-grad-reduce,
-    # --overlap-param-gather); plain data parallelism all-reduces them, bucket by bucket
+    # --overlap-param-gather); plain data parallelism all-reduces them
     backward = stage_compute * 2 / 3
     z1 = where(overlap_dp, reductions * overlapped(scatter, backward, hw.overlap_slowdown)
                   + overlapped(gather, stage_compute / 3, hw.overlap_slowdown), reductions * scatter + gather)
-    ar, _, _, ar_lat = collective_terms(hw, comm.ALL_REDUCE, wire_grad_bytes, dp_group, tp, gpn, sharp, calls=calls)
-    z0 = reductions * where(overlap_dp, overlapped(ar, backward, hw.overlap_slowdown), ar)
+    z0 = reductions * where(overlap_dp, overlapped(c["ar"], backward, hw.overlap_slowdown), c["ar"])
     # The framework's own passes over the local gradients and the gathered parameters outside
     # the collectives (conventions.toml [frameworks] grad_reduce_passes, gather_copy_passes),
     # memory-bound work on the compute stream, at every reduction and gather.
@@ -232,7 +307,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
                                                       + where(unit_by_unit | pipelined_fsdp, gathers, 0.0)
                                                       * r.gather_copy_passes * r.compute_weight_bytes)
                            / hw.hbm, 0.0)
-    shard = where(zero >= 1, shard_group, 1.0)
+    shard = where(zero >= 1, c["shard_group"], 1.0)
     # ZeRO-Infinity's parameter offload: every gather starts from the rank's shard on the host,
     # fetched over PCIe ahead of it (prefetched beside the compute like the gather itself)
     fetches = 0.0
@@ -241,6 +316,15 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
         fetches = where(f(offload_params) > 0, gathers, 0.0) * where(
             overlap_dp, overlapped(fetch, stage_compute / 2, hw.overlap_slowdown), fetch)
     dp_exposed = where(unit_by_unit, z3, where(zero >= 1, z1, z0)) + bookkeeping + fetches
+    return {"dp_exposed": dp_exposed, "bookkeeping": bookkeeping, "fetches": fetches, "reductions": reductions,
+            "gathers": gathers, "regathered": regathered, "backward": backward, "shard": shard}
+
+
+def _optimizer_time(hw: Hardware, r, *, shard_params, reductions, backward, overlap_dp, offload_optimizer,
+                    offload_params, ranks_per_host) -> tuple:
+    """Seconds of one optimizer step over this rank's `shard_params` parameters, and the parts of
+    an offloaded one (`offloaded_optimizer`; zero on the GPU)."""
+    f = floats
     # One optimizer step over this rank's shard. A fused kernel reads the gradient, reads and
     # writes the master copy (the fp32 parameters themselves where there is none) and the
     # state, and writes the 16-bit working weights where there is a master copy: 28 bytes per
@@ -248,53 +332,16 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     # Gradient-norm clipping runs before it over the same gradients (`grad_clip_passes`).
     updated = r.master_bytes if r.master_bytes > 0 else r.weight_bytes
     working = r.weight_bytes if r.master_bytes > 0 else 0.0
-    opt_bytes = trainable / shard * ((r.grad_bytes + 2 * (updated + r.optimizer_bytes) + working) * r.optimizer_traffic
-                                     + r.grad_clip_passes * r.grad_bytes)
+    opt_bytes = shard_params * ((r.grad_bytes + 2 * (updated + r.optimizer_bytes) + working) * r.optimizer_traffic
+                                + r.grad_clip_passes * r.grad_bytes)
     on_host = {"to_host": 0.0, "host_step": 0.0, "to_device": 0.0}
     optimizer = opt_bytes / hw.hbm
     if any_(offload_optimizer):
-        on_host = offloaded_optimizer(hw, r, shard_params=trainable / shard, reductions=reductions,
+        on_host = offloaded_optimizer(hw, r, shard_params=shard_params, reductions=reductions,
                                       backward=backward, overlap_dp=overlap_dp,
-                                      ranks_per_host=minimum(f(gpn), f(gpus)), params_on_host=f(offload_params) > 0)
+                                      ranks_per_host=ranks_per_host, params_on_host=f(offload_params) > 0)
         optimizer = where(f(offload_optimizer) > 0, sum(on_host.values()), optimizer)
-    busy = pipe + dp_exposed + optimizer
-    step = step_with_data(busy, data_s, prefetch)
-    return {
-        "step_s": step,
-        "tokens_per_s": gbs * seq / step,
-        "tflops_per_gpu": model_flops / step / gpus / 1e12,
-        "hardware_tflops_per_gpu": hw_flops / step / gpus / 1e12,
-        "mfu": model_flops / (hw.peak_dense * step * gpus),
-        "hfu": hw_flops / (hw.peak_dense * step * gpus),
-        # the same model FLOPs against the accelerator's bf16 and fp8 peaks ("mfu" divides by
-        # the one Hardware.mfu_peak names); NaN where it has no such peak
-        "mfu_bf16_peak": model_flops / ((hw.peak_bf16 or np.nan) * step * gpus),
-        "mfu_fp8_peak": model_flops / ((hw.peak_fp8 or np.nan) * step * gpus),
-        "bubble_fraction": bubble / step,
-        "breakdown_s": {**parts_busy, "bubble": bubble, "dp_comm": dp_exposed, "optimizer": optimizer,
-                        "data": step - busy},
-        "stage_s": stages.get("stage_s"),
-        "micro_batch_s": per_micro_batch,
-        "pipeline_s": pipe,
-        # (reduce_scatter includes, under hybrid sharding, the replicas' all-reduce of its output)
-        "dp_collectives_s": {"all_gather": gather, "reduce_scatter": scatter, "all_reduce": ar,
-                             "replica_all_reduce": replica_ar},
-        "dp_shard_group": shard_group, "dp_replicas": replicas,
-        # the framework's passes over gradients and gathered parameters, inside "dp_comm"
-        "dp_bookkeeping_s": bookkeeping,
-        # --offload-params: fetching the shards from the host, inside "dp_comm"; --offload-optimizer:
-        # the parts of "optimizer"
-        "param_fetch_s": fetches, "offloaded_optimizer_s": on_host,
-        # each collective's calls per pass and the latency of one call (`plan --explain`)
-        "dp_calls": calls,
-        # gradient reductions and (ZeRO-1 and up) parameter all-gathers per step
-        "dp_reductions": reductions, "dp_gathers": where(zero >= 1, gathers, 0.0),
-        "dp_call_latency_s": {"all_gather": gather_lat, "reduce_scatter": scatter_lat, "all_reduce": ar_lat},
-        # calls per pass of each (DeepSpeed's ZeRO-3: a submodule's gather each, a bucket's reduce-scatter each)
-        "dp_gather_calls": gather_calls, "dp_scatter_calls": scatter_calls,
-        # the share of the parameters ZeRO-3 gathers again for a recomputed forward (DeepSpeed)
-        "dp_regathered": regathered,
-    }
+    return optimizer, on_host
 
 
 def step_time(layout: Layout, profile: dict | None = None, memory: dict | None = None,
