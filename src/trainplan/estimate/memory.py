@@ -298,22 +298,13 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     layer's input), `logits_in_flight` unless a split backward frees the loss before the rest of
     the stage (`pipeline.last_stage_heads_in_flight`); `heads_major_copy`: see
     `activations.layer_terms` (1 for PyTorch's CPU attention kernels)."""
-    h = mn.hidden
     first = floats(first)
     last = floats(last)
-    layers = dense_layers + moe_layers
     hd_ = held(mn, r, dense_layers=dense_layers, moe_layers=moe_layers, first=first, last=last, tp=tp, cp=cp, ep=ep,
                dp=dp, zero=zero, dp_shard=dp_shard, lora=lora, offload_optimizer=offload_optimizer,
                offload_params=offload_params, pp=pp, vocab_padded=vocab_padded)
-    d_dense, d_exp, m_dense, m_exp, embed, head = (hd_[k] for k in ("d_dense", "d_exp", "m_dense", "m_exp", "embed",
-                                                                    "head"))
-    p_stage, adapters, layer_max_adapters, trainable = (hd_[k] for k in ("p_stage", "adapters", "layer_max_adapters",
-                                                                         "trainable"))
-    shard_dense, zero, dense_matrices, moe_matrices = (hd_[k] for k in ("shard_dense", "zero", "dense_matrices",
-                                                                        "moe_matrices"))
-    layer_matrices, uncast_experts = hd_["layer_matrices"], hd_["uncast_experts"]
+    p_stage, trainable, shard_dense, zero = hd_["p_stage"], hd_["trainable"], hd_["shard_dense"], hd_["zero"]
     weights, grads, master, opt_state = hd_["weights"], hd_["grads"], hd_["master"], hd_["opt_state"]
-    pipelined_fsdp, forward_to_backward = hd_["pipelined_fsdp"], hd_["forward_to_backward"]
     params_gathered, grads_unsharded = hd_["params_gathered"], hd_["grads_unsharded"]
 
     # ---- activations: one micro-batch's saved tensors x micro-batches in flight
@@ -327,6 +318,113 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
                   modules=modules, fp8_cache=fp8_cache, heads_major_copy=heads_major_copy,
                   gate_in_act=float(r.moe_gate_in_activation), sp_gathered=float(r.sp_gathers_saved_inputs),
                   cp_output_copy=float(r.cp_ring_output_copy) * (values(cp) > 1))
+
+    saved = _saved_per_micro_batch(mn, r, common, dense_layers=dense_layers, moe_layers=moe_layers, first=first,
+                                   recompute_layers=recompute_layers)
+    dense_terms, moe_terms, ckpt, ckpt_reused = (saved[k] for k in ("dense_terms", "moe_terms", "ckpt", "ckpt_reused"))
+    working_set, n_ckpt, per_mb_layers = saved["working_set"], saved["n_ckpt"], saved["per_mb_layers"]
+    emb, hd = _end_terms(mn, r, common, vocab_padded=vocab_padded, cp=cp)
+    # what one more micro-batch in flight (or one more set of live logits) holds
+    per_in_flight = {
+        "layers": per_mb_layers,
+        "embedding": first * sum(emb.values()),
+        "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
+                                             attention=attention).values())
+        + norm_features.window_stage_bytes(mn.shape, seq=seq, cp=cp, attention=attention),
+    }
+    per_logits = last * sum(hd.values())
+    per_loss = last * hd["logits"]
+    head_in_flight = logits_in_flight if head_in_flight is None else head_in_flight
+    parts = {
+        "layers": per_in_flight["layers"] * in_flight_mb,
+        # Backward of a checkpointed layer re-materialises that layer's activations (as
+        # without recompute) next to its checkpointed input, once.
+        "recompute_working_set": where(n_ckpt > 0, working_set - ckpt_reused, 0.0),
+        "embedding": per_in_flight["embedding"] * in_flight_mb,
+        "stage_tensors": per_in_flight["stage_tensors"] * in_flight_mb,
+        "head_and_loss": (per_logits - per_loss) * head_in_flight + per_loss * logits_in_flight,
+        "autocast_weight_copies": _autocast_copies(mn, r, hd_, saved, dense_layers=dense_layers,
+                                                   moe_layers=moe_layers, first=first, last=last,
+                                                   vocab_padded=vocab_padded, tp=tp, lora=lora),
+    }
+    activations = sum(parts.values())
+
+    zero3_gather, bucket, loss_ws = _other_memory(r, hd_, dense_layers=dense_layers, moe_layers=moe_layers,
+                                                  first=first, last=last, tokens=tokens, vocab_padded=vocab_padded,
+                                                  tp=tp, dp=dp, lora=lora)
+    allocated = weights + grads + master + opt_state + activations + zero3_gather + bucket + loss_ws
+    fragment = allocated * fragmentation
+    other = zero3_gather + bucket + loss_ws + fragment + reserved_bytes
+    total = allocated + fragment + reserved_bytes
+    # these buffers on every stage (`+ 0 * total` broadcasts them to the stage axis)
+    params_gathered = params_gathered + 0 * total
+    grads_unsharded = grads_unsharded + 0 * total
+    cpu_offload = np.zeros(np.shape(total))
+    if any_(offload_optimizer):
+        cpu_offload = cpu_offload + where(offload_optimizer, hd_["offloaded_state"], 0.0)
+    if any_(offload_params):
+        cpu_offload = cpu_offload + where(offload_params, p_stage * r.weight_bytes
+                                             / where(zero >= 3, shard_dense, 1), 0.0)
+    return {
+        "params": weights, "grads": grads, "master": master, "optimizer_state": opt_state,
+        "params_gathered": params_gathered, "grads_unsharded": grads_unsharded,
+        "optimizer": master + opt_state, "activations": activations, "other": other,
+        "total": total, "zero3_gather": zero3_gather, "comm_buckets": bucket,
+        "loss_workspace": loss_ws, "fragmentation": fragment,
+        "runtime_reserved": reserved_bytes + 0 * total,
+        "param_count": p_stage, "trainable_params": trainable,
+        "activation_parts": parts, "dense_layer_terms": dense_terms, "moe_layer_terms": moe_terms,
+        "embedding_terms": emb, "head_terms": hd, "checkpoint_per_layer": ckpt,
+        "per_microbatch_layers": per_mb_layers,
+        "cpu_offload": cpu_offload,
+        # what sharding itself allocates (conventions.toml [sharding_buffers]): the only bytes by
+        # which a higher ZeRO stage may need more than a lower one (tests/test_zero_monotonic.py)
+        "sharding_buffers": {"zero3_gather": zero3_gather, "params_gathered": params_gathered,
+                             "grads_unsharded": grads_unsharded},
+        # total is linear in the micro-batches in flight and in the live logits (activations,
+        # then their fragmentation share): its slopes, for callers that vary the schedule
+        # (total_per_logits: the head's and the loss's together; total_per_loss: the loss's alone)
+        "total_per_in_flight": sum(per_in_flight.values()) * (1 + fragmentation),
+        "total_per_logits": per_logits * (1 + fragmentation),
+        "total_per_loss": per_loss * (1 + fragmentation),
+    }
+
+
+def _autocast_copies(mn: ModelNumbers, r: Recipe, hd_: dict, saved: dict, *, dense_layers, moe_layers, first,
+                     last, vocab_padded, tp, lora):
+    """The weights' autocast copies a stage holds (`stage_memory`; `hd_`, its `held` parameters,
+    `saved`, `_saved_per_micro_batch`'s figures).
+
+    torch.autocast caches the 16-bit cast of every weight a matmul uses (the layers' matrices
+    and the output head, tied or not) and the matmuls save those casts; a fully recomputed layer
+    runs its forward without grad (nothing saved) and keeps its casts only while it is re-run in
+    backward, one layer at a time. (LoRA's frozen base is already in the 16-bit dtype: only its
+    fp32 adapters are cast, and the A of the first layer's attention-input adapters only where
+    that layer's input needs a gradient: a checkpointed first layer.) (transformers' grouped
+    experts run outside autocast: their weights are not cast.)"""
+    h = mn.hidden
+    n_ckpt, frac_ckpt = saved["n_ckpt"], saved["frac_ckpt"]
+    adapters, layer_max_adapters = hd_["adapters"], hd_["layer_max_adapters"]
+    dense_matrices, moe_matrices, uncast_experts = hd_["dense_matrices"], hd_["moe_matrices"], hd_["uncast_experts"]
+    return where(
+        lora, (1 - frac_ckpt) * adapters + where(n_ckpt > 0, layer_max_adapters, 0.0)
+        - first * (n_ckpt == 0) * max(mn.dense.lora_input_a, mn.moe.lora_input_a) / tp,
+        (1 - frac_ckpt) * (hd_["layer_matrices"] - moe_layers * uncast_experts) + last * vocab_padded * h / tp
+        + where(n_ckpt > 0, maximum(where(dense_layers > 0, dense_matrices, 0.0),
+                                    where(moe_layers > 0, moe_matrices - uncast_experts, 0.0)), 0.0)
+    ) * r.autocast_copy_bytes
+
+
+def _saved_per_micro_batch(mn: ModelNumbers, r: Recipe, common: dict, *, dense_layers, moe_layers, first,
+                           recompute_layers) -> dict:
+    """What a stage's layers save for one micro-batch (`stage_memory`; `common`, the layers'
+    `activations.layer_terms` arguments): each layer kind's terms, the checkpointed input of a
+    recomputed layer, the working set of its re-run, the layers checkpointed and the bytes they
+    save in all."""
+    h = mn.hidden
+    tokens, tp, sp, recompute = common["tokens"], common["tp"], common["sp"], common["recompute"]
+    lora_saves, mask_bytes = common["saves"], common["mask_bytes"]
+    layers = dense_layers + moe_layers
 
     def layer_terms(moe, **kw):  # activations' terms with the norm, mask and soft-capping features, and their sum
         return layer_terms_of(mn.shape, moe, kw)
@@ -373,6 +471,16 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
         qkv_inputs = act.adapter_inputs(mn.shape, {n: lora_saves.get(n, 0) for n in ("q", "k", "v")}, moe=False, tp=tp)
         per_mb_layers = per_mb_layers - first * (n_ckpt == 0) * (
             dense_terms["attn_norm"] + tokens * qkv_inputs * mask_bytes * float(r.lora_dropout))
+    return {"dense_terms": dense_terms, "moe_terms": moe_terms, "ckpt": ckpt, "ckpt_reused": ckpt_reused,
+            "working_set": working_set, "n_ckpt": n_ckpt, "frac_ckpt": frac_ckpt, "per_mb_layers": per_mb_layers}
+
+
+def _end_terms(mn: ModelNumbers, r: Recipe, common: dict, *, vocab_padded, cp) -> tuple[dict, dict]:
+    """The embedding's and the output head's (with the loss's) saved tensors for one micro-batch
+    on the stages holding them (`stage_memory`; `common`, the layers' arguments)."""
+    h = mn.hidden
+    tokens, seq, tp, sp = common["tokens"], common["seq"], common["tp"], common["sp"]
+    dropout, mask_bytes, lora_saves = common["dropout"], common["mask_bytes"], common["saves"]
     emb = act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
                               learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes,
                               frozen=float(lora_saves is not None))
@@ -386,44 +494,17 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     if mn.shape.python_layernorm and not r.fused_kernels:
         hd["final_norm"] = tokens * norm_features.python_layernorm_bytes(h, float(lora_saves is not None)) / where(
             sp, tp, 1)
-    # what one more micro-batch in flight (or one more set of live logits) holds
-    per_in_flight = {
-        "layers": per_mb_layers,
-        "embedding": first * sum(emb.values()),
-        "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
-                                             attention=attention).values())
-        + norm_features.window_stage_bytes(mn.shape, seq=seq, cp=cp, attention=attention),
-    }
-    per_logits = last * sum(hd.values())
-    per_loss = last * hd["logits"]
-    head_in_flight = logits_in_flight if head_in_flight is None else head_in_flight
-    parts = {
-        "layers": per_in_flight["layers"] * in_flight_mb,
-        # Backward of a checkpointed layer re-materialises that layer's activations (as
-        # without recompute) next to its checkpointed input, once.
-        "recompute_working_set": where(n_ckpt > 0, working_set - ckpt_reused, 0.0),
-        "embedding": per_in_flight["embedding"] * in_flight_mb,
-        "stage_tensors": per_in_flight["stage_tensors"] * in_flight_mb,
-        "head_and_loss": (per_logits - per_loss) * head_in_flight + per_loss * logits_in_flight,
-        # torch.autocast caches the 16-bit cast of every weight a matmul uses (the layers'
-        # matrices and the output head, tied or not) and the matmuls save those casts; a
-        # fully recomputed layer runs its forward without grad (nothing saved) and keeps its
-        # casts only while it is re-run in backward, one layer at a time.
-        # (LoRA's frozen base is already in the 16-bit dtype: only its fp32 adapters are cast, and
-        # the A of the first layer's attention-input adapters only where that layer's input
-        # needs a gradient: a checkpointed first layer)
-        # (transformers' grouped experts run outside autocast: their weights are not cast)
-        "autocast_weight_copies": where(
-            lora, (1 - frac_ckpt) * adapters + where(n_ckpt > 0, layer_max_adapters, 0.0)
-            - first * (n_ckpt == 0) * max(mn.dense.lora_input_a, mn.moe.lora_input_a) / tp,
-            (1 - frac_ckpt) * (layer_matrices - moe_layers * uncast_experts) + last * vocab_padded * h / tp
-            + where(n_ckpt > 0, maximum(where(dense_layers > 0, dense_matrices, 0.0),
-                                              where(moe_layers > 0, moe_matrices - uncast_experts, 0.0)), 0.0)
-        ) * r.autocast_copy_bytes,
-    }
-    activations = sum(parts.values())
+    return emb, hd
 
-    # ---- other: gathered ZeRO-3 units, buckets, loss workspace, runtime
+
+def _other_memory(r: Recipe, hd_: dict, *, dense_layers, moe_layers, first, last, tokens, vocab_padded, tp, dp,
+                  lora) -> tuple:
+    """A stage's gathered ZeRO-3 units, gradient buckets and loss workspace (`stage_memory`;
+    `hd_`, its `held` parameters)."""
+    d_dense, d_exp, m_dense, m_exp, embed, head = (hd_[k] for k in ("d_dense", "d_exp", "m_dense", "m_exp", "embed",
+                                                                    "head"))
+    zero, trainable, layer_max_adapters = hd_["zero"], hd_["trainable"], hd_["layer_max_adapters"]
+    pipelined_fsdp, forward_to_backward = hd_["pipelined_fsdp"], hd_["forward_to_backward"]
     unit = maximum(where(dense_layers > 0, d_dense + d_exp, 0),
                       where(moe_layers > 0, m_dense + m_exp, 0))
     unit = maximum(unit, maximum(first * embed, last * head))
@@ -438,42 +519,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     bucket = minimum(r.reduce_bucket_elems, trainable) * r.grad_bytes * (zero <= 2)
     bucket = bucket + where(r.grad_bucket_copy & (values(dp) > 1), trainable * r.grad_bytes, 0.0)
     loss_ws = last * tokens * vocab_padded / tp * r.loss_workspace_bytes
-    allocated = weights + grads + master + opt_state + activations + zero3_gather + bucket + loss_ws
-    fragment = allocated * fragmentation
-    other = zero3_gather + bucket + loss_ws + fragment + reserved_bytes
-    total = allocated + fragment + reserved_bytes
-    # these buffers on every stage (`+ 0 * total` broadcasts them to the stage axis)
-    params_gathered = params_gathered + 0 * total
-    grads_unsharded = grads_unsharded + 0 * total
-    cpu_offload = np.zeros(np.shape(total))
-    if any_(offload_optimizer):
-        cpu_offload = cpu_offload + where(offload_optimizer, hd_["offloaded_state"], 0.0)
-    if any_(offload_params):
-        cpu_offload = cpu_offload + where(offload_params, p_stage * r.weight_bytes
-                                             / where(zero >= 3, shard_dense, 1), 0.0)
-    return {
-        "params": weights, "grads": grads, "master": master, "optimizer_state": opt_state,
-        "params_gathered": params_gathered, "grads_unsharded": grads_unsharded,
-        "optimizer": master + opt_state, "activations": activations, "other": other,
-        "total": total, "zero3_gather": zero3_gather, "comm_buckets": bucket,
-        "loss_workspace": loss_ws, "fragmentation": fragment,
-        "runtime_reserved": reserved_bytes + 0 * total,
-        "param_count": p_stage, "trainable_params": trainable,
-        "activation_parts": parts, "dense_layer_terms": dense_terms, "moe_layer_terms": moe_terms,
-        "embedding_terms": emb, "head_terms": hd, "checkpoint_per_layer": ckpt,
-        "per_microbatch_layers": per_mb_layers,
-        "cpu_offload": cpu_offload,
-        # what sharding itself allocates (conventions.toml [sharding_buffers]): the only bytes by
-        # which a higher ZeRO stage may need more than a lower one (tests/test_zero_monotonic.py)
-        "sharding_buffers": {"zero3_gather": zero3_gather, "params_gathered": params_gathered,
-                             "grads_unsharded": grads_unsharded},
-        # total is linear in the micro-batches in flight and in the live logits (activations,
-        # then their fragmentation share): its slopes, for callers that vary the schedule
-        # (total_per_logits: the head's and the loss's together; total_per_loss: the loss's alone)
-        "total_per_in_flight": sum(per_in_flight.values()) * (1 + fragmentation),
-        "total_per_logits": per_logits * (1 + fragmentation),
-        "total_per_loss": per_loss * (1 + fragmentation),
-    }
+    return zero3_gather, bucket, loss_ws
 
 
 # one layout's per-layer terms (scalars, or a few columns), memoised by their arguments: the
