@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .scalars import floats, maximum, values
+from .scalars import floats, maximum, minimum, values
 
 HOURS = 3600.0
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
@@ -30,7 +30,7 @@ def goodput(write_s, mtbf_s, restart_s=0.0):
     """Share of wall time spent on useful steps with checkpoints at the Young/Daly interval."""
     tau = checkpoint_interval(write_s, mtbf_s)
     lost = values(write_s) / maximum(tau, 1e-12) + (tau / 2 + restart_s) / values(mtbf_s)
-    return np.clip(1.0 - lost, 0.0, 1.0)
+    return minimum(maximum(1.0 - lost, 0.0), 1.0)  # np.clip's values, scalars kept out of numpy
 
 
 def training_run(*, tokens, tokens_per_step, step_s, gpus, price_per_gpu_hour, gpu_power_w,

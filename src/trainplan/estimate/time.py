@@ -68,7 +68,7 @@ def step_time_core(model, hw: Hardware, r, **layout) -> dict:
 def shared_step_time_core(model, hw: Hardware, r, **layout) -> dict:
     """`step_time_core`, a memoised layout's figures as the memo holds them (read-only arrays,
     dicts the caller reads and does not change)."""
-    key = array_key((model, hw, r, *layout, *layout.values()))
+    key = array_key((model, hw, r, tuple(layout), *layout.values()))
     if key is None:
         return _step_time_core(model, hw, r, **layout)
     return _STEP_TIME.get(key, lambda: read_only(_step_time_core(model, hw, r, **layout)))
