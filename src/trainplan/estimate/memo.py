@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import fields
+from operator import attrgetter
 
 import numpy as np
 
@@ -43,9 +44,24 @@ def cached_hash(obj) -> int:
     estimators look it up as part of their keys several times per plan)."""
     h = obj.__dict__.get("_fields_hash")
     if h is None:
-        h = hash(tuple(getattr(obj, f.name) for f in fields(obj)))
+        cls = obj.__class__
+        get = _FIELD_GETTERS.get(cls)
+        if get is None:
+            get = _FIELD_GETTERS[cls] = _field_values(cls)
+        h = hash(get(obj))
         object.__setattr__(obj, "_fields_hash", h)
     return h
+
+
+_FIELD_GETTERS: dict = {}  # dataclass -> its field values' getter (a class's fields do not change)
+
+
+def _field_values(cls):
+    """A function giving a dataclass instance's field values as one tuple, in field order."""
+    names = [f.name for f in fields(cls)]
+    if len(names) > 1:
+        return attrgetter(*names)
+    return lambda obj: tuple(getattr(obj, name) for name in names)
 
 
 class Memo:
@@ -79,14 +95,15 @@ def read_only(value):
     included) made read-only in place (`fresh_copy` hands each caller dicts of its own around
     them)."""
     cls = value.__class__
-    if cls is dict:
-        for v in value.values():
-            read_only(v)
-    elif cls is tuple:
-        for v in value:
-            read_only(v)
-    elif cls is np.ndarray:
+    if cls is np.ndarray:
         value.flags.writeable = False
+    elif cls is dict or cls is tuple:
+        for v in (value.values() if cls is dict else value):
+            c = v.__class__
+            if c is np.ndarray:
+                v.flags.writeable = False
+            elif c is dict or c is tuple:
+                read_only(v)
     return value
 
 
