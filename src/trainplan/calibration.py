@@ -127,6 +127,7 @@ def bloom_engine_comparison(cfg: dict) -> tuple[dict, dict]:
     step-time dicts (estimate/pipeline_engine.py)."""
     import trainplan.estimate.time as time_model
     from trainplan.estimate import pipeline_engine as engines
+    from trainplan.estimate.memo import clear_all
 
     spec, kw = bloom_setup(cfg, cfg["rows"][0])
     layout = resolve(make_plan(**kw), spec)
@@ -134,10 +135,12 @@ def bloom_engine_comparison(cfg: dict) -> tuple[dict, dict]:
     chosen = time_model.engine_terms
     time_model.engine_terms = lambda _, pp, schedule, overlap_dp: engines.engine_terms("megatron", pp, schedule,
                                                                                         overlap_dp)
+    clear_all()  # the memoised steps were priced under the engine the plan names
     try:
         megatron = evaluate_layout(layout)["time"]
     finally:
         time_model.engine_terms = chosen
+        clear_all()
     return deepspeed, megatron
 
 
