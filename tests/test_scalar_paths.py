@@ -87,7 +87,7 @@ def _clear_memos():
     assert not (memory._LAYER_TERMS or memory._HELD or memory._MBS_GRIDS or report._ACCURACY.values
                 or recipe_module._RECIPES.values or hardware_module._HARDWARE.values
                 or memory._MEMORY_AND_LINE.values or memory._MAX_MBS or time_module._STEP_TIME.values
-                or report._STAGE_ROWS)
+                or time_module._STAGE_TIMES.values or report._STAGE_ROWS)
     assert memory._schedule_inputs.cache_info().currsize == stage._one_layer_times.cache_info().currsize == 0
 
 
@@ -248,3 +248,16 @@ def test_one_collective_on_numbers_equals_the_array_path(gpu):
                         one = collectives._one_collective.__wrapped__(*args)
                         assert _same_figures(one, (secs, algo, proto, lat)), args
                         assert one[1] in range(len(comm.ALGORITHMS)) and one[2] in range(len(comm.PROTOCOLS))
+
+
+@pytest.mark.parametrize("kw", CASES, ids=lambda kw: kw["model"])
+def test_a_plan_after_one_with_another_batch_is_the_same_as_cold(kw):
+    """A plan that differs from the one before only in its global batch (the memoised stages,
+    memory and stage rows answer part of it) prints what it prints cold."""
+    base = make_plan(**kw)
+    other = {**kw, "gbs": 2 * resolve(base).gbs}
+    _clear_memos()
+    cold = json.dumps(to_json(evaluate(make_plan(**other))), allow_nan=False)
+    _clear_memos()
+    to_json(evaluate(base))
+    assert json.dumps(to_json(evaluate(make_plan(**other))), allow_nan=False) == cold

@@ -86,12 +86,12 @@ def _step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, se
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
-    stages = stage_times(model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=recompute,
-                         eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
-                         stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
-                         total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
-                         cp_allgather=cp_allgather, recompute_layers=recompute_layers, ep_node_limit=ep_node_limit,
-                         ep_overlap=ep_overlap, **(lora or {}))
+    stages = _stage_times(model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=recompute,
+                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
+                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
+                          total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
+                          cp_allgather=cp_allgather, recompute_layers=recompute_layers, ep_node_limit=ep_node_limit,
+                          ep_overlap=ep_overlap, **(lora or {}))
     out = step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
@@ -100,6 +100,19 @@ def _step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, se
                            stage_layers=(floats(total_dense) + total_moe) / pp,
                            recompute=recompute, modules_per_layer=modules_per_layer(model, r))
     return {**out, "detail": stages["detail"]}
+
+
+def _stage_times(model, hw: Hardware, r, **layout) -> dict:
+    """`stage.stage_times` as `step_from_stages` reads it: one layout's memoised (the stages do
+    not depend on the global batch or the data-parallel settings, so a plan that changes only
+    those reuses them; read-only figures), search's arrays of many layouts computed afresh."""
+    key = array_key((model, hw, r, tuple(layout), *layout.values()))
+    if key is None:
+        return stage_times(model, hw, r, **layout)
+    return _STAGE_TIMES.get(key, lambda: read_only(stage_times(model, hw, r, **layout)))
+
+
+_STAGE_TIMES = Memo(256)
 
 
 def offloaded_optimizer(hw: Hardware, r, *, shard_params, reductions, backward, overlap_dp, ranks_per_host,
