@@ -15,11 +15,10 @@ from trainplan.estimate.memory import (
     estimate_memory,
     estimate_memory_and_line,
     layout_inputs,
-    max_micro_batch,
     numbers_for,
-    peak_candidate_stages,
     stage_memory,
 )
+from trainplan.estimate.micro_batch_limit import max_micro_batch, peak_candidate_stages
 from trainplan.estimate.pipeline import SCHEDULE_CODE, in_flight, last_stage_logits_in_flight
 from trainplan.estimate.recipe import recipe
 from trainplan.limits import MAX_LAYERS, MAX_SEARCH_LAYOUTS, MAX_STAGES

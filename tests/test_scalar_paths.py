@@ -14,8 +14,17 @@ import pytest
 
 from trainplan import report
 from trainplan.estimate import activations as act
-from trainplan.estimate import collectives, comm, memo, memory, norm_features, stage
+from trainplan.estimate import (
+    collectives,
+    comm,
+    memo,
+    memory,
+    micro_batch_limit,
+    norm_features,
+    stage,
+)
 from trainplan.estimate import hardware as hardware_module
+from trainplan.estimate import held as held_module
 from trainplan.estimate import recipe as recipe_module
 from trainplan.estimate import time as time_module
 from trainplan.estimate.hardware import hardware
@@ -84,9 +93,9 @@ def test_array_arguments_go_to_numpy():
 
 def _clear_memos():
     assert memo.clear_all() >= 8
-    assert not (memory._LAYER_TERMS or memory._HELD or memory._MBS_GRIDS or report._ACCURACY.values
+    assert not (memory._LAYER_TERMS or held_module._HELD or micro_batch_limit._MBS_GRIDS or report._ACCURACY.values
                 or recipe_module._RECIPES.values or hardware_module._HARDWARE.values
-                or memory._MEMORY_AND_LINE.values or memory._MAX_MBS or time_module._STEP_TIME.values
+                or memory._MEMORY_AND_LINE.values or micro_batch_limit._MAX_MBS or time_module._STEP_TIME.values
                 or time_module._STAGE_TIMES.values or report._STAGE_ROWS)
     assert memory._schedule_inputs.cache_info().currsize == stage._one_layer_times.cache_info().currsize == 0
 
@@ -128,10 +137,10 @@ def test_memoised_figures_equal_fresh_ones(kw):
             autocast=args["autocast"], frozen=float(args["saves"] is not None))
         assert fresh.keys() == terms.keys()
         assert all(np.array_equal(fresh[k], terms[k]) for k in fresh) and np.array_equal(sum(fresh.values()), total)
-    assert memory._HELD
-    for key, figures in memory._HELD.items():  # the parameters' figures against a fresh evaluation
+    assert held_module._HELD
+    for key, figures in held_module._HELD.items():  # the parameters' figures against a fresh evaluation
         args = [np.frombuffer(v[2], dtype=v[1]).reshape(v[0]) if isinstance(v, tuple) else v for v in key]
-        fresh = memory._held(*args)
+        fresh = held_module._held(*args)
         assert fresh.keys() == figures.keys() and all(np.array_equal(fresh[k], figures[k]) for k in fresh)
     dense["attn_norm"] = -1.0  # a caller's change stays its own
     assert memory.estimate_memory(layout, r)["dense_layer_terms"]["attn_norm"] != -1.0

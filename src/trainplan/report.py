@@ -8,7 +8,8 @@ import numpy as np
 
 from .estimate.accuracy import prediction_accuracy
 from .estimate.memo import Memo, track
-from .estimate.memory import estimate_memory_and_line, max_micro_batch
+from .estimate.memory import estimate_memory_and_line
+from .estimate.micro_batch_limit import max_micro_batch
 from .estimate.recipe import Recipe, recipe
 from .plan import Layout, Plan, conventions, resolve
 

@@ -193,7 +193,7 @@ def _layer_times(model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, recompute
     # its 1-byte mask, and in the backward one reading the gradient and the mask
     adapter_drop = {kind: 0.0 for kind in ("dense", "moe")}
     if frozen:
-        from .memory import layer_matrix_params, model_numbers
+        from .model_numbers import layer_matrix_params, model_numbers
 
         mn = model_numbers(model)
         targets = {name: 1.0 for name in lora_targets}

@@ -1,0 +1,140 @@
+"""The largest micro-batch that fits a layout: memory is affine in the micro-batch for the
+terms the line keeps (`estimate_memory_and_line`), so the candidates (divisors of the
+global batch per data-parallel rank) are checked on the line at the stages that can peak."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from ..plan import Layout
+from .memo import array_key, track
+from .memory import LINE_KEYS, estimate_memory_and_line, layout_inputs
+from .pipeline import (
+    SCHEDULE_CODE,
+    in_flight,
+    last_stage_heads_in_flight,
+    last_stage_logits_in_flight,
+    rules_version,
+)
+
+
+def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batches=None) -> np.ndarray:
+    """The stages among which the memory peak lies under any micro-batch size: the first of
+    the stages sharing each (dense layers, MoE layers, first, last) of `inputs`
+    (`layout_inputs`). A stage's memory is set by those and by its micro-batches in flight, and
+    grows with these, which no schedule of estimate/pipeline.py lets grow with the stage index;
+    so no later stage of the same kind holds more. A rule registered there that did (checked at
+    the fewest and the most `micro_batches`) gets every stage. An even split has at most four
+    (stage 0, one or two kinds of middle stages, the last)."""
+    inputs = inputs or layout_inputs(layout)
+    plan, pp = layout.plan, layout.pp
+    if micro_batches is not None and len(micro_batches):
+        m = np.asarray(micro_batches)
+        flight = in_flight(SCHEDULE_CODE[plan.schedule], np.arange(pp)[:, None], pp,
+                           np.array([m.min(), m.max()])[None, :], layout.vpp, plan.pp_group, plan.framework)
+        if (flight[1:] > flight[:-1]).any():  # more in flight on a later stage
+            return np.arange(pp)
+    first: dict = {}  # kind -> its first stage, in stage order
+    columns = (inputs[k].tolist() if np.shape(inputs[k]) == (pp,) else np.broadcast_to(inputs[k], (pp,)).tolist()
+               for k in ("dense_layers", "moe_layers", "first", "last"))
+    kinds = zip(*columns, strict=True)
+    for i, kind in enumerate(kinds):
+        first.setdefault(kind, i)
+    return np.fromiter(first.values(), dtype=np.int64, count=len(first))
+
+
+@lru_cache(maxsize=1024)
+def _mbs_candidates(limit: int, gbs: int | None, dp: int, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """The micro-batch sizes `max_micro_batch` tries (1..limit; with a global batch, those for
+    which dp x size divides it) and the micro-batches per step at each (read-only arrays)."""
+    if gbs is None:
+        cands = np.arange(1, limit + 1)
+        m = np.full(cands.shape, micro_batches)
+    elif gbs % dp:
+        cands = m = np.zeros(0, dtype=np.int64)
+    else:  # dp x size divides gbs: the divisors of gbs / dp
+        q = gbs // dp
+        small = [c for c in range(1, math.isqrt(q) + 1) if q % c == 0]
+        divisors = sorted(set(small + [q // c for c in small]))
+        cands = np.array([c for c in divisors if c <= limit], dtype=np.int64)
+        m = gbs // (dp * cands)
+    cands.flags.writeable = m.flags.writeable = False
+    return cands, m
+
+
+def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None) -> int:
+    """Largest micro-batch that fits every stage (respecting gbs divisibility when the
+    global batch was given); 0 when even 1 does not fit. Every candidate size on the stages
+    that can hold the peak (`peak_candidate_stages`), from each stage's memory line in the
+    micro-batch size (`estimate_memory_and_line`; evaluated here unless given) and its
+    micro-batches in flight at that size."""
+    plan = layout.plan
+    cands, m = _mbs_candidates(limit, layout.gbs if plan.gbs is not None else None, layout.dp,
+                               layout.micro_batches)
+    if not len(cands):
+        return 0
+    if line is None:
+        line = estimate_memory_and_line(layout)[1]
+    kinds = line["stage_kinds"]
+    grid_args = (plan.schedule, plan.framework, plan.pp_group, layout.pp, layout.vpp, limit, *rules_version(),
+                 layout.gbs if plan.gbs is not None else None, layout.dp, layout.micro_batches,
+                 *(kinds[k] for k in ("dense_layers", "moe_layers", "first", "last")))
+    key = array_key(grid_args)
+    grid = _MBS_GRIDS.get(key) if key is not None else None
+    if grid is None:
+        grid = _mbs_grid(layout, kinds, cands, m)
+        if key is not None:
+            if len(_MBS_GRIDS) >= 256:
+                _MBS_GRIDS.clear()
+            _MBS_GRIDS[key] = grid
+    points = line["points"] if "points" in line else np.stack([line[k] for k in LINE_KEYS])
+    capacity = layout.gpu.capacity_bytes
+    if key is None:
+        return _largest_fitting(points, grid, cands, capacity)
+    # a memoised line's points are one read-only array: the same object, the same answer
+    found = _MAX_MBS.get((key, capacity))
+    if found is None or found[0] is not points or points.flags.writeable:
+        found = (points, _largest_fitting(points, grid, cands, capacity))
+        if len(_MAX_MBS) >= 256:
+            _MAX_MBS.clear()
+        _MAX_MBS[(key, capacity)] = found
+    return found[1]
+
+
+_MAX_MBS: dict = track({})  # grid key, capacity -> (the line's points, max_micro_batch)
+
+
+def _largest_fitting(points: np.ndarray, grid: tuple, cands: np.ndarray, capacity: float) -> int:
+    """`max_micro_batch` from each stage's memory line (`points`, keys x stages x sizes 1 and 2)
+    and its `_mbs_grid`."""
+    stages, flight_extra, heads_extra, loss_extra = grid
+    # each key's value at each candidate size, keys x stages x candidates
+    points = points[:, stages]
+    one, two = points[:, :, :1], points[:, :, 1:]
+    total, per_flight, per_logits, per_loss = one + (cands - 1) * (two - one)
+    total = total + per_flight * flight_extra + per_logits * heads_extra + per_loss * loss_extra
+    fits = total.max(axis=0) <= capacity
+    return int(cands[fits].max()) if fits.any() else 0
+
+
+_MBS_GRIDS: dict = track({})  # one layout's `_mbs_grid`, memoised by the integers it is computed from
+
+
+def _mbs_grid(layout: Layout, kinds: dict, cands, m) -> tuple:
+    """`max_micro_batch`'s integers: the stages that can hold the peak, and at each candidate size
+    on them the micro-batches in flight beyond one, the live heads beyond one and the live losses
+    beyond the heads (read-only arrays)."""
+    plan = layout.plan
+    sched = SCHEDULE_CODE[plan.schedule]
+    stages = peak_candidate_stages(layout, kinds, m)
+    flight = in_flight(sched, stages[:, None], layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework)
+    logits = last_stage_logits_in_flight(sched, m[None, :], plan.framework, layout.pp)
+    heads = last_stage_heads_in_flight(sched, m[None, :], plan.framework, layout.pp)
+    grid = (stages, flight - 1, heads - 1, logits - heads)
+    for a in grid:
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+    return grid
