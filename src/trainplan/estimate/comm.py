@@ -142,6 +142,22 @@ def _log2i(x):
     return np.floor(np.log2(np.maximum(x, 1.0)))
 
 
+
+def _ring_latency(t, p: int, ar: bool, multi, one_per_node, intra_steps, inter):
+    """A ring's latency under protocol p (NCCL tuning.cc: base + intra-node steps x the NVLink
+    step, paid at the network's overhead on a multi-node ring, + inter-node steps x the network
+    step, the tree's when one rank per node; a multi-node all-reduce's Simple ring x the
+    plateau factor); numbers or arrays alike."""
+    overhead = t.net_overhead * (t.simple_overhead_factor if p == SIMPLE else 1.0)
+    nvl = t.ring_nvlink[p]
+    intra = nvl + multi * (max(nvl, overhead) - nvl)  # a multi-node ring's NVLink step
+    net = t.ring_net[p] + one_per_node * (t.tree_net[p] - t.ring_net[p])
+    lat = t.ring_base[p] + intra_steps * intra + inter * net
+    if ar and p == SIMPLE:
+        lat = lat * (1.0 + multi * (t.ring_plateau - 1.0))
+    return lat
+
+
 def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp=False, stacked=True):
     """Seconds of one call moving `nbytes` per rank by each algorithm and protocol NCCL could
     run (candidates on a new last axis, inf where NCCL would not), their latencies, and their
@@ -185,13 +201,7 @@ def nccl_candidates(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
         moved = bus_factor(kind, n) * nbytes
         wire = moved / busbw  # Simple's bytes time
         for p in (LL, LL128, SIMPLE):
-            overhead = t.net_overhead * (t.simple_overhead_factor if p == SIMPLE else 1.0)
-            nvl = t.ring_nvlink[p]
-            intra = nvl + multi * (max(nvl, overhead) - nvl)  # a multi-node ring's NVLink step
-            net = t.ring_net[p] + one_per_node * (t.tree_net[p] - t.ring_net[p])
-            lat = t.ring_base[p] + intra_steps * intra + inter * net
-            if ar and p == SIMPLE:
-                lat = lat * (1.0 + multi * (t.ring_plateau - 1.0))
+            lat = _ring_latency(t, p, ar, multi, one_per_node, intra_steps, inter)
             if p == SIMPLE:
                 secs = lat + wire
             elif p == LL128:
@@ -303,13 +313,7 @@ def _candidates_one(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning,
     moved = _bus_factor_one(kind, n, False) * nbytes
     wire = moved / busbw
     for p in (LL, LL128, SIMPLE):
-        overhead = t.net_overhead * (t.simple_overhead_factor if p == SIMPLE else 1.0)
-        nvl = t.ring_nvlink[p]
-        intra = nvl + multi * (max(nvl, overhead) - nvl)
-        net = t.ring_net[p] + one_per_node * (t.tree_net[p] - t.ring_net[p])
-        lat = t.ring_base[p] + intra_steps * intra + inter * net
-        if ar and p == SIMPLE:
-            lat = lat * (1.0 + multi * (t.ring_plateau - 1.0))
+        lat = _ring_latency(t, p, ar, multi, one_per_node, intra_steps, inter)
         if p == SIMPLE:
             secs = lat + wire
         elif p == LL128:
