@@ -18,10 +18,34 @@ from trainplan.profile import load_profile  # noqa: E402
 from trainplan.report import evaluate  # noqa: E402
 
 
+def _time_once(mp):
+    """Each timing in these tests is one run with no warm-up: what they check is the checks
+    against float64, the bytes, and the figures derived from a time (TFLOP/s, GB/s, ratios),
+    which hold for any positive time; a CPU's median of 15 is no truer a GPU figure than one
+    run. median_seconds itself is tested below."""
+    from trainplan.bench import timing
+
+    full = timing.median_seconds
+    mp.setattr(timing, "median_seconds", lambda fn, device, warmup=3, repeats=15: full(fn, device, 0, 1))
+
+
 @pytest.fixture(scope="module")
 def results():
-    return run_bench(["gemm", "memory", "alignment", "fusion", "tiling", "attention", "recompute", "collectives"],
-                     device="cpu", quick=True, gpu="A100-80GB-SXM", model="gpt2", tokens=64)
+    with pytest.MonkeyPatch.context() as mp:
+        _time_once(mp)
+        return run_bench(["gemm", "memory", "alignment", "fusion", "tiling", "attention", "recompute", "collectives"],
+                         device="cpu", quick=True, gpu="A100-80GB-SXM", model="gpt2", tokens=64)
+
+
+def test_median_seconds_warms_up_then_takes_the_median_of_the_repeats(monkeypatch):
+    from types import SimpleNamespace
+
+    from trainplan.bench import timing
+
+    calls, clock = [], iter([0.0, 3.0, 10.0, 11.0, 20.0, 27.0])  # three runs of 3, 1 and 7 s
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    assert timing.median_seconds(lambda: calls.append(1), "cpu", warmup=2, repeats=3) == 3.0
+    assert len(calls) == 2 + 3
 
 
 def test_quick_cpu_suite_is_checked_and_sane(results):
@@ -453,6 +477,7 @@ def test_the_timed_path_of_our_kernels_runs_as_on_a_gpu(monkeypatch):
     from trainplan.bench import attention, fusion, report, tiling, triton_support
 
     monkeypatch.setattr(triton_support, "timed", lambda device: True)
+    _time_once(monkeypatch)
     tiled = tiling.run("cpu", quick=True)
     assert all(r["seconds"] > 0 and r["vs_torch"] == pytest.approx(tiled[0]["seconds"] / r["seconds"]) for r in tiled)
     attn_rows = attention.run("cpu", quick=True)
