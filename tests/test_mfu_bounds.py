@@ -28,12 +28,11 @@ def _precisions(gpu) -> list[str]:
     return [base] + (["fp8"] if gpu.peak("fp8") else [])
 
 
-def _sweeps():
-    for gpu in catalog.gpus():
-        for model in catalog.models():
-            for precision in _precisions(gpu):
-                for seq in SEQS:
-                    yield gpu, model, precision, seq
+def _sweeps(gpu):
+    for model in catalog.models():
+        for precision in _precisions(gpu):
+            for seq in SEQS:
+                yield model, precision, seq
 
 
 def _plan(gpu, model, precision, seq):
@@ -48,42 +47,61 @@ def _space(model, zeros) -> Space:
                  recompute=["none", "selective", "full"], schedule=["1f1b", "interleaved", "zb"], vpp=[2])
 
 
-def test_every_catalog_plan_has_mfu_and_hfu_below_one():
+def _layouts(gpu):
+    """(plan, layouts, model, precision, seq) of each sweep on `gpu` that has layouts."""
     from trainplan.plan import zero_stages
 
-    checked, sampled, fp8_plans, long_cp = 0, [], 0, 0
-    for gpu, model, precision, seq in _sweeps():
+    for model, precision, seq in _sweeps(gpu):
         try:
             plan = _plan(gpu, model, precision, seq)
         except PlanError:
             continue  # a model whose positions or heads rule the sequence out
         lay = enumerate_layouts(plan, _space(model, list(zero_stages(plan.framework))), GPUS)
-        if not lay or not len(lay["tp"]):
-            continue
+        if lay and len(lay["tp"]):
+            yield plan, lay, model, precision, seq
+
+
+# One case per accelerator (every catalog model on it), so that the sweep spreads over the test
+# processes; what the whole sweep covers is counted below.
+@pytest.mark.parametrize("gpu_name", [g.name for g in catalog.gpus()])
+def test_every_catalog_plan_has_mfu_and_hfu_below_one(gpu_name):
+    gpu = catalog.gpu(gpu_name)
+    sampled = []
+    for plan, lay, model, precision, seq in _layouts(gpu):
         res = evaluate_bulk(plan, lay, GPUS)
         mfu, hfu = res["mfu"], res["hfu"]
         where = f"{model.name} on {gpu.name} ({precision}, {seq} tokens)"
+        assert len(mfu) == len(lay["tp"]), where
         assert np.all(np.isfinite(mfu)) and np.all(mfu > 0), where
         assert np.all(mfu < 1), f"{where}: MFU up to {mfu.max():.3f}"
         assert np.all(hfu >= mfu - 1e-12) and np.all(hfu < 1), f"{where}: HFU up to {hfu.max():.3f}"
-        checked += len(mfu)
-        fp8_plans += len(mfu) * (precision == "fp8")
-        long_cp += int(np.sum(lay["cp"] == 16)) * (seq == 131072)
         sampled += [(plan, lay, i, float(mfu[i])) for i in range(0, len(mfu), SAMPLE_EVERY)]
-    # the sweep covers what it says: tens of thousands of layouts, fp8 and 128K with CP 16 among them
-    assert checked > 50_000 and fp8_plans > 5_000 and long_cp > 1_000, (checked, fp8_plans, long_cp)
 
     # the per-plan path on a deterministic sample: the same MFU, TFLOP/s below the peak it names
-    assert len(sampled) > 50
+    assert sampled
     for plan, lay, i, bulk_mfu in sampled:
         one = layout_plan(plan, lay, i, GPUS)
         t = evaluate(one).time
-        gpu = catalog.gpu(one.gpu)
         peak = gpu.peak(t["mfu_peak"])
         assert t["mfu"] == pytest.approx(bulk_mfu, rel=1e-9)
         assert 0 < t["mfu"] <= t["hfu"] < 1
         assert 0 < t["tflops_per_gpu"] <= t["hardware_tflops_per_gpu"] < peak / 1e12
         assert t["tflops_per_gpu"] * 1e12 == pytest.approx(t["mfu"] * peak, rel=1e-12)
+
+
+def test_the_sweep_covers_what_it_says():
+    """Tens of thousands of layouts checked above (one evaluated per layout), fp8 and 128K with
+    CP 16 among them, and over 50 of them through the per-plan path."""
+    checked = fp8_plans = long_cp = sampled = 0
+    for gpu in catalog.gpus():
+        for _, lay, _, precision, seq in _layouts(gpu):
+            n = len(lay["tp"])
+            checked += n
+            fp8_plans += n * (precision == "fp8")
+            long_cp += int(np.sum(lay["cp"] == 16)) * (seq == 131072)
+            sampled += len(range(0, n, SAMPLE_EVERY))
+    assert checked > 50_000 and fp8_plans > 5_000 and long_cp > 1_000, (checked, fp8_plans, long_cp)
+    assert sampled > 50
 
 
 def test_llama_8b_at_128k_with_cp16_counts_causal_attention():
