@@ -21,7 +21,9 @@ torch_from=()
 if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   if [ -n "${TORCH_INDEX_URL:-}" ]; then
     torch_from=(--index-url "$TORCH_INDEX_URL")
-  elif ! .venv/bin/python -m pip config list 2>/dev/null | grep -qE '(find-links|index-url)='; then
+  # (pip's listing read whole before it is searched: `grep -q` stopping at the first match
+  # would end pip with SIGPIPE, which pipefail reads as "no configuration")
+  elif ! grep -qE '(find-links|index-url)=' <<<"$(.venv/bin/python -m pip config list 2>/dev/null)"; then
     torch_from=(--index-url https://download.pytorch.org/whl/cpu)
   fi
 fi
