@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sidebyside import ROOT, alternate, parse_args, ratio, run_worker, trees  # noqa: E402
+from sidebyside import ROOT, alternate, median_of, parse_args, print_comparison, run_worker, trees  # noqa: E402
 
 CASES = {
     "llama-2-70b 64xH100 tp8 pp4 zero1": dict(model="llama-2-70b", gpus=64, tp=8, pp=4, zero=1, sp=True,
@@ -120,21 +120,10 @@ def main() -> None:
         results = alternate(args.rounds, srcs, measure)
     print(f"CPU ms per plan, median of {args.rounds} alternating rounds"
           + (f"; baseline {label}" if label else ""))
-    head = f"{'case':<36s} {'what':<9s} {'this tree':>10s}"
-    if label:
-        head += f" {'baseline':>9s} {'ratio':>7s}"
-    print(head)
-    for name in CASES:
-        for what in ("full", "again", "cold", "evaluate"):
-            key = f"{name} {what}"
-            new = statistics.median(r[key] for r in results["this tree"])
-            line = f"{name:<36s} {what:<9s} {new:>10.3f}"
-            if label:
-                old = statistics.median(r[key] for r in results["baseline"])
-                line += f" {old:>9.3f} {ratio(new, old):>7s}"
-            print(line)
+    print_comparison(results, label, [(name, what) for name in CASES for what in ("full", "again", "cold", "evaluate")],
+                     ("case", 36, 10, ".3f"))
     first = next(iter(CASES)) + " full"
-    ours = statistics.median(r[first] for r in results["this tree"])
+    ours = median_of(results["this tree"], first)
     if peers:
         theirs = statistics.median(p["ms_per_plan"] for p in peers)
         print(f"llm-analysis {peers[0]['version']} training(), the first case: {theirs:.3f} ms; trainplan's full "

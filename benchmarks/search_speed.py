@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sidebyside import alternate, parse_args, ratio, run_worker, trees  # noqa: E402
+from sidebyside import alternate, parse_args, print_comparison, run_worker, trees  # noqa: E402
 
 CASES = {
     "GPT-3 175B on 1024 x A100": dict(model="gpt3-175b", gpu="A100-80GB-SXM", gpus=1024, gbs=1536, seq_len=2048),
@@ -71,21 +70,11 @@ def main() -> None:
         results = alternate(args.rounds, srcs, lambda src: run_worker(Path(__file__), "search", src))
     print(f"layouts per CPU-second, median of {args.rounds} alternating rounds, one process"
           + (f"; baseline {label}" if label else ""))
-    head = f"{'problem':<32s} {'what':<11s} {'this tree':>11s}"
-    if label:
-        head += f" {'baseline':>11s} {'ratio':>7s}"
-    print(head)
+    print_comparison(results, label, [(name, what) for name in CASES for what in ("search", "evaluation")],
+                     ("problem", 32, 11, ",.0f"))
     for name in CASES:
-        for what in ("search", "evaluation"):
-            key = f"{name} {what}"
-            new = statistics.median(r[key] for r in results["this tree"])
-            line = f"{name:<32s} {what:<11s} {new:>11,.0f}"
-            if label:
-                old = statistics.median(r[key] for r in results["baseline"])
-                line += f" {old:>11,.0f} {ratio(new, old):>7s}"
-            print(line)
         for tree, rows in results.items():
-            print(f"   {tree}: {rows[0][name + ' layouts']:,} layouts; best {rows[0][name + ' best']}")
+            print(f"   {name}, {tree}: {rows[0][name + ' layouts']:,} layouts; best {rows[0][name + ' best']}")
     print(f"target: >= {TARGET:,} layouts per CPU-second")
 
 

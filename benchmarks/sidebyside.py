@@ -112,3 +112,24 @@ def trees(args):
 
 def ratio(new: float, old: float) -> str:
     return f"{new / old:.2f}x" if old > 0 else "n/a"
+
+
+def print_comparison(results: dict[str, list[dict]], label: str | None, rows: list[tuple[str, str]],
+                     columns: tuple[str, str, int, str]) -> None:
+    """The benchmark's table: for each (name, what) the median of this tree's rounds and, with a
+    baseline, the baseline's and their ratio. columns: the first column's title and width, the
+    figures' width and format (e.g. ("case", 36, 10, ".3f"))."""
+    first, name_width, width, fmt = columns
+    what_width = max(len(what) for _, what in rows) + 2
+    head = f"{first:<{name_width}s} {'what':<{what_width}s} {'this tree':>{width}s}"
+    if label:
+        head += f" {'baseline':>{width}s} {'ratio':>7s}"
+    print(head)
+    for name, what in rows:
+        key = f"{name} {what}"
+        new = median_of(results["this tree"], key)
+        line = f"{name:<{name_width}s} {what:<{what_width}s} {new:>{width}{fmt}}"
+        if label:
+            old = median_of(results["baseline"], key)
+            line += f" {old:>{width}{fmt}} {ratio(new, old):>7s}"
+        print(line)
