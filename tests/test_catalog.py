@@ -238,3 +238,30 @@ def test_a_broken_catalog_entry_fails_the_listing_every_time(tmp_path, monkeypat
             index.cached_listing("hardware", build, root)
         assert e.value.field == "hardware/h100-sxm.toml"
     assert not list((tmp_path / "cache").glob("listing-hardware-*.json"))
+
+
+# What a catalog entry may state beyond its config.json: its name, source and published sizes,
+# the family's name as the catalog spells it, and the activation kernel (a config.json's
+# hidden_act is read as the separate kernel transformers runs; a catalog entry states the fused
+# default unless it says otherwise).
+NOT_FROM_CONFIG = {"name", "source", "published_params", "published_active_params", "family", "activation",
+                   "kv_heads"}
+
+
+def test_published_configs_import_as_their_catalog_entries():
+    """Every published config.json kept as test data (tests/data/hf) imports to the architecture
+    its catalog entry states, field by field: sliding windows, rotary scaling and bases, norms,
+    routers and shapes alike (K/V heads compared as counts)."""
+    from pathlib import Path
+
+    from trainplan.specs import hf
+
+    paths = sorted((Path(__file__).parent / "data" / "hf").glob("*.json"))
+    assert len(paths) >= 15
+    for path in paths:
+        mine, theirs = hf.from_file(path), catalog.model(path.stem)
+        catalogued = theirs.model_dump()
+        differ = {k: (v, catalogued[k]) for k, v in mine.model_dump().items()
+                  if k not in NOT_FROM_CONFIG and v != catalogued[k]}
+        assert differ == {} and mine.n_kv_heads == theirs.n_kv_heads, path.stem
+    assert catalog.model("phi-3-mini-4k").sliding_window == 2047 and catalog.model("mistral-7b").sliding_window == 4096

@@ -528,6 +528,8 @@ REFUSED = {"megatron": {"gpt-neox-20b": "model.parallel_residual", "command-r": 
                                          "olmo-2-13b"), "model.norm_position"),
                         "olmoe-1b-7b": "model.qk_norm_scope", "gpt-oss-20b": "model.sliding_window",
                         "gpt-oss-120b": "model.sliding_window",
+                        # Mistral 7B v0.1's and Phi-3-mini/medium-4k's windows on every layer
+                        **dict.fromkeys(("mistral-7b", "phi-3-mini-4k", "phi-3-medium-4k"), "model.sliding_window"),
                         **dict.fromkeys(("falcon-7b", "falcon-40b", "gpt-j-6b", "phi-2"), "model.parallel_residual"),
                         # catalog entries whose RoPE base no cited copy of their config.json confirms:
                         # refused rather than exported with Megatron's default 10,000 (--model config.json)

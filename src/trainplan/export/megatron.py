@@ -39,7 +39,7 @@ NORM_FEATURES = {
     "qk_norm_scope": ("head", "q/k norms over all heads or with a weight per head (its --qk-layernorm is per head)"),
     "attn_softcap": (None, "attention soft-capping"),
     "final_softcap": (None, "final-logit soft-capping"),
-    "sliding_window": (None, "a sliding attention window per layer type"),
+    "sliding_window": (None, "a sliding attention window (on every layer or per layer type)"),
     "attention_sinks": (False, "attention sinks"),
     "swiglu_limit": (None, "a clamped SwiGLU"),
     "expert_bias": (False, "biases on the routed experts and the router"),
