@@ -96,12 +96,14 @@ Megatron-LM's num_floating_point_operations, PaLM's 6N + 12·L·H·Q·T for Llam
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from .estimate.flops import step_flops
 from .estimate.memory import estimate_memory
+from .estimate.recipe import recipe
 from .estimate.time import step_time
 from .plan import make_plan, resolve
 from .profile import load_profile
@@ -115,33 +117,22 @@ def _gpt(name, hidden, heads, layers, vocab, seq, mlp="gelu", tied=True) -> Mode
                      position="learned", max_position=seq, qkv_bias=True, bias=True, fused_qkv=True)
 
 
-def evaluate_layout(layout):
-    mem = estimate_memory(layout)
+def evaluate_layout(layout, r=None):
+    """Whether a resolved layout fits and its step (`r`: a recipe other than the plan's own)."""
+    mem = estimate_memory(layout, r)
     profile = load_profile(layout.plan.gpu_profile) if layout.plan.gpu_profile else None
-    return {"fits": bool(np.max(mem["total"]) <= layout.gpu.capacity_bytes), "time": step_time(layout, profile, mem)}
+    return {"fits": bool(np.max(mem["total"]) <= layout.gpu.capacity_bytes),
+            "time": step_time(layout, profile, mem, r)}
 
 
 def bloom_engine_comparison(cfg: dict) -> tuple[dict, dict]:
     """The BLOOM row (`cfg`: its published_runs.toml table) timed under DeepSpeed's pipeline
-    engine, as it ran, and under Megatron's schedules with everything else the same: the two
-    step-time dicts (estimate/pipeline_engine.py)."""
-    import trainplan.estimate.time as time_model
-    from trainplan.estimate import pipeline_engine as engines
-    from trainplan.estimate.memo import clear_all
-
+    engine, as it ran, and under Megatron's schedules with everything else the same (the plan's
+    recipe with Megatron's engine): the two step-time dicts (estimate/pipeline_engine.py)."""
     spec, kw = bloom_setup(cfg, cfg["rows"][0])
     layout = resolve(make_plan(**kw), spec)
-    deepspeed = evaluate_layout(layout)["time"]
-    chosen = time_model.engine_terms
-    time_model.engine_terms = lambda _, pp, schedule, overlap_dp: engines.engine_terms("megatron", pp, schedule,
-                                                                                        overlap_dp)
-    clear_all()  # the memoised steps were priced under the engine the plan names
-    try:
-        megatron = evaluate_layout(layout)["time"]
-    finally:
-        time_model.engine_terms = chosen
-        clear_all()
-    return deepspeed, megatron
+    megatron_engine = replace(recipe(layout.plan), pipeline_engine="megatron")
+    return evaluate_layout(layout)["time"], evaluate_layout(layout, megatron_engine)["time"]
 
 
 def _with_recompute_rule(spec, profiles=None, **kw):
