@@ -242,21 +242,24 @@ def _same_figures(a: tuple, b: tuple) -> bool:
 
 
 @pytest.mark.parametrize("gpu", ["H100", "A100-80GB", "H800", "RTX-4090", "TPU-v5p", "MI300X"])
-def test_one_collective_on_numbers_equals_the_array_path(gpu):
-    """A plan's collectives (comm.nccl_call_one on Python numbers) give the seconds, algorithm,
-    protocol and latency of the array path search takes, to the last bit: every kind, group
-    sizes in and across nodes, strides, sizes from zero bytes to 70 GB, SHARP and calls."""
+def test_one_collective_equals_the_same_layout_among_many(gpu):
+    """A plan's collective (one layout's numbers, memoised) gives the seconds, algorithm,
+    protocol and latency NCCL's pricing gives the same layout among an array of them, as search
+    prices it, to the last bit: every kind, group sizes in and across nodes, strides, sizes from
+    zero bytes to 70 GB, SHARP and calls."""
     hw = hardware(resolve(make_plan(model="llama-3-8b", gpus=8, gpu=gpu)))
+    grid = np.array([(n, stride, nbytes) for n in (1.0, 2.0, 3.0, 8.0, 16.0, 64.0, 1024.0, 16384.0)
+                     for stride in (1.0, 2.0, 8.0, 16.0)
+                     for nbytes in (0.0, 1.0, 4095.0, 65536.0, 2.0 ** 24 - 1, 3.3e7, 7e10)])
     for kind in range(5):
-        for n in (1.0, 2.0, 3.0, 8.0, 16.0, 64.0, 1024.0, 16384.0):
-            for stride in (1.0, 2.0, 8.0, 16.0):
-                for nbytes in (0.0, 1.0, 4095.0, 65536.0, 2.0 ** 24 - 1, 3.3e7, 7e10):
-                    for gpn, sharp, calls in ((8, False, 1.0), (4, True, 3.0), (8, True, 80.0)):
-                        args = (hw.nvlink, hw.nic, hw.nccl, kind, nbytes, n, stride, gpn, sharp, calls)
-                        secs, algo, proto, lat = collectives._collective(*args)
-                        one = collectives._one_collective.__wrapped__(*args)
-                        assert _same_figures(one, (secs, algo, proto, lat)), args
-                        assert one[1] in range(len(comm.ALGORITHMS)) and one[2] in range(len(comm.PROTOCOLS))
+        for gpn, sharp, calls in ((8, False, 1.0), (4, True, 3.0), (8, True, 80.0)):
+            many = collectives._collective(hw.nvlink, hw.nic, hw.nccl, kind, grid[:, 2], grid[:, 0], grid[:, 1],
+                                           gpn, sharp, np.full(len(grid), calls))
+            for i, (n, stride, nbytes) in enumerate(grid):
+                one = collectives._one_collective.__wrapped__(hw.nvlink, hw.nic, hw.nccl, kind, nbytes, n, stride,
+                                                              gpn, sharp, calls)
+                assert _same_figures(one, tuple(np.broadcast_to(x, grid[:, 0].shape)[i] for x in many)), (kind, n)
+                assert one[1] in range(len(comm.ALGORITHMS)) and one[2] in range(len(comm.PROTOCOLS))
 
 
 @pytest.mark.parametrize("kw", CASES, ids=lambda kw: kw["model"])

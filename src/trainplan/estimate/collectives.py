@@ -72,12 +72,9 @@ def collective_choice(hw: Hardware, kind: int, nbytes, n, stride, gpn, sharp=Fal
 
 @lru_cache(maxsize=4096)
 def _one_collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls):
-    """`_collective` of one layout's numbers, on Python numbers (comm.nccl_call_one)."""
-    per_node, nodes, busbw = comm.group_one(n, stride, gpn, nvlink, nic)
-    calls = maximum(np.float64(calls), 1e-9)
-    secs, algo, proto, lat = comm.nccl_call_one(kind, np.float64(nbytes) / calls, n, nodes, per_node, busbw, nccl,
-                                                sharp)
-    return float(calls * secs), int(algo), int(proto), float(lat)
+    """`_collective` of one layout's numbers, memoised, as plain numbers."""
+    secs, algo, proto, lat = _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls)
+    return float(secs), int(algo), int(proto), float(lat)
 
 
 def _collective(nvlink, nic, nccl, kind, nbytes, n, stride, gpn, sharp, calls):

@@ -17,13 +17,11 @@ All functions take numbers or numpy arrays.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .memo import cached_hash
-from .scalars import maximum, minimum
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV = range(5)
 
@@ -257,96 +255,3 @@ def nccl_call(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp
         secs, lat = np.where(better, times[i], secs), np.where(better, lats[i], lat)
         code = np.where(better, i, code)
     return secs * (n > 1), algos[code], protos[code], lat * (n > 1)
-
-
-# ---- one call's figures on Python numbers (a plan's collectives; search's arrays take the above)
-def _log2i_one(x) -> float:
-    """`_log2i` of one number (numpy's log2, so that a power of two's neighbours round alike)."""
-    return float(math.floor(np.log2(maximum(x, 1.0))))
-
-
-def group_one(size: float, stride: float, gpus_per_node, nvlink_busbw, nic_busbw) -> tuple:
-    """(ranks_per_node, group_nodes, group_busbw) of one group, as the array functions give them."""
-    per_node = minimum(maximum(float(math.floor(gpus_per_node / maximum(stride, 1))), 1), maximum(size, 1))
-    nodes = float(math.ceil(size / per_node))
-    busbw = nvlink_busbw if size * stride <= gpus_per_node else minimum(nvlink_busbw, per_node * nic_busbw)
-    return per_node, nodes, busbw
-
-
-def nccl_call_one(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp=False) -> tuple:
-    """`nccl_call` of one call, each figure the value the array path gives (numpy float64
-    arithmetic: inf, never an exception, where a bandwidth is zero)."""
-    nbytes, n, nodes, per_node, busbw = (np.float64(x) for x in (nbytes, n, nodes, per_node, busbw))
-    live = n > 1
-    if kind not in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE):
-        hops, between = minimum(n - 1, 1.0), (nodes > 1) * 1.0
-        lat = t.ring_base[SIMPLE] + (hops - between) * t.ring_nvlink[SIMPLE] + between * t.ring_net[SIMPLE]
-        secs = (_bus_factor_one(kind, n, False) * nbytes / busbw + lat) * live
-        return secs, 0, SIMPLE, lat * live
-    times, lats, codes = _candidates_one(kind, nbytes, n, nodes, per_node, busbw, t, sharp)
-    secs, lat, best = times[0], lats[0], 0
-    for i in range(1, len(times)):  # the first of equal candidates wins, as in nccl_call
-        if times[i] < secs:
-            secs, lat, best = times[i], lats[i], i
-    return secs * live, codes[best][0], codes[best][1], lat * live
-
-
-def _bus_factor_one(kind: int, n, sharp) -> float:
-    if kind == SEND_RECV:
-        return (n > 1) * 1.0
-    frac = (n - 1) / maximum(n, 1)
-    if kind == ALL_REDUCE:
-        return frac if sharp else 2 * frac
-    return frac
-
-
-def _candidates_one(kind: int, nbytes, n, nodes, per_node, busbw, t: NcclTuning, sharp) -> tuple:
-    """`nccl_candidates` of one call: their seconds, latencies and (algorithm, protocol)."""
-    multi = nodes > 1
-    ar = kind == ALL_REDUCE
-    rounds = 2.0 if ar else 1.0
-    inter = rounds * (nodes - 1)
-    intra_steps = rounds * (n - 1) - inter
-    one_per_node = per_node <= 1
-    ll_max = t.ll_max_bw[0] if nodes <= 1 else t.ll_max_bw[1] if nodes <= 2 else t.ll_max_bw[2]
-    times, lats, codes = [], [], []
-    moved = _bus_factor_one(kind, n, False) * nbytes
-    wire = moved / busbw
-    for p in (LL, LL128, SIMPLE):
-        lat = _ring_latency(t, p, ar, multi, one_per_node, intra_steps, inter)
-        if p == SIMPLE:
-            secs = lat + wire
-        elif p == LL128:
-            secs = lat + wire / (minimum(t.ll128_share, t.ring_ll128_cap) if multi else t.ll128_share)
-            if not t.ll128_across_nodes and multi:
-                secs = np.float64(np.inf)
-        else:
-            secs = lat + moved / minimum(ll_max, t.ll_share * busbw)
-        times.append(secs), lats.append(lat), codes.append((RING, p))
-    if ar:
-        size_class = int(minimum(_log2i_one(maximum(nbytes, 64.0) / 64), len(t.tree_correction[0])))
-        log_nodes = _log2i_one(nodes)
-        two = nodes <= 2
-        tree_bw = busbw * (minimum(t.tree_share, t.tree_cap[0] if two else t.tree_cap[1]) if multi else t.tree_share)
-        tree_ll128_max = busbw * ((t.tree_ll128_cap[0] if two else t.tree_ll128_cap[1]) if multi else np.inf)
-        for p in (LL, LL128, SIMPLE):
-            corr = float(t.tree_correction[p][size_class]) if size_class < len(t.tree_correction[p]) else 1.0
-            lat = t.tree_base[p] + 2 * ((per_node - 1) * t.tree_nvlink[p] + log_nodes * t.tree_net[p])
-            if p == LL:
-                bw = minimum(tree_bw * t.tree_ll_share, ll_max)
-            elif p == LL128:
-                bw = minimum(tree_bw * (7.0 / 9.0 + multi * (t.tree_ll128_share - 7.0 / 9.0)), tree_ll128_max)
-            else:
-                bw = tree_bw
-            secs = lat + 2 * nbytes / (bw * corr)
-            if p == LL128 and not t.ll128_across_nodes and multi:
-                secs = np.float64(np.inf)
-            times.append(secs), lats.append(lat), codes.append((TREE, p))
-        if sharp:
-            lat = t.nvls + 2 * np.log2(maximum(nodes, 1.0)) * t.nvls_tree_net
-            times.append(lat + _bus_factor_one(kind, n, True) * nbytes / busbw), lats.append(lat)
-            codes.append((NVLS, SIMPLE))
-    if kind in (ALL_GATHER, REDUCE_SCATTER) and multi and one_per_node:
-        lat = t.pat_base + _log2i_one(nodes) * t.tree_net[SIMPLE] / t.pat_net_divisor + n * t.pat_per_rank
-        times.append(lat + nbytes / (t.pat_share * busbw)), lats.append(lat), codes.append((PAT, SIMPLE))
-    return times, lats, codes
