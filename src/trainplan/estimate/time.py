@@ -141,7 +141,7 @@ def offloaded_optimizer(hw: Hardware, r, *, shard_params, reductions, backward, 
 def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
                      offload_optimizer, gpn, trainable, gbs, seq, gpus, model_flops, hw_flops, sharp=False,
                      data_s=0.0, prefetch=True, backward_prefetch=0, stage_layers=1, dp_shard=None,
-                     offload_params=False, recompute=0, modules_per_layer=1.0) -> dict:
+                     offload_params=False, recompute=0, modules_per_layer=1.0, collectives=None) -> dict:
     """The step from `stage_times`: the pipeline schedule over the slowest stage, the exposed
     data-parallel communication and the optimizer update (on the host under
     `offload_optimizer`, see `offloaded_optimizer`); then the input pipeline's `data_s` per
@@ -149,13 +149,16 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     data-parallel ranks ZeRO shards over (all `dp` when None: no hybrid sharding);
     `offload_params`: ZeRO-3 fetches each rank's shard from the host for every gather;
     `recompute` (activations.RECOMPUTE_CODE) and `modules_per_layer` (a layer's submodules with
-    parameters) shape ZeRO-3's unit-by-unit collectives (`zero3_exposed`)."""
+    parameters) shape ZeRO-3's unit-by-unit collectives (`zero3_exposed`); `collectives`:
+    `dp_collectives` of these arguments where the caller worked them out already (search: once
+    for layouts that differ only in schedule)."""
     f = floats
     pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
     pipe = _pipeline_terms(stages, r, pp=pp, m=m, vpp=vpp, schedule=schedule, overlap_dp=f(overlap_dp))
     overlap_dp, stage_compute = pipe["overlap_dp"], pipe["micro_batch_s"]["compute"]
-    c = _dp_collectives(hw, r, dp=dp, cp=cp, tp=tp, zero=zero, gpn=gpn, trainable=trainable, sharp=sharp,
-                        dp_shard=dp_shard, stage_layers=stage_layers, modules_per_layer=modules_per_layer)
+    c = collectives or dp_collectives(hw, r, dp=dp, cp=cp, tp=tp, zero=zero, gpn=gpn, trainable=trainable,
+                                      sharp=sharp, dp_shard=dp_shard, stage_layers=stage_layers,
+                                      modules_per_layer=modules_per_layer)
     d = _dp_exposed(hw, r, c, pp=pp, zero=zero, m=m, stage_compute=stage_compute, recompute=recompute,
                     backward_prefetch=backward_prefetch, overlap_dp=overlap_dp, offload_params=offload_params,
                     trainable=trainable, dp_group=dp * cp)
@@ -232,8 +235,8 @@ def _pipeline_terms(stages: dict, r, *, pp, m, vpp, schedule, overlap_dp) -> dic
             "overlap_dp": overlap_dp}
 
 
-def _dp_collectives(hw: Hardware, r, *, dp, cp, tp, zero, gpn, trainable, sharp, dp_shard, stage_layers,
-                    modules_per_layer) -> dict:
+def dp_collectives(hw: Hardware, r, *, dp, cp, tp, zero, gpn, trainable, sharp, dp_shard, stage_layers,
+                   modules_per_layer) -> dict:
     """The data-parallel group's collectives for one pass (`step_from_stages`): the groups, the
     calls per pass and each collective's seconds and latency of one call."""
     f = floats
@@ -282,7 +285,7 @@ def _dp_collectives(hw: Hardware, r, *, dp, cp, tp, zero, gpn, trainable, sharp,
 
 def _dp_exposed(hw: Hardware, r, c: dict, *, pp, zero, m, stage_compute, recompute, backward_prefetch,
                 overlap_dp, offload_params, trainable, dp_group) -> dict:
-    """What the data-parallel collectives `c` (`_dp_collectives`), the framework's passes over
+    """What the data-parallel collectives `c` (`dp_collectives`), the framework's passes over
     gradients and gathered parameters and the parameters' fetches from the host add to a step
     (`step_from_stages`), with how often each runs."""
     f = floats

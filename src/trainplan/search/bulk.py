@@ -23,6 +23,7 @@ evaluation agree to 1e-12 (tests).
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -45,7 +46,7 @@ from ..estimate.pipeline import (
 )
 from ..estimate.recipe import recipe
 from ..estimate.stage import lora_arguments, stage_times
-from ..estimate.time import step_from_stages
+from ..estimate.time import dp_collectives, step_from_stages
 from ..estimate.torch_schedules import V_SHAPED
 from ..plan import Plan, conventions, default_stage_split, least_zero, load_model, resolve
 from ..units import GiB
@@ -375,66 +376,84 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
             "mfu": mfu, "hfu": hfu, "capacity_bytes": lay0.gpu.capacity_bytes}
 
 
-TABLES = 4  # groups x schedules tables a step evaluation is cut into, by group size (see `_step`)
+# A step evaluation's table: its rows (pieces of groups, see `_step`) as wide as makes the
+# fewest table entries and rows at GROUP_ENTRIES entries a row (a row's own work, done once for
+# all its layouts, against that of one layout), and worked out in pieces of at most
+# STEP_ENTRIES entries, whose temporaries stay in the cache. Measured: benchmarks/search_speed.py.
+GROUP_ENTRIES = int(os.environ.get("GROUP_ENTRIES", 3))
+STEP_ENTRIES = int(os.environ.get("STEP_ENTRIES", 12288))
 
 
 def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid, rows: np.ndarray,
           trainable: np.ndarray) -> dict[str, np.ndarray]:
     """Step time, MFU and HFU of the layouts `rows` (`step_from_stages`). Adjacent layouts that
     differ only in schedule and interleaving form a group: everything but the pipeline schedule
-    (stage times, data-parallel communication, optimizer) is worked out once per group, on a
-    groups x schedules table (the groups' layouts side by side, a short group's row padded
-    with its first layout); stage times once per run of groups differing only in ZeRO stage."""
+    (data-parallel communication, optimizer, FLOPs) is worked out once per group
+    (`_group_shared`), stage times once per run of groups differing only in ZeRO stage
+    (`_group_stage_times`); the schedules on a table whose rows are pieces of a group, each as
+    wide as `_table_width` says (a group's layouts side by side, a short piece padded with its
+    first layout)."""
     cell, m, gbs = grid.cell[rows], layouts["m"][rows], layouts["gbs"][rows]
     change = np.ones(len(rows), dtype=bool)
     change[1:] = (cell[1:] != cell[:-1]) | (m[1:] != m[:-1]) | (gbs[1:] != gbs[:-1])
     first = np.flatnonzero(change)
     group = np.cumsum(change) - 1
     col = np.arange(len(rows)) - first[group]
-    wide = int(col.max()) + 1
-    slot = np.repeat(first[:, None], wide, axis=1)  # (flat positions below: 1-D indexing is cheaper)
-    slot.ravel()[group * wide + col] = np.arange(len(rows))
     heads = rows[first]
     sel = lambda k: layouts[k][heads].astype(float)[:, None]  # noqa: E731
     cols = {k: sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "gbs")}
     # the copies of the model a rank's stages hold layers of (DualPipe's two)
     cols["copies"] = 1.0 + (placements(plan.framework, layouts["schedule"][heads]) == FOLDED)[:, None]
-    stages = _group_stage_times(plan, gpus, model, grid, heads, cols)
+    stages, stage_run = _group_stage_times(plan, gpus, model, grid, heads, cols)
     cols["trainable"] = trainable[first]
-    # groups in four tables by their size against the largest's (up to a quarter, a half, three
-    # quarters, all of it): short groups padded little, at the cost of a few calls (measured, GPT-3
-    # on 1,024 GPUs: a third less time than in two tables, as much as one table per size)
+    shared = _group_shared(plan, gpus, model, cols)
+    # the table: each group cut into pieces of `wide` layouts, a row each
     size = np.diff(np.append(first, len(rows)))
-    bucket = (size * TABLES - 1) // size.max()
-    out = {k: np.empty(len(rows)) for k in ("step_s", "mfu", "hfu")}
-    for b in np.unique(bucket).tolist():
-        ids = np.flatnonzero(bucket == b)
-        width = int(size[ids].max())
-        table = slot[ids, :width]
-        t = _group_steps(plan, gpus, model, {k: v[ids] for k, v in cols.items()}, _take(stages, ids),
-                         {k: layouts[k][rows[table]].astype(float) for k in ("schedule", "vpp")})
-        local = np.full(len(first), -1)
-        local[ids] = np.arange(len(ids))
-        at = np.flatnonzero(bucket[group] == b)
-        pick = local[group[at]] * width + col[at]
+    wide = _table_width(size)
+    pieces = -(-size // wide)
+    start = np.cumsum(pieces) - pieces
+    owner = np.repeat(np.arange(len(first)), pieces)  # each row's group
+    at = (start[group] + col // wide) * wide + col % wide  # each layout's entry (flat)
+    slot = np.repeat((first[owner] + (np.arange(len(owner)) - start[owner]) * wide)[:, None], wide, axis=1)
+    slot.ravel()[at] = np.arange(len(rows))
+    sched, vpp = (layouts[k][rows].astype(float)[slot] for k in ("schedule", "vpp"))
+    out = {k: np.empty(slot.shape) for k in ("step_s", "mfu", "hfu")}
+    count = -(-slot.size // STEP_ENTRIES)
+    step = -(-len(owner) // count)
+    for lo in range(0, len(owner), step):
+        part = slice(lo, lo + step)
+        g = owner[part]
+        t = _group_steps(plan, gpus, model, {k: v[g] for k, v in cols.items()}, _take(stages, stage_run[g]),
+                         _take(shared, g), {"schedule": sched[part], "vpp": vpp[part]})
         for k, v in out.items():
-            v[at] = np.broadcast_to(np.asarray(t[k], dtype=float), table.shape).ravel()[pick]
-    return out
+            v[part] = t[k]
+    return {k: v.ravel()[at] for k, v in out.items()}
+
+
+def _table_width(size: np.ndarray) -> int:
+    """The width of a step table for groups of `size` layouts: the fewest entries, counting each
+    row as GROUP_ENTRIES more."""
+    counts = np.bincount(size)
+    sizes = np.flatnonzero(counts)
+    widths = np.arange(1, int(sizes[-1]) + 1)
+    rows = (-(-sizes[None, :] // widths[:, None]) * counts[sizes]).sum(axis=1)
+    return int(widths[np.argmin(rows * (widths + GROUP_ENTRIES))])
 
 
 def _take(stages: dict, ids: np.ndarray) -> dict:
-    """These groups' rows of `_group_stage_times`'s arrays."""
-    return {k: _take(v, ids) if isinstance(v, dict) else v[ids] for k, v in stages.items()}
+    """These rows of `_group_stage_times`'s or `_group_shared`'s arrays (a number, the same for
+    all, kept)."""
+    return {k: _take(v, ids) if isinstance(v, dict) else v[ids] if np.ndim(v) else v for k, v in stages.items()}
 
 
-def _group_steps(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray], stages: dict,
-                 table: dict[str, np.ndarray]) -> dict:
-    """`step_from_stages` on a groups x schedules table: `cols` and `stages` one row per group,
-    `table` (schedule, vpp) a row of the group's layouts each."""
+def _group_shared(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray]) -> dict:
+    """What `step_from_stages` works out from a group's columns alone (one row per group), once
+    for all groups rather than once per table: the model's and the hardware's FLOPs per step
+    (one value per distinct global batch and recompute), the input pipeline's seconds and the
+    data-parallel collectives (`dp_collectives`)."""
     lay0, r, hw = _base(plan, gpus, model)
     seq = lay0.seq_len
-    tp, pp, dp, cp, zero, m, gbs, rc = (cols[k] for k in ("tp", "pp", "dp", "cp", "zero", "m", "gbs", "recompute"))
-    # the model's FLOPs per step: one value per distinct (global batch, recompute)
+    tp, pp, dp, cp, zero, gbs, rc = (cols[k] for k in ("tp", "pp", "dp", "cp", "zero", "gbs", "recompute"))
     fl = per_distinct(
         lambda tokens, recompute: {k: v for k, v in step_flops(
             model, tokens=tokens, seq=seq, dense_layers=model.layers - model.n_moe_layers,
@@ -444,23 +463,40 @@ def _group_steps(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray], stag
             if k in ("model", "hardware")},
         {"tokens": gbs * seq, "recompute": rc})
     dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
+    collectives = dp_collectives(hw, r, dp=dp, cp=cp, tp=tp, zero=zero, gpn=plan.gpus_per_node,
+                                 trainable=cols["trainable"], sharp=plan.sharp, dp_shard=dp_shard,
+                                 stage_layers=cols["copies"] * model.layers / pp,
+                                 modules_per_layer=modules_per_layer(model, r))
+    return {"model_flops": fl["model"], "hw_flops": fl["hardware"],
+            "data_s": data_step_seconds(plan, model, gbs * seq / dp), "dp_shard": dp_shard,
+            "collectives": collectives}
+
+
+def _group_steps(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray], stages: dict, shared: dict,
+                 table: dict[str, np.ndarray]) -> dict:
+    """`step_from_stages` on a groups x schedules table: `cols`, `stages` and `shared`
+    (`_group_shared`) one row per group, `table` (schedule, vpp) a row of the group's layouts
+    each."""
+    lay0, r, hw = _base(plan, gpus, model)
+    seq = lay0.seq_len
+    tp, pp, dp, cp, zero, m, gbs, rc = (cols[k] for k in ("tp", "pp", "dp", "cp", "zero", "m", "gbs", "recompute"))
     return step_from_stages(
         stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero,
         m=m, vpp=table["vpp"], schedule=table["schedule"], overlap_dp=plan.overlap_dp,
         offload_optimizer=plan.offload_optimizer, gpn=plan.gpus_per_node, trainable=cols["trainable"],
-        gbs=gbs, seq=seq, gpus=gpus, model_flops=fl["model"], hw_flops=fl["hardware"],
-        sharp=plan.sharp, data_s=data_step_seconds(plan, model, gbs * seq / dp),
+        gbs=gbs, seq=seq, gpus=gpus, model_flops=shared["model_flops"], hw_flops=shared["hw_flops"],
+        sharp=plan.sharp, data_s=shared["data_s"],
         prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
         stage_layers=cols["copies"] * model.layers / pp,
-        dp_shard=dp_shard, offload_params=plan.offload_params,
-        recompute=rc, modules_per_layer=modules_per_layer(model, r))
+        dp_shard=shared["dp_shard"], offload_params=plan.offload_params,
+        recompute=rc, modules_per_layer=modules_per_layer(model, r), collectives=shared["collectives"])
 
 
 def _group_stage_times(plan: Plan, gpus: int, model, grid: Grid, heads: np.ndarray,
-                       cols: dict[str, np.ndarray]) -> dict:
+                       cols: dict[str, np.ndarray]) -> tuple[dict, np.ndarray]:
     """`stage_times` for groups whose first layouts are `heads` (their columns `cols`, one row
     per group), once per run of groups that differ only in ZeRO stage: the per-stage times do
-    not depend on it."""
+    not depend on it. Returns them one row per run, and each group's run."""
     lay0, r, hw = _base(plan, gpus, model)
     run = (grid.cell // len(grid.zero))[heads]
     starts = np.diff(run, prepend=-1) != 0
@@ -480,8 +516,7 @@ def _group_stage_times(plan: Plan, gpus: int, model, grid: Grid, heads: np.ndarr
         vocab_padded=vocab_padded, sp=(tp > 1) & _sequence_parallel(plan), sharp=plan.sharp,
         cp_allgather=plan.cp_comm == "allgather", ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap,
         **lora_arguments(plan))
-    spread = lambda a: np.broadcast_to(a, (len(dense),) + np.shape(a)[1:])[at]  # noqa: E731
-    return {"slowest_s": spread(stages["slowest_s"]), "totals": spread(stages["totals"]),
-            "p2p": spread(stages["p2p"]), "ep_saving": spread(stages["ep_saving"]),
-            "ep_saving_total": spread(stages["ep_saving_total"]),
-            "slowest_parts": {k: spread(v) for k, v in stages["slowest_parts"].items()}}
+    runs = lambda a: np.broadcast_to(a, (len(dense),) + np.shape(a)[1:])  # noqa: E731
+    return {"slowest_s": runs(stages["slowest_s"]), "totals": runs(stages["totals"]), "p2p": runs(stages["p2p"]),
+            "ep_saving": runs(stages["ep_saving"]), "ep_saving_total": runs(stages["ep_saving_total"]),
+            "slowest_parts": {k: runs(v) for k, v in stages["slowest_parts"].items()}}, at
