@@ -356,14 +356,7 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
                                                        "total_per_loss")}
     cell = grid.cell
     inflight_table, heads_table, logits_table, key = _in_flight(plan, layouts, grid)
-    peak = np.empty(n)
-    for lo in range(0, n, SLICE):
-        part = slice(lo, lo + SLICE)
-        k = key[part]
-        inflight, heads, logits = np.take(inflight_table, k, axis=1), heads_table[k], logits_table[k]
-        # (stages x layouts: a row per stage, so the peak is a maximum of a few long rows)
-        base, per_mb, per_logits, per_loss = (np.take(per_cell[name], cell[part], axis=1) for name in per_cell)
-        peak[part] = _row_max(base + per_mb * (inflight - 1) + per_logits * (heads - 1) + per_loss * (logits - heads))
+    peak = _peaks(per_cell, cell, inflight_table, heads_table, logits_table, key)
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)
     # a search ranks only layouts that fit, so it times only those
@@ -376,12 +369,40 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
             "mfu": mfu, "hfu": hfu, "capacity_bytes": lay0.gpu.capacity_bytes}
 
 
+def _peaks(per_cell: dict[str, np.ndarray], cell: np.ndarray, inflight: np.ndarray, heads: np.ndarray,
+           logits: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Each layout's peak memory, the largest over its stages of total + per in-flight micro-batch
+    x (in flight - 1) + per logits x (heads - 1) + per loss x (logits - heads): `per_cell` the
+    terms per stage and cell (`_per_cell`), the counts per stage and key (`_in_flight`). The last
+    two terms, zero where the last stage holds one micro-batch's heads and logits (all schedules
+    but GPipe), are added only where they are not (the same sums where the terms are finite)."""
+    base, per_mb, per_logits, per_loss = (per_cell[k] for k in ("total", "total_per_in_flight", "total_per_logits",
+                                                                "total_per_loss"))
+    more_mb, more_heads, more_logits = inflight - 1, heads - 1, logits - heads
+    zero = (more_heads == 0) & (more_logits == 0)
+    if not (np.isfinite(per_logits).all() and np.isfinite(per_loss).all()):
+        zero[:] = False  # (inf x 0 is NaN)
+    peak = np.empty(len(key))
+    for lo in range(0, len(key), SLICE):
+        part = slice(lo, lo + SLICE)
+        k, c = key[part], cell[part]
+        # (stages x layouts: a row per stage, so the peak is a maximum of a few long rows)
+        total = np.take(base, c, axis=1) + np.take(per_mb, c, axis=1) * np.take(more_mb, k, axis=1)
+        odd = np.flatnonzero(~zero[k])
+        if len(odd):
+            k, c = k[odd], c[odd]
+            total[:, odd] = total[:, odd] + np.take(per_logits, c, axis=1) * more_heads[k] \
+                + np.take(per_loss, c, axis=1) * more_logits[k]
+        peak[part] = _row_max(total)
+    return peak
+
+
 # A step evaluation's table: its rows (pieces of groups, see `_step`) as wide as makes the
 # fewest table entries and rows at GROUP_ENTRIES entries a row (a row's own work, done once for
 # all its layouts, against that of one layout), and worked out in pieces of at most
 # STEP_ENTRIES entries, whose temporaries stay in the cache. Measured: benchmarks/search_speed.py.
 GROUP_ENTRIES = int(os.environ.get("GROUP_ENTRIES", 3))
-STEP_ENTRIES = int(os.environ.get("STEP_ENTRIES", 12288))
+STEP_ENTRIES = int(os.environ.get("STEP_ENTRIES", 16384))
 
 
 def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid, rows: np.ndarray,
