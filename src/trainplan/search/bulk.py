@@ -23,7 +23,6 @@ evaluation agree to 1e-12 (tests).
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -50,6 +49,7 @@ from ..estimate.time import dp_collectives, step_from_stages
 from ..estimate.torch_schedules import V_SHAPED
 from ..plan import Plan, conventions, default_stage_split, least_zero, load_model, resolve
 from ..units import GiB
+from .heap import steady_heap
 from .space import _sequence_parallel
 
 REPRESENTATIVE = 4  # representative stages a table holds at least
@@ -155,6 +155,7 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
     not once per micro-batch); the micro-batches in flight, which depend on the schedule, once
     per distinct (run, micro-batch, schedule, interleaving) (see `_grid`, `_in_flight`); step
     times as `_step` says."""
+    steady_heap()
     model = spec or load_model(plan)
     if not len(layouts["tp"]):
         return _empty_result(_base(plan, gpus, model)[0])
@@ -401,8 +402,8 @@ def _peaks(per_cell: dict[str, np.ndarray], cell: np.ndarray, inflight: np.ndarr
 # fewest table entries and rows at GROUP_ENTRIES entries a row (a row's own work, done once for
 # all its layouts, against that of one layout), and worked out in pieces of at most
 # STEP_ENTRIES entries, whose temporaries stay in the cache. Measured: benchmarks/search_speed.py.
-GROUP_ENTRIES = int(os.environ.get("GROUP_ENTRIES", 3))
-STEP_ENTRIES = int(os.environ.get("STEP_ENTRIES", 16384))
+GROUP_ENTRIES = 3
+STEP_ENTRIES = 1 << 14
 
 
 def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid, rows: np.ndarray,
