@@ -274,14 +274,20 @@ def _batch_rules(plans: dict[str, Plan], pairs: dict[int, list[tuple[int, int]]]
     torch's schedules their constructors' rules)."""
     by_code = {SCHEDULE_CODE[s]: (plan, (plan.framework, s, plan.pp_group)) for s, plan in plans.items()}
     width = max(1, max(len(p) for p in pairs.values()))
-    ok = np.zeros((len(keys), width), dtype=bool)
+    # (the rules do not depend on the virtual stages: once per schedule, each pair then reading
+    # its schedule's answer: `pick`, per depth, each pair's schedule's position, padding at the
+    # last, always False)
+    codes = sorted(by_code)
+    pick = np.full((len(depths), width), len(codes))
+    for i, p in enumerate(depths):
+        pick[i, :len(pairs[p])] = [codes.index(code) for code, _ in pairs[p]]
+    used = [{code for code, _ in pairs[p]} for p in depths]
+    takes = np.zeros((len(keys), len(codes) + 1), dtype=bool)
     for j, key in enumerate(keys.tolist()):
-        p, m = depths[key // m_top], key % m_top
-        codes = [code for code, _ in pairs[p]]
-        # (the rules do not depend on the virtual stages: once per schedule)
-        takes = {code: _takes(*by_code[code], p, m) for code in set(codes)}
-        ok[j, :len(codes)] = [takes[code] for code in codes]
-    return ok
+        i, m = divmod(key, m_top)
+        p = depths[i]
+        takes[j, :-1] = [code in used[i] and _takes(*by_code[code], p, m) for code in codes]
+    return np.take_along_axis(takes, pick[keys // m_top], axis=1)
 
 
 # (framework, schedule, interleaving group, pp, micro-batches) -> whether `schedule_batch_rules`
