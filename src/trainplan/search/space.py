@@ -227,24 +227,29 @@ def plan_vpp(v: int) -> int | None:
     return int(v) if v > 1 else None
 
 
-# (model, framework, schedule, pp, vpp) -> whether `pipeline_rules` accepts it: the rules read
-# nothing else of the plan (its schedule, vpp and framework, the model's layers), so a search
-# asks once per model and depth
-_ACCEPTED: dict[tuple, bool] = {}
+# (model, framework, schedule) -> {(pp, vpp): whether `pipeline_rules` accepts it}: the rules
+# read nothing else of the plan (its schedule, vpp and framework, the model's layers), so a
+# search asks once per model and depth
+_ACCEPTED: dict[tuple, dict[tuple[int, int], bool]] = {}
 
 
-def _accepts(plan: Plan, model, pp: int, v: int) -> bool:
+def _accepted(plan: Plan, model) -> dict[tuple[int, int], bool]:
+    """`_ACCEPTED`'s table for `plan`'s schedule (and framework) and `model`."""
+    if len(_ACCEPTED) > 1 << 10:
+        _ACCEPTED.clear()
+    return _ACCEPTED.setdefault((model, plan.framework, plan.schedule), {})
+
+
+def _accepts(plan: Plan, model, pp: int, v: int, table: dict | None = None) -> bool:
     """Whether `plan` (a schedule of the space) runs `v` virtual stages per GPU on `pp` stages:
-    `pipeline_rules`, resolve's own check, returning that count."""
-    key = (model, plan.framework, plan.schedule, pp, v)
-    if key not in _ACCEPTED:
-        if len(_ACCEPTED) > 1 << 16:
-            _ACCEPTED.clear()
+    `pipeline_rules`, resolve's own check, returning that count (`table`: `_accepted`'s)."""
+    table = _accepted(plan, model) if table is None else table
+    if (pp, v) not in table:
         try:
-            _ACCEPTED[key] = pipeline_rules(plan.model_copy(update={"vpp": plan_vpp(v)}), model, pp) == v
+            table[pp, v] = pipeline_rules(plan.model_copy(update={"vpp": plan_vpp(v)}), model, pp) == v
         except PlanError:
-            _ACCEPTED[key] = False
-    return _ACCEPTED[key]
+            table[pp, v] = False
+    return table[pp, v]
 
 
 def _schedule_plans(plan: Plan, space: Space) -> dict[str, Plan]:
@@ -259,10 +264,12 @@ def _schedule_pairs(plan: Plan, space: Space, model, pps: list[int]) -> dict[int
     (`interleavings`) for interleaving and torch's looped schedules, two for torch's V-shaped
     ones, none for a schedule the depth cannot run (DualPipe on an odd one)."""
     plans = _schedule_plans(plan, space)
+    tables = {s: _accepted(plans[s], model) for s in space.schedule}
     out = {}
     for p in pps:
         counts = (1, *interleavings(model.layers, p, plan.framework)) if space.vpp is None else tuple(space.vpp)
-        out[p] = [(SCHEDULE_CODE[s], v) for s in space.schedule for v in counts if _accepts(plans[s], model, p, v)]
+        out[p] = [(SCHEDULE_CODE[s], v) for s in space.schedule for v in counts
+                  if _accepts(plans[s], model, p, v, tables[s])]
     return out
 
 
@@ -290,24 +297,24 @@ def _batch_rules(plans: dict[str, Plan], pairs: dict[int, list[tuple[int, int]]]
     return np.take_along_axis(takes, pick[keys // m_top], axis=1)
 
 
-# (framework, schedule, interleaving group, pp, micro-batches) -> whether `schedule_batch_rules`
-# accepts them: the rules read nothing else of the plan
-_TAKES: dict[tuple, bool] = {}
+# (framework, schedule, interleaving group) -> {(pp, micro-batches): whether
+# `schedule_batch_rules` accepts them}: the rules read nothing else of the plan
+_TAKES: dict[tuple, dict[tuple[int, int], bool]] = {}
 
 
 def _takes(plan: Plan, rules: tuple, pp: int, m: int) -> bool:
     """Whether `plan`'s schedule takes `m` micro-batches per step on `pp` stages (`rules`: the
     plan's framework, schedule and interleaving group)."""
-    key = (*rules, pp, m)
-    if key not in _TAKES:
-        if len(_TAKES) > 1 << 16:
-            _TAKES.clear()
+    if len(_TAKES) > 1 << 10:
+        _TAKES.clear()
+    table = _TAKES.setdefault(rules, {})
+    if (pp, m) not in table:
         try:
             schedule_batch_rules(plan, pp, m)
-            _TAKES[key] = True
+            table[pp, m] = True
         except PlanError:
-            _TAKES[key] = False
-    return _TAKES[key]
+            table[pp, m] = False
+    return table[pp, m]
 
 
 def _distinct(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
