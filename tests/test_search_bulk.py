@@ -1,12 +1,13 @@
-"""The bulk evaluation's sharing of work (the memory grid, the in-flight table, the groups x
-schedules step tables) is exact: a layout's figures do not depend on which other layouts are
-evaluated with it, nor where a batch cuts; and the ranking is a stable sort's first k."""
+"""The bulk evaluation's sharing of work (the memory grid, the in-flight table, the step tables
+of group pieces) is exact: a layout's figures do not depend on which other layouts are
+evaluated with it, nor where a batch cuts, nor how the step table is cut; and the ranking is a
+stable sort's first k."""
 
 import numpy as np
 import pytest
 
 from trainplan.plan import load_model, make_plan
-from trainplan.search import default_space, enumerate_layouts, evaluate_bulk, smallest
+from trainplan.search import bulk, default_space, enumerate_layouts, evaluate_bulk, smallest
 
 KEYS = ("peak_bytes", "fits", "step_s", "tokens_per_s", "mfu", "hfu")
 
@@ -47,6 +48,29 @@ def test_a_layouts_figures_do_not_depend_on_the_others_evaluated_with_it(kw):
         alone = evaluate_bulk(plan, {k: v[i:i + 1] for k, v in lay.items()}, gpus, model)
         for key in KEYS:
             assert alone[key][0] == whole[key][i] or (np.isnan(alone[key][0]) and np.isnan(whole[key][i])), key
+
+
+@pytest.mark.parametrize("kw", [
+    dict(model="llama-3-70b", gpus=256, gbs=512),  # groups of up to 14 schedules and interleavings
+    dict(model="mixtral-8x7b", gpus=64, gbs=256, framework="torch"),  # torch's schedules, expert parallelism free
+])
+def test_the_step_tables_shape_changes_no_figure(kw, monkeypatch):
+    """The same figures, bit for bit, whatever the step table's width (one layout a row, or a
+    whole group) and however many parts it is worked out in (one, or a few rows each)."""
+    plan = make_plan(**kw)
+    model = load_model(plan)
+    gpus = kw["gpus"]
+    lay = enumerate_layouts(plan, default_space(plan, set(), gpus, model.layers, 8, model.is_moe), gpus, model)
+    whole = evaluate_bulk(plan, lay, gpus, model)
+    cell = bulk._grid(plan, lay, model).cell  # (a group's layouts share one)
+    starts = np.flatnonzero(np.diff(cell, prepend=-1))
+    assert np.diff(np.append(starts, len(cell))).max() > 3  # groups wider than a piece of 3
+    for group_entries, step_entries in ((0, 7), (10**6, 1 << 14), (3, 50)):
+        monkeypatch.setattr(bulk, "GROUP_ENTRIES", group_entries)
+        monkeypatch.setattr(bulk, "STEP_ENTRIES", step_entries)
+        other = evaluate_bulk(plan, lay, gpus, model)
+        for key in KEYS:
+            np.testing.assert_array_equal(other[key], whole[key], err_msg=f"{key} {group_entries} {step_entries}")
 
 
 def test_no_layouts_evaluate_to_empty_figures():

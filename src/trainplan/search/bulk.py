@@ -50,6 +50,7 @@ from ..estimate.torch_schedules import V_SHAPED
 from ..plan import Plan, conventions, default_stage_split, least_zero, load_model, resolve
 from ..units import GiB
 from .heap import steady_heap
+from .peak import peaks, row_max
 from .space import _sequence_parallel
 
 REPRESENTATIVE = 4  # representative stages a table holds at least
@@ -329,20 +330,6 @@ def _per_cell(a: np.ndarray, grid: Grid) -> np.ndarray:
     return np.moveaxis(np.broadcast_to(a, shape), -1, 0).reshape(shape[-1], -1)
 
 
-def _row_max(a: np.ndarray) -> np.ndarray:
-    """The largest of each column of a few long rows, row by row (numpy's reduction over the
-    first axis walks it column by column)."""
-    out = a[0]
-    for row in a[1:]:
-        out = np.maximum(out, row)
-    return out
-
-
-# layouts whose memory totals are worked out at a time: their temporaries (a few stages x this
-# many floats each) stay in the cache
-SLICE = 1 << 15
-
-
 def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid,
               fitting_only: bool) -> dict[str, np.ndarray]:
     """`evaluate_bulk` on its grid."""
@@ -357,45 +344,17 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
                                                        "total_per_loss")}
     cell = grid.cell
     inflight_table, heads_table, logits_table, key = _in_flight(plan, layouts, grid)
-    peak = _peaks(per_cell, cell, inflight_table, heads_table, logits_table, key)
+    peak = peaks(per_cell, cell, inflight_table, heads_table, logits_table, key)
     fits = peak <= lay0.gpu.capacity_bytes
     step, mfu, hfu = np.full(n, np.inf), np.zeros(n), np.zeros(n)
     # a search ranks only layouts that fit, so it times only those
     rows = np.flatnonzero(fits) if fitting_only else np.arange(n)
     if len(rows):
-        trainable = _row_max(_per_cell(mem["trainable_params"], grid))[cell[rows], None]
+        trainable = row_max(_per_cell(mem["trainable_params"], grid))[cell[rows], None]
         t = _step(plan, layouts, gpus, model, grid, rows, trainable)
         step[rows], mfu[rows], hfu[rows] = t["step_s"], t["mfu"], t["hfu"]
     return {"peak_bytes": peak, "fits": fits, "step_s": step, "tokens_per_s": layouts["gbs"] * seq / step,
             "mfu": mfu, "hfu": hfu, "capacity_bytes": lay0.gpu.capacity_bytes}
-
-
-def _peaks(per_cell: dict[str, np.ndarray], cell: np.ndarray, inflight: np.ndarray, heads: np.ndarray,
-           logits: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """Each layout's peak memory, the largest over its stages of total + per in-flight micro-batch
-    x (in flight - 1) + per logits x (heads - 1) + per loss x (logits - heads): `per_cell` the
-    terms per stage and cell (`_per_cell`), the counts per stage and key (`_in_flight`). The last
-    two terms, zero where the last stage holds one micro-batch's heads and logits (all schedules
-    but GPipe), are added only where they are not (the same sums where the terms are finite)."""
-    base, per_mb, per_logits, per_loss = (per_cell[k] for k in ("total", "total_per_in_flight", "total_per_logits",
-                                                                "total_per_loss"))
-    more_mb, more_heads, more_logits = inflight - 1, heads - 1, logits - heads
-    zero = (more_heads == 0) & (more_logits == 0)
-    if not (np.isfinite(per_logits).all() and np.isfinite(per_loss).all()):
-        zero[:] = False  # (inf x 0 is NaN)
-    peak = np.empty(len(key))
-    for lo in range(0, len(key), SLICE):
-        part = slice(lo, lo + SLICE)
-        k, c = key[part], cell[part]
-        # (stages x layouts: a row per stage, so the peak is a maximum of a few long rows)
-        total = np.take(base, c, axis=1) + np.take(per_mb, c, axis=1) * np.take(more_mb, k, axis=1)
-        odd = np.flatnonzero(~zero[k])
-        if len(odd):
-            k, c = k[odd], c[odd]
-            total[:, odd] = total[:, odd] + np.take(per_logits, c, axis=1) * more_heads[k] \
-                + np.take(per_loss, c, axis=1) * more_logits[k]
-        peak[part] = _row_max(total)
-    return peak
 
 
 # A step evaluation's table: its rows (pieces of groups, see `_step`) as wide as makes the
@@ -496,9 +455,9 @@ def _group_shared(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray]) -> 
 
 def _group_steps(plan: Plan, gpus: int, model, cols: dict[str, np.ndarray], stages: dict, shared: dict,
                  table: dict[str, np.ndarray]) -> dict:
-    """`step_from_stages` on a groups x schedules table: `cols`, `stages` and `shared`
-    (`_group_shared`) one row per group, `table` (schedule, vpp) a row of the group's layouts
-    each."""
+    """`step_from_stages` on a table of schedules (`_step`): `cols`, `stages` and `shared`
+    (`_group_shared`) one row per table row (its group's), `table` (schedule, vpp) a row of
+    layouts of one group each."""
     lay0, r, hw = _base(plan, gpus, model)
     seq = lay0.seq_len
     tp, pp, dp, cp, zero, m, gbs, rc = (cols[k] for k in ("tp", "pp", "dp", "cp", "zero", "m", "gbs", "recompute"))
