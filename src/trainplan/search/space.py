@@ -289,11 +289,13 @@ def _batch_rules(plans: dict[str, Plan], pairs: dict[int, list[tuple[int, int]]]
     for i, p in enumerate(depths):
         pick[i, :len(pairs[p])] = [codes.index(code) for code, _ in pairs[p]]
     used = [{code for code, _ in pairs[p]} for p in depths]
+    tables = [(code, _taken(by_code[code][1])) for code in codes]
     takes = np.zeros((len(keys), len(codes) + 1), dtype=bool)
     for j, key in enumerate(keys.tolist()):
         i, m = divmod(key, m_top)
         p = depths[i]
-        takes[j, :-1] = [code in used[i] and _takes(*by_code[code], p, m) for code in codes]
+        takes[j, :-1] = [code in used[i] and (table.get((p, m)) if (p, m) in table else
+                                              _takes(*by_code[code], p, m, table)) for code, table in tables]
     return np.take_along_axis(takes, pick[keys // m_top], axis=1)
 
 
@@ -302,12 +304,17 @@ def _batch_rules(plans: dict[str, Plan], pairs: dict[int, list[tuple[int, int]]]
 _TAKES: dict[tuple, dict[tuple[int, int], bool]] = {}
 
 
-def _takes(plan: Plan, rules: tuple, pp: int, m: int) -> bool:
-    """Whether `plan`'s schedule takes `m` micro-batches per step on `pp` stages (`rules`: the
-    plan's framework, schedule and interleaving group)."""
+def _taken(rules: tuple) -> dict[tuple[int, int], bool]:
+    """`_TAKES`' table for `rules` (a plan's framework, schedule and interleaving group)."""
     if len(_TAKES) > 1 << 10:
         _TAKES.clear()
-    table = _TAKES.setdefault(rules, {})
+    return _TAKES.setdefault(rules, {})
+
+
+def _takes(plan: Plan, rules: tuple, pp: int, m: int, table: dict | None = None) -> bool:
+    """Whether `plan`'s schedule takes `m` micro-batches per step on `pp` stages (`rules`: the
+    plan's framework, schedule and interleaving group; `table`: `_taken`'s)."""
+    table = _taken(rules) if table is None else table
     if (pp, m) not in table:
         try:
             schedule_batch_rules(plan, pp, m)
