@@ -290,13 +290,14 @@ def _batch_rules(plans: dict[str, Plan], pairs: dict[int, list[tuple[int, int]]]
         pick[i, :len(pairs[p])] = [codes.index(code) for code, _ in pairs[p]]
     used = [{code for code, _ in pairs[p]} for p in depths]
     tables = [(code, _taken(by_code[code][1])) for code in codes]
-    takes = np.zeros((len(keys), len(codes) + 1), dtype=bool)
-    for j, key in enumerate(keys.tolist()):
+    rows = []
+    for key in keys.tolist():
         i, m = divmod(key, m_top)
         p = depths[i]
-        takes[j, :-1] = [code in used[i] and (table.get((p, m)) if (p, m) in table else
-                                              _takes(*by_code[code], p, m, table)) for code, table in tables]
-    return np.take_along_axis(takes, pick[keys // m_top], axis=1)
+        rows.append([code in used[i] and (table[p, m] if (p, m) in table else _takes(*by_code[code], p, m, table))
+                     for code, table in tables] + [False])
+    return np.take_along_axis(np.array(rows, dtype=bool).reshape(len(keys), len(codes) + 1), pick[keys // m_top],
+                              axis=1)
 
 
 # (framework, schedule, interleaving group) -> {(pp, micro-batches): whether
