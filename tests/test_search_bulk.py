@@ -86,7 +86,7 @@ def _glibc() -> bool:
 @pytest.mark.skipif(not _glibc(), reason="glibc's malloc thresholds")
 def test_a_warm_search_faults_no_pages_back_in():
     """A search's temporaries reuse the heap pages the search before left (search/heap.py): a
-    handful of page faults, where glibc's default trimming cost 1,000 to 7,000 per search of
+    handful of page faults, where glibc's default trimming cost 1,100 to 7,000 per search of
     GPT-3 175B on 1,024 A100 (measured with the thresholds left alone)."""
     plan = make_plan(model="gpt3-175b", gpu="A100-80GB-SXM", gpus=1024, gbs=1536, seq_len=2048)
     search(plan, set(), top=5)
