@@ -3,14 +3,12 @@ of group pieces) is exact: a layout's figures do not depend on which other layou
 evaluated with it, nor where a batch cuts, nor how the step table is cut; and the ranking is a
 stable sort's first k."""
 
-import os
-import resource
 
 import numpy as np
 import pytest
 
 from trainplan.plan import load_model, make_plan
-from trainplan.search import bulk, default_space, enumerate_layouts, evaluate_bulk, search, smallest
+from trainplan.search import bulk, default_space, enumerate_layouts, evaluate_bulk, smallest
 
 KEYS = ("peak_bytes", "fits", "step_s", "tokens_per_s", "mfu", "hfu")
 
@@ -74,26 +72,6 @@ def test_the_step_tables_shape_changes_no_figure(kw, monkeypatch):
         other = evaluate_bulk(plan, lay, gpus, model)
         for key in KEYS:
             np.testing.assert_array_equal(other[key], whole[key], err_msg=f"{key} {group_entries} {step_entries}")
-
-
-def _glibc() -> bool:
-    try:
-        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-@pytest.mark.skipif(not _glibc(), reason="glibc's malloc thresholds")
-def test_a_warm_search_faults_no_pages_back_in():
-    """A search's temporaries reuse the heap pages the search before left (search/heap.py): a
-    handful of page faults, where glibc's default trimming cost 1,100 to 7,000 per search of
-    GPT-3 175B on 1,024 A100 (measured with the thresholds left alone)."""
-    plan = make_plan(model="gpt3-175b", gpu="A100-80GB-SXM", gpus=1024, gbs=1536, seq_len=2048)
-    search(plan, set(), top=5)
-    search(plan, set(), top=5)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    search(plan, set(), top=5)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 300
 
 
 def test_no_layouts_evaluate_to_empty_figures():

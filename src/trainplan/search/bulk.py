@@ -49,7 +49,6 @@ from ..estimate.time import dp_collectives, step_from_stages
 from ..estimate.torch_schedules import V_SHAPED
 from ..plan import Plan, conventions, default_stage_split, least_zero, load_model, resolve
 from ..units import GiB
-from .heap import steady_heap
 from .peak import peaks, row_max
 from .space import _sequence_parallel
 
@@ -156,7 +155,6 @@ def evaluate_bulk(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, spec=No
     not once per micro-batch); the micro-batches in flight, which depend on the schedule, once
     per distinct (run, micro-batch, schedule, interleaving) (see `_grid`, `_in_flight`); step
     times as `_step` says."""
-    steady_heap()
     model = spec or load_model(plan)
     if not len(layouts["tp"]):
         return _empty_result(_base(plan, gpus, model)[0])

@@ -25,7 +25,6 @@ from ..plan import (
     schedule_batch_rules,
     zero_stages,
 )
-from .heap import steady_heap
 
 # the layout dimensions a search enumerates unless the plan fixes them
 LAYOUT_DIMENSIONS = ("tp", "pp", "cp", "ep", "zero", "mbs", "recompute", "schedule", "vpp", "sp")
@@ -150,7 +149,6 @@ def _list_layouts(plan: Plan, space: Space, gpus: int, model, max_layouts: int |
                   deadline: float | None = None) -> tuple[dict[str, np.ndarray], bool]:
     """`enumerate_layouts`, listed in blocks of at most ENUM_BLOCK_LAYOUTS layouts, and
     whether the listing is complete: at `deadline` (time.perf_counter) it stops early."""
-    steady_heap()
     parts, count = [], 0
     for part in _layout_blocks(plan, space, gpus, model):
         count += len(part["tp"])
