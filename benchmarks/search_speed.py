@@ -1,5 +1,6 @@
 """Search speed in layouts per CPU-second (one process, OMP_NUM_THREADS=1), this tree against a
-baseline revision, alternating rounds in fresh interpreters, the median of each:
+baseline revision, alternating rounds in fresh interpreters, the median of each (each round
+repeats a call for SECONDS of CPU time):
 
 * search: a whole `search` call (enumeration, the memory of every layout, the step time of
   those that fit, ranking and the top five plans' JSON), layouts listed / its CPU time;
@@ -33,6 +34,17 @@ CASES = {
                                            seq_len=8192),
 }
 TARGET = 1_500_000
+SECONDS = 0.3  # CPU seconds of repeated calls per figure per round (one call is 15-40 ms)
+
+
+def per_call(fn) -> float:
+    """CPU seconds per call of `fn`, over at least SECONDS of calls (one call alone swings with the
+    machine's load)."""
+    n, t0 = 0, time.process_time()
+    while time.process_time() - t0 < SECONDS:
+        fn()
+        n += 1
+    return (time.process_time() - t0) / n
 
 
 def worker() -> None:
@@ -44,19 +56,20 @@ def worker() -> None:
         plan = make_plan(**kw)
         model = load_model(plan)
         search(plan, set(), top=5)  # warm caches
-        t0 = time.process_time()
         res = search(plan, set(), top=5)
-        out[name + " search"] = res["evaluated"] / (time.process_time() - t0)
+        out[name + " search"] = res["evaluated"] / per_call(lambda plan=plan: search(plan, set(), top=5))
         best = res["best"][0]["parallel"]
         out[name + " best"] = (f"TP {best['tp']} PP {best['pp']} DP {best['dp']} CP {best['cp']} ZeRO {best['zero']} "
                                f"mbs {best['mbs']} {best['recompute']} {best['schedule']} v{best['vpp']}")
         space = default_space(plan, set(), kw["gpus"], model.layers, 8, model.is_moe)
         lay = enumerate_layouts(plan, space, kw["gpus"], model)
         n = len(lay["tp"])
-        t0 = time.process_time()
-        for part in batches(n):
-            evaluate_bulk(plan, {k: v[part] for k, v in lay.items()}, kw["gpus"], model, fitting_only=True)
-        out[name + " evaluation"] = n / (time.process_time() - t0)
+
+        def evaluation(plan=plan, lay=lay, n=n, gpus=kw["gpus"], model=model):
+            for part in batches(n):
+                evaluate_bulk(plan, {k: v[part] for k, v in lay.items()}, gpus, model, fitting_only=True)
+
+        out[name + " evaluation"] = n / per_call(evaluation)
         out[name + " layouts"] = n
     print(json.dumps(out))
 
