@@ -12,9 +12,11 @@ All functions take numbers or arrays (DESIGN §2).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from .scalars import floats, maximum
+from .scalars import SCALAR_TYPES, floats, maximum
 
 TOKEN_ID_BYTES = 8  # the batch crosses to the GPU as int64 token ids (PyTorch's default index dtype)
 
@@ -23,7 +25,7 @@ def data_stage_seconds(tokens, *, bytes_per_token, storage_gbs, workers, tokeniz
     """Seconds per step of each input-pipeline stage for `tokens` tokens on one data-parallel
     rank. A stage given as None (no storage limit, pre-tokenized data) takes no time."""
     tokens = floats(tokens)
-    zero = np.zeros_like(tokens)
+    zero = 0.0 if tokens.__class__ is np.float64 else np.zeros_like(tokens)
     return {
         "storage": zero if storage_gbs is None else tokens * bytes_per_token / (storage_gbs * 1e9),
         "tokenize": zero if tokenize_rate is None else tokens / (workers * tokenize_rate),
@@ -35,7 +37,11 @@ def data_seconds(stages: dict, prefetch: bool):
     """Input time per step: with prefetching the stages run concurrently on successive batches,
     so the slowest sets the pace; without, they run one after another."""
     values = list(stages.values())
-    return np.maximum.reduce(values) if prefetch else sum(values)
+    if not prefetch:
+        return sum(values)
+    if all(v.__class__ in SCALAR_TYPES for v in values):  # one plan's: the largest, as numpy's reduce gives it
+        return functools.reduce(maximum, values)
+    return np.maximum.reduce(values)
 
 
 def step_with_data(busy, data, prefetch: bool):

@@ -362,7 +362,7 @@ def _schedule_inputs(schedule: str, framework: str, pp: int, micro_batches: int,
     and last layers, each stage's micro-batches in flight, and the last stage's live logits and
     heads (read-only arrays; one schedule's memoised, `version` the rules registered)."""
     sched = SCHEDULE_CODE[schedule]
-    out = (_ends(schedule, framework, pp, 0), _ends(schedule, framework, pp, pp - 1),
+    out = (*_both_ends(schedule, framework, pp),
            in_flight(sched, np.arange(pp), pp, micro_batches, vpp, group, framework),
            last_stage_logits_in_flight(sched, micro_batches, framework, pp),
            last_stage_heads_in_flight(sched, micro_batches, framework, pp))
@@ -391,6 +391,15 @@ def pipeline_ends(layout: Layout, end: int) -> np.ndarray:
     """1.0 for the stages holding the model's first (end 0: the embedding) or last (end pp - 1:
     the output head) stage: under DualPipe both end ranks hold both, one for each copy."""
     return _ends(layout.plan.schedule, layout.plan.framework, layout.pp, end)
+
+
+@lru_cache(maxsize=128)
+def _both_ends(schedule: str, framework: str, pp: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_ends` of the first and of the last stage (read-only arrays, one schedule's memoised)."""
+    out = (_ends(schedule, framework, pp, 0), _ends(schedule, framework, pp, pp - 1))
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def _ends(schedule: str, framework: str, pp: int, end: int) -> np.ndarray:

@@ -4,13 +4,12 @@ global batch per data-parallel rank) are checked on the line at the stages that 
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
 
 from ..plan import Layout
-from .memo import array_key, track
+from .memo import track
 from .memory import LINE_KEYS, estimate_memory_and_line, layout_inputs
 from .pipeline import (
     SCHEDULE_CODE,
@@ -28,38 +27,74 @@ def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batc
     grows with these, which no schedule of estimate/pipeline.py lets grow with the stage index;
     so no later stage of the same kind holds more. A rule registered there that did (checked at
     the fewest and the most `micro_batches`) gets every stage. An even split has at most four
-    (stage 0, one or two kinds of middle stages, the last)."""
+    (stage 0, one or two kinds of middle stages, the last). (A read-only array.)"""
     inputs = inputs or layout_inputs(layout)
     plan, pp = layout.plan, layout.pp
+    grows = False
     if micro_batches is not None and len(micro_batches):
         m = np.asarray(micro_batches)
         flight = in_flight(SCHEDULE_CODE[plan.schedule], np.arange(pp)[:, None], pp,
                            np.array([m.min(), m.max()])[None, :], layout.vpp, plan.pp_group, plan.framework)
-        if (flight[1:] > flight[:-1]).any():  # more in flight on a later stage
-            return np.arange(pp)
-    first: dict = {}  # kind -> its first stage, in stage order
+        grows = _grows(flight)
+    return _peak_stages(_kinds_key(inputs, pp), grows)
+
+
+def _grows(flight: np.ndarray) -> bool:
+    """Whether a later stage holds more in flight than the one before it (stages on the first axis)."""
+    return bool((flight[1:] > flight[:-1]).any())
+
+
+def _kinds_key(inputs: dict, pp: int) -> tuple:
+    """Each stage's (dense layers, MoE layers, first, last) of `inputs`, as a tuple per stage."""
     columns = (inputs[k].tolist() if np.shape(inputs[k]) == (pp,) else np.broadcast_to(inputs[k], (pp,)).tolist()
                for k in ("dense_layers", "moe_layers", "first", "last"))
-    kinds = zip(*columns, strict=True)
-    for i, kind in enumerate(kinds):
-        first.setdefault(kind, i)
-    return np.fromiter(first.values(), dtype=np.int64, count=len(first))
+    return tuple(zip(*columns, strict=True))
+
+
+@lru_cache(maxsize=1024)
+def _peak_stages(kinds: tuple, grows: bool) -> np.ndarray:
+    """`peak_candidate_stages` from each stage's kind and whether a later stage holds more in
+    flight (then every stage)."""
+    if grows:
+        out = np.arange(len(kinds))
+    else:
+        first: dict = {}  # kind -> its first stage, in stage order
+        for i, kind in enumerate(kinds):
+            first.setdefault(kind, i)
+        out = np.fromiter(first.values(), dtype=np.int64, count=len(first))
+    out.flags.writeable = False
+    return out
+
+
+def _divisors(q: int) -> list[int]:
+    """The divisors of a positive integer, ascending (from its prime factors)."""
+    out, n, p = [1], q, 2
+    while p * p <= n:
+        if n % p == 0:
+            power, powers = 1, []
+            while n % p == 0:
+                n //= p
+                power *= p
+                powers.append(power)
+            out += [d * k for d in out for k in powers]
+        p += 1 if p == 2 else 2
+    if n > 1:
+        out += [d * n for d in out]
+    return sorted(out)
 
 
 @lru_cache(maxsize=1024)
 def _mbs_candidates(limit: int, gbs: int | None, dp: int, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
     """The micro-batch sizes `max_micro_batch` tries (1..limit; with a global batch, those for
-    which dp x size divides it) and the micro-batches per step at each (read-only arrays)."""
+    which dp x size divides it), ascending, and the micro-batches per step at each (read-only
+    arrays; never rising)."""
     if gbs is None:
         cands = np.arange(1, limit + 1)
         m = np.full(cands.shape, micro_batches)
     elif gbs % dp:
         cands = m = np.zeros(0, dtype=np.int64)
     else:  # dp x size divides gbs: the divisors of gbs / dp
-        q = gbs // dp
-        small = [c for c in range(1, math.isqrt(q) + 1) if q % c == 0]
-        divisors = sorted(set(small + [q // c for c in small]))
-        cands = np.array([c for c in divisors if c <= limit], dtype=np.int64)
+        cands = np.array([c for c in _divisors(gbs // dp) if c <= limit], dtype=np.int64)
         m = gbs // (dp * cands)
     cands.flags.writeable = m.flags.writeable = False
     return cands, m
@@ -78,12 +113,13 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
         return 0
     if line is None:
         line = estimate_memory_and_line(layout)[1]
-    kinds = line["stage_kinds"]
-    grid_args = (plan.schedule, plan.framework, plan.pp_group, layout.pp, layout.vpp, limit, *rules_version(),
-                 layout.gbs if plan.gbs is not None else None, layout.dp, layout.micro_batches,
-                 *(kinds[k] for k in ("dense_layers", "moe_layers", "first", "last")))
-    key = array_key(grid_args)
-    grid = _MBS_GRIDS.get(key) if key is not None else None
+    kinds = _kinds_key(line["stage_kinds"], layout.pp)
+    key = (plan.schedule, plan.framework, plan.pp_group, layout.pp, layout.vpp, limit, *rules_version(),
+           layout.gbs if plan.gbs is not None else None, layout.dp, layout.micro_batches, kinds)
+    try:
+        grid = _MBS_GRIDS.get(key)
+    except TypeError:  # an unhashable setting: not memoised
+        key = grid = None
     if grid is None:
         grid = _mbs_grid(layout, kinds, cands, m)
         if key is not None:
@@ -116,21 +152,26 @@ def _largest_fitting(points: np.ndarray, grid: tuple, cands: np.ndarray, capacit
     one, two = points[:, :, :1], points[:, :, 1:]
     total, per_flight, per_logits, per_loss = one + (cands - 1) * (two - one)
     total = total + per_flight * flight_extra + per_logits * heads_extra + per_loss * loss_extra
-    fits = total.max(axis=0) <= capacity
-    return int(cands[fits].max()) if fits.any() else 0
+    fitting = np.flatnonzero(total.max(axis=0) <= capacity)
+    return int(cands[fitting[-1]]) if len(fitting) else 0  # the largest: candidates ascend
 
 
 _MBS_GRIDS: dict = track({})  # one layout's `_mbs_grid`, memoised by the integers it is computed from
 
 
-def _mbs_grid(layout: Layout, kinds: dict, cands, m) -> tuple:
-    """`max_micro_batch`'s integers: the stages that can hold the peak, and at each candidate size
-    on them the micro-batches in flight beyond one, the live heads beyond one and the live losses
-    beyond the heads (read-only arrays)."""
+def _mbs_grid(layout: Layout, kinds: tuple, cands, m) -> tuple:
+    """`max_micro_batch`'s integers: the stages that can hold the peak (`peak_candidate_stages`, of
+    the stages' `kinds`), and at each candidate size on them the micro-batches in flight beyond
+    one, the live heads beyond one and the live losses beyond the heads (read-only arrays). The
+    in-flight rules are element-wise: every stage's count at each size is one evaluation, the
+    peak stages' rows and the check at the fewest and the most micro-batches read from it."""
     plan = layout.plan
     sched = SCHEDULE_CODE[plan.schedule]
-    stages = peak_candidate_stages(layout, kinds, m)
-    flight = in_flight(sched, stages[:, None], layout.pp, m[None, :], layout.vpp, plan.pp_group, plan.framework)
+    every = in_flight(sched, np.arange(layout.pp)[:, None], layout.pp, m[None, :], layout.vpp, plan.pp_group,
+                      plan.framework)
+    # (m falls as the size grows, `_mbs_candidates`: the most micro-batches first, the fewest last)
+    stages = _peak_stages(kinds, _grows(every[:, ::max(len(m) - 1, 1)]))
+    flight = every[stages]
     logits = last_stage_logits_in_flight(sched, m[None, :], plan.framework, layout.pp)
     heads = last_stage_heads_in_flight(sched, m[None, :], plan.framework, layout.pp)
     grid = (stages, flight - 1, heads - 1, logits - heads)

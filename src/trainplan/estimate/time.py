@@ -54,7 +54,7 @@ from .memo import Memo, array_key, fresh_copy, read_only
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
 from .recipe import Recipe, recipe
-from .scalars import any_, floats, maximum, minimum, values, where
+from .scalars import SCALAR_TYPES, any_, floats, maximum, minimum, values, where
 from .stage import lora_arguments, model_recomputed_share, stage_times
 from .torch_schedules import V_SHAPED
 
@@ -92,14 +92,26 @@ def _step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, se
                           total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
                           cp_allgather=cp_allgather, recompute_layers=recompute_layers, ep_node_limit=ep_node_limit,
                           ep_overlap=ep_overlap, **(lora or {}))
-    out = step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
-                           schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
-                           gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
-                           hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
-                           backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params,
-                           stage_layers=(floats(total_dense) + total_moe) / pp,
-                           recompute=recompute, modules_per_layer=modules_per_layer(model, r))
-    return {**out, "detail": stages["detail"]}
+    return {**_step_of_stages(model, hw, r, stages, tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, seq=seq, m=m, vpp=vpp,
+                              schedule=schedule, recompute=recompute, overlap_dp=overlap_dp,
+                              offload_optimizer=offload_optimizer, gpn=gpn, total_dense=total_dense,
+                              total_moe=total_moe, trainable=trainable, gbs=gbs, gpus=gpus, model_flops=model_flops,
+                              hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
+                              backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params),
+            "detail": stages["detail"]}
+
+
+def _step_of_stages(model, hw: Hardware, r, stages: dict, *, tp, pp, dp, cp, zero, seq, m, vpp, schedule, recompute,
+                    overlap_dp, offload_optimizer, gpn, total_dense, total_moe, trainable, gbs, gpus, model_flops,
+                    hw_flops, sharp, data_s, prefetch, backward_prefetch, dp_shard, offload_params) -> dict:
+    """`_step_time_core` from the layout's `stage_times` (without their "detail")."""
+    return step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
+                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
+                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
+                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
+                            backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params,
+                            stage_layers=(floats(total_dense) + total_moe) / pp,
+                            recompute=recompute, modules_per_layer=modules_per_layer(model, r))
 
 
 def _stage_times(model, hw: Hardware, r, **layout) -> dict:
@@ -238,7 +250,19 @@ def _pipeline_terms(stages: dict, r, *, pp, m, vpp, schedule, overlap_dp) -> dic
 def dp_collectives(hw: Hardware, r, *, dp, cp, tp, zero, gpn, trainable, sharp, dp_shard, stage_layers,
                    modules_per_layer) -> dict:
     """The data-parallel group's collectives for one pass (`step_from_stages`): the groups, the
-    calls per pass and each collective's seconds and latency of one call."""
+    calls per pass and each collective's seconds and latency of one call; one layout's (scalars)
+    memoised (nothing here depends on the global batch), a dict the caller reads."""
+    args = (dp, cp, tp, zero, gpn, trainable, sharp, dp_shard, stage_layers, modules_per_layer)
+    if all(a.__class__ in SCALAR_TYPES or a is None for a in args):
+        return _DP_COLLECTIVES.get((hw, r, *args), lambda: _dp_collectives_of(hw, r, *args))
+    return _dp_collectives_of(hw, r, *args)
+
+
+_DP_COLLECTIVES = Memo(256)
+
+
+def _dp_collectives_of(hw: Hardware, r, dp, cp, tp, zero, gpn, trainable, sharp, dp_shard, stage_layers,
+                       modules_per_layer) -> dict:
     f = floats
     # ZeRO's collectives run over the shard group: all dp x cp ranks, or under hybrid sharding
     # the dp_shard x cp neighbouring ones; the replicas of each shard (dp / dp_shard of them,
@@ -454,31 +478,77 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     # (the output-discarding modules' norms, up-projections and activations are not priced)
     rc = recompute_code(plan)
     hw = hardware(layout, profile)
-    stage_layers = np.asarray(layout.stage_dense_layers, dtype=float) + layout.stage_moe_layers
+    s = layout_stages(layout, hw, r, rc)
     fl = step_flops(model, tokens=layout.gbs * layout.seq_len, seq=layout.seq_len,
                     dense_layers=model.layers - model.n_moe_layers, moe_layers=model.n_moe_layers, head=1,
-                    attention_eager=model.attention_kernel(plan.attention) == "eager", recompute=rc, vocab_padded=model.vocab, causal=True,
-                    skip_last=r.recompute_skips_last_linear,
-                    recompute_share=float(model_recomputed_share(rc, layout.recompute_layers_per_stage, stage_layers)),
-                    low_precision_mm=float(r.linear_in_bytes < 2), **lora_arguments(plan))
-    stages = np.arange(layout.pp)
+                    attention_eager=s.eager, recompute=rc, vocab_padded=model.vocab, causal=True,
+                    skip_last=r.recompute_skips_last_linear, recompute_share=s.recompute_share,
+                    low_precision_mm=float(r.linear_in_bytes < 2), **s.lora)
+    data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
+    tail = dict(zero=layout.zero, m=layout.micro_batches, vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule],
+                overlap_dp=plan.overlap_dp, offload_optimizer=plan.offload_optimizer,
+                offload_params=plan.offload_params, trainable=float(np.max(mem["trainable_params"])), gbs=layout.gbs,
+                gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
+                data_s=data["per_step_s"], prefetch=plan.prefetch,
+                backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch], dp_shard=layout.dp_shard)
+    if not shared:
+        return step_time_core(model, hw, r, **s.kwargs, **tail, lora=s.lora), fl, data, hw
+    # one layout's step, memoised on its stages (the entry, which the key holds) and the rest it reads
+    key = (s, *tail.values())
+    try:
+        found = _LAYOUT_STEP.get(key, lambda: s.step(model, hw, r, tail))
+    except TypeError:  # an unhashable setting: not memoised
+        found = s.step(model, hw, r, tail)
+    return found, fl, data, hw
+
+
+class LayoutStages:
+    """One layout's stage-time inputs and `stage_times` (read-only), which nothing of the global
+    batch, the data-parallel settings or the memory changes (`layout_stages`)."""
+
+    __slots__ = ("kwargs", "lora", "eager", "recompute_share", "stages")
+
+    def __init__(self, model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, rc, eager, dropout, overlap_tp, gpn,
+                 dense: tuple, moe: tuple, head: int, vocab_padded, sp, sharp, cp_allgather, lora: tuple,
+                 recompute_layers, ep_node_limit, ep_overlap):
+        stages = np.arange(pp)
+        stage_dense, stage_moe = np.asarray(dense, dtype=float), np.asarray(moe, dtype=float)
+        self.kwargs = read_only(dict(
+            tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=rc, eager=eager, dropout=dropout,
+            overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense, stage_moe=stage_moe,
+            first=(stages == 0).astype(float), last=(stages == head).astype(float),
+            total_dense=sum(dense), total_moe=sum(moe), vocab_padded=vocab_padded, sp=sp, sharp=sharp,
+            cp_allgather=cp_allgather, recompute_layers=recompute_layers, ep_node_limit=ep_node_limit,
+            ep_overlap=ep_overlap))
+        self.lora, self.eager = dict(lora), eager
+        stage_layers = np.asarray(dense, dtype=float) + list(moe)
+        self.recompute_share = float(model_recomputed_share(rc, recompute_layers, stage_layers))
+        self.stages = read_only(stage_times(model, hw, r, **self.kwargs, **self.lora))
+
+    def step(self, model, hw: Hardware, r, tail: dict) -> dict:
+        """`_step_time_core` of this layout with the rest of its settings (`tail`), read-only (the
+        stages' detail is theirs)."""
+        k = self.kwargs
+        out = read_only(_step_of_stages(model, hw, r, self.stages, tp=k["tp"], pp=k["pp"], dp=k["dp"], cp=k["cp"],
+                                        seq=k["seq"], recompute=k["recompute"], gpn=k["gpn"],
+                                        total_dense=k["total_dense"], total_moe=k["total_moe"], sharp=k["sharp"],
+                                        **tail))
+        return {**out, "detail": self.stages["detail"]}
+
+
+def layout_stages(layout: Layout, hw: Hardware, r, rc) -> LayoutStages:
+    """The `LayoutStages` of a resolved layout on `hw` with recipe `r` and recompute code `rc`,
+    memoised on every value it is computed from."""
+    plan, model = layout.plan, layout.model
     # torch's V-shaped schedules place the model's last stage (the output head and loss) on rank 0
     head = 0 if plan.framework == "torch" and plan.schedule in V_SHAPED else layout.pp - 1
-    data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
-    out = (shared_step_time_core if shared else step_time_core)(
-        model, hw, r, tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp,
-        ep=layout.ep, zero=layout.zero, mbs=layout.mbs, seq=layout.seq_len, m=layout.micro_batches,
-        vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule], recompute=rc, eager=model.attention_kernel(plan.attention) == "eager",
-        dropout=plan.dropout, overlap_tp=plan.overlap_tp, overlap_dp=plan.overlap_dp,
-        offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, gpn=plan.gpus_per_node,
-        stage_dense=np.asarray(layout.stage_dense_layers, dtype=float),
-        stage_moe=np.asarray(layout.stage_moe_layers, dtype=float),
-        first=(stages == 0).astype(float), last=(stages == head).astype(float),
-        total_dense=sum(layout.stage_dense_layers), total_moe=sum(layout.stage_moe_layers),
-        vocab_padded=layout.vocab_padded, trainable=float(np.max(mem["trainable_params"])),
-        gbs=layout.gbs, gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
-        sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather", data_s=data["per_step_s"],
-        prefetch=plan.prefetch, backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch],
-        dp_shard=layout.dp_shard, lora=lora_arguments(plan), recompute_layers=layout.recompute_layers_per_stage,
-        ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap)
-    return out, fl, data, hw
+    args = (model, hw, r, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.mbs, layout.seq_len, rc,
+            model.attention_kernel(plan.attention) == "eager", plan.dropout, plan.overlap_tp, plan.gpus_per_node,
+            tuple(layout.stage_dense_layers), tuple(layout.stage_moe_layers), head, layout.vocab_padded, layout.sp,
+            plan.sharp, plan.cp_comm == "allgather", tuple(lora_arguments(plan).items()),
+            layout.recompute_layers_per_stage, plan.ep_node_limit, plan.ep_overlap)
+    return _LAYOUT_STAGES.get(args, lambda: LayoutStages(*args))
+
+
+_LAYOUT_STAGES = Memo(256)
+_LAYOUT_STEP = Memo(256)  # (LayoutStages, the rest of _step_time_core's settings) -> its figures
