@@ -34,7 +34,8 @@ class PlanResult:
 
     @property
     def peak(self) -> float:
-        return float(np.max(self.memory["total"]))
+        total = self.memory["total"]
+        return float(total.max() if total.__class__ is np.ndarray else np.max(total))
 
     @property
     def fits(self) -> bool:
@@ -123,6 +124,13 @@ def _accuracy(gpu_name: str, profiled: bool, moe: bool, finetune: str) -> dict:
     return {k: list(v) if isinstance(v, list) else v for k, v in found.items()}
 
 
+def _peak_stage(total) -> int:
+    """The stage of the memory peak (the first of equal ones); 0 for one figure for all stages."""
+    if total.__class__ is np.ndarray:
+        return int(total.argmax()) if total.ndim else 0
+    return int(np.argmax(total)) if np.ndim(total) else 0
+
+
 def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
     L = result.layout
     p = L.plan
@@ -157,13 +165,13 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
             "peak_bytes": peak,
             "fits": bool(peak <= capacity),
             "headroom_bytes": capacity - peak,
-            "peak_stage": int(np.argmax(result.memory["total"])) if np.ndim(result.memory["total"]) else 0,
+            "peak_stage": _peak_stage(result.memory["total"]),
             **({"max_mbs": max_micro_batch(L, line=result.mbs_line)} if with_max_mbs else {}),
             "stages": stage_rows(result),
             # what each of the stages' sharding_buffers is, with its source (the bytes by which a
             # higher ZeRO stage may need more memory than a lower one)
             "sharding_buffer_sources": {k: v for k, v in conventions()["sharding_buffers"].items()
-                                        if any(np.asarray(result.memory["sharding_buffers"][k]) > 0)},
+                                        if (np.asarray(result.memory["sharding_buffers"][k]) > 0).any()},
         },
         **({"compute": {"model_flops_per_step": result.time["model_flops_per_step"],
                         "hardware_flops_per_step": result.time["hardware_flops_per_step"]},

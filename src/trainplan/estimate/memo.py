@@ -13,6 +13,7 @@ from operator import attrgetter
 import numpy as np
 
 from ..specs.conventions import conventions
+from .scalars import SCALAR_TYPES
 
 _ALL: list = []  # every memo of the estimators: `clear_all` empties them
 
@@ -135,3 +136,15 @@ def array_key(args: tuple, max_size: int = 64):
     except TypeError:
         return None
     return key
+
+
+_KEY_TYPES = SCALAR_TYPES | {str, type(None)}
+
+
+def scalar_call(memo: Memo, fn, *args):
+    """fn(*args), memoised in `memo` where every argument is a number, a string or None (one
+    plan's figures), computed afresh where one is an array (search's layouts)."""
+    for a in args:
+        if a.__class__ not in _KEY_TYPES:
+            return fn(*args)
+    return memo.get((fn, *args), lambda: fn(*args))

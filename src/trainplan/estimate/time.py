@@ -50,7 +50,7 @@ from .collectives import (
 from .data import data_report, step_with_data
 from .flops import step_flops
 from .hardware import Hardware, hardware
-from .memo import Memo, array_key, fresh_copy, read_only
+from .memo import Memo, array_key, fresh_copy, read_only, scalar_call
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
 from .recipe import Recipe, recipe
@@ -235,7 +235,7 @@ def _pipeline_terms(stages: dict, r, *, pp, m, vpp, schedule, overlap_dp) -> dic
     # The engine running the pipeline (estimate/pipeline_engine.py): DeepSpeed's blocking sends
     # and receives put more transfers on every micro-batch's critical path than the two
     # stage_times prices, and its gradients are reduced after the schedule, not overlapped.
-    extra_p2p, overlap_dp = engine_terms(r.pipeline_engine, pp, schedule, overlap_dp)
+    extra_p2p, overlap_dp = scalar_call(_TERMS, engine_terms, r.pipeline_engine, pp, schedule, overlap_dp)
     per_micro_batch = {**per_micro_batch, "pp_comm": per_micro_batch["pp_comm"] + extra_p2p * p2p}
     pipe = pipeline_time(schedule, pp, m, stage_max, totals, vpp, p2p, wgrad_share=WGRAD_SHARE) \
         + m * extra_p2p * p2p
@@ -245,6 +245,9 @@ def _pipeline_terms(stages: dict, r, *, pp, m, vpp, schedule, overlap_dp) -> dic
     bubble = maximum(pipe - sum(parts_busy.values()), 0.0)
     return {"pipeline_s": pipe, "micro_batch_s": per_micro_batch, "parts_busy": parts_busy, "bubble": bubble,
             "overlap_dp": overlap_dp}
+
+
+_TERMS = Memo(1024)  # one plan's terms that the global batch does not change (`scalar_call`)
 
 
 def dp_collectives(hw: Hardware, r, *, dp, cp, tp, zero, gpn, trainable, sharp, dp_shard, stage_layers,
@@ -322,9 +325,9 @@ def _dp_exposed(hw: Hardware, r, c: dict, *, pp, zero, m, stage_compute, recompu
     unit_by_unit = ((zero >= 3) | ((zero == 2) & per_unit)) & ~pipelined_fsdp
     backward_gathers = zero >= 3
     regathered = recompute_regathered(r, f(recompute), zero, trainable / units)
-    z3 = m * zero3_exposed(gather / units, scatter / units, units, stage_compute, f(recompute), regathered,
-                           backward_gathers, f(backward_prefetch), overlap_dp, hw.overlap_slowdown,
-                           gathers_overlap=r.zero3_gathers_overlap)
+    z3 = m * scalar_call(_TERMS, zero3_exposed, gather / units, scatter / units, units, stage_compute, f(recompute),
+                         regathered, backward_gathers, f(backward_prefetch), overlap_dp, hw.overlap_slowdown,
+                         r.zero3_gathers_overlap)
     # How often the gradients are reduced, decided once for the collectives and the framework's
     # passes: FSDP (unit by unit, or NO_SHARD's all-reduce) and ZeRO-2, which keeps only its
     # partition of the gradients (DeepSpeed's stage_1_and_2.py reduces when "partition_gradients
@@ -388,7 +391,15 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
               r: Recipe | None = None) -> dict:
     """The step of a resolved plan (every stage considered), as plain numbers; `r`, the plan's
     `recipe` where the caller has it already."""
-    out, fl, data, hw = _step(layout, profile, memory, r, shared=True)
+    figures, _, data, _ = _step(layout, profile, memory, r, shared=True)
+    # (the memo's figures in dicts and lists of the caller's own)
+    return {**figures, "breakdown_s": {**figures["breakdown_s"]},
+            "per_microbatch_stage_s": [*figures["per_microbatch_stage_s"]],
+            "micro_batch_s": {**figures["micro_batch_s"]}, "input_pipeline_s": data}
+
+
+def _step_figures(out: dict, hw: Hardware, model_flops: float, hw_flops: float) -> dict:
+    """`step_time`'s figures (all but the input pipeline's) from `_step_time_core`'s `out`."""
     num = lambda x: float(x)  # noqa: E731
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
@@ -403,11 +414,10 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
         "breakdown_s": breakdown,
         "bottleneck": f"{slowest.replace('_', ' ')} {breakdown[slowest] / step:.0%}"
         if breakdown[slowest] > 0.1 * step else "compute-bound",
-        "model_flops_per_step": float(fl["model"]),
-        "hardware_flops_per_step": float(fl["hardware"]),
+        "model_flops_per_step": model_flops,
+        "hardware_flops_per_step": hw_flops,
         "per_microbatch_stage_s": [num(x) for x in out["stage_s"]],
         "micro_batch_s": {k: num(v) for k, v in out["micro_batch_s"].items()},
-        "input_pipeline_s": data,
     }
 
 
@@ -467,8 +477,9 @@ def layer_pass_times(layout: Layout, profile: dict | None = None, kind: str = "d
 
 
 def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe | None = None, shared=False):
-    """`step_time_core` of a resolved layout, its FLOPs, input pipeline and hardware; `shared`: its
-    figures as the memo holds them (for a caller that only reads them)."""
+    """`step_time_core` of a resolved layout, its FLOPs, input pipeline and hardware; `shared`:
+    instead of the core, `step_time`'s figures as the memo holds them (for a caller that copies
+    what it hands on)."""
     from .memory import estimate_memory, recompute_code
 
     plan, model = layout.plan, layout.model
@@ -493,12 +504,14 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
                 backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch], dp_shard=layout.dp_shard)
     if not shared:
         return step_time_core(model, hw, r, **s.kwargs, **tail, lora=s.lora), fl, data, hw
-    # one layout's step, memoised on its stages (the entry, which the key holds) and the rest it reads
+    # one layout's step figures, memoised on its stages (the entry, which the key holds) and the
+    # rest they are computed from
     key = (s, *tail.values())
+    figures = lambda: _step_figures(s.step(model, hw, r, tail), hw, tail["model_flops"], tail["hw_flops"])  # noqa: E731
     try:
-        found = _LAYOUT_STEP.get(key, lambda: s.step(model, hw, r, tail))
+        found = _LAYOUT_STEP.get(key, figures)
     except TypeError:  # an unhashable setting: not memoised
-        found = s.step(model, hw, r, tail)
+        found = figures()
     return found, fl, data, hw
 
 
@@ -526,14 +539,12 @@ class LayoutStages:
         self.stages = read_only(stage_times(model, hw, r, **self.kwargs, **self.lora))
 
     def step(self, model, hw: Hardware, r, tail: dict) -> dict:
-        """`_step_time_core` of this layout with the rest of its settings (`tail`), read-only (the
-        stages' detail is theirs)."""
+        """`_step_time_core` of this layout with the rest of its settings (`tail`), without the
+        stages' "detail"."""
         k = self.kwargs
-        out = read_only(_step_of_stages(model, hw, r, self.stages, tp=k["tp"], pp=k["pp"], dp=k["dp"], cp=k["cp"],
-                                        seq=k["seq"], recompute=k["recompute"], gpn=k["gpn"],
-                                        total_dense=k["total_dense"], total_moe=k["total_moe"], sharp=k["sharp"],
-                                        **tail))
-        return {**out, "detail": self.stages["detail"]}
+        return _step_of_stages(model, hw, r, self.stages, tp=k["tp"], pp=k["pp"], dp=k["dp"], cp=k["cp"],
+                               seq=k["seq"], recompute=k["recompute"], gpn=k["gpn"], total_dense=k["total_dense"],
+                               total_moe=k["total_moe"], sharp=k["sharp"], **tail)
 
 
 def layout_stages(layout: Layout, hw: Hardware, r, rc) -> LayoutStages:
@@ -551,4 +562,4 @@ def layout_stages(layout: Layout, hw: Hardware, r, rc) -> LayoutStages:
 
 
 _LAYOUT_STAGES = Memo(256)
-_LAYOUT_STEP = Memo(256)  # (LayoutStages, the rest of _step_time_core's settings) -> its figures
+_LAYOUT_STEP = Memo(256)  # (LayoutStages, the rest of _step_time_core's settings) -> `_step_figures`
