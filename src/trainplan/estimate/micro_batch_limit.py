@@ -94,8 +94,9 @@ def _mbs_candidates(limit: int, gbs: int | None, dp: int, micro_batches: int) ->
     elif gbs % dp:
         cands = m = np.zeros(0, dtype=np.int64)
     else:  # dp x size divides gbs: the divisors of gbs / dp
-        cands = np.array([c for c in _divisors(gbs // dp) if c <= limit], dtype=np.int64)
-        m = gbs // (dp * cands)
+        q = gbs // dp
+        sizes = [c for c in _divisors(q) if c <= limit]
+        cands, m = np.array(sizes, dtype=np.int64), np.array([q // c for c in sizes], dtype=np.int64)
     cands.flags.writeable = m.flags.writeable = False
     return cands, m
 
@@ -147,13 +148,31 @@ def _largest_fitting(points: np.ndarray, grid: tuple, cands: np.ndarray, capacit
     """`max_micro_batch` from each stage's memory line (`points`, keys x stages x sizes 1 and 2)
     and its `_mbs_grid`."""
     stages, flight_extra, heads_extra, loss_extra = grid
+    one, slope = _line_on(points, stages)
     # each key's value at each candidate size, keys x stages x candidates
-    points = points[:, stages]
-    one, two = points[:, :, :1], points[:, :, 1:]
-    total, per_flight, per_logits, per_loss = one + (cands - 1) * (two - one)
+    total, per_flight, per_logits, per_loss = one + (cands - 1) * slope
     total = total + per_flight * flight_extra + per_logits * heads_extra + per_loss * loss_extra
     fitting = np.flatnonzero(total.max(axis=0) <= capacity)
     return int(cands[fitting[-1]]) if len(fitting) else 0  # the largest: candidates ascend
+
+
+def _line_on(points: np.ndarray, stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The line's value at size 1 and its rise per size (keys x stages x 1) on `stages`; of a
+    memoised (read-only) line the same arrays again while it and the stages are the same objects."""
+    found = _LINES_ON.get((id(points), id(stages)))
+    if found is not None and found[0] is points and found[1] is stages:
+        return found[2]
+    on = points[:, stages]
+    one = on[:, :, :1]
+    out = (one, on[:, :, 1:] - one)
+    if not points.flags.writeable and not stages.flags.writeable:
+        if len(_LINES_ON) >= 64:
+            _LINES_ON.clear()
+        _LINES_ON[(id(points), id(stages))] = (points, stages, out)  # (held: no id is reused meanwhile)
+    return out
+
+
+_LINES_ON: dict = track({})  # ids of a line's points and the stages -> (the points, the stages, `_line_on`)
 
 
 _MBS_GRIDS: dict = track({})  # one layout's `_mbs_grid`, memoised by the integers it is computed from
