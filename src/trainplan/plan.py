@@ -644,10 +644,7 @@ def _pipeline(plan: Plan, model: ModelSpec, pp: int) -> tuple[int, list[int], li
         problem = interleaving_problem(split, vpp, plan.framework)
         if problem:
             raise PlanError("vpp", problem)
-    bounds = [0, *itertools.accumulate(split)]
-    moe_flags = model.moe_layer_flags
-    stage_moe = [sum(moe_flags[bounds[i]:bounds[i + 1]]) for i in range(pp)]
-    stage_dense = [n - m for n, m in zip(split, stage_moe, strict=True)]
+    stage_dense, stage_moe = (list(x) for x in _layer_kinds(model.moe_layer_flags, tuple(split)))
     if plan.schedule == "dualpipe":
         # DualPipe keeps two copies of the model: rank r holds stage r of one and stage
         # p - 1 - r of the other (DeepSeek-V3 §3.2.1: "two copies of the model parameters")
@@ -655,6 +652,14 @@ def _pipeline(plan: Plan, model: ModelSpec, pp: int) -> tuple[int, list[int], li
                                          for x in (split, stage_moe, stage_dense))
 
     return vpp, split, stage_dense, stage_moe
+
+
+@lru_cache(maxsize=256)
+def _layer_kinds(moe_flags: tuple[bool, ...], split: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The dense and the MoE layers of each stage of a split, from the model's MoE flags per layer."""
+    bounds = [0, *itertools.accumulate(split)]
+    stage_moe = tuple(sum(moe_flags[bounds[i]:bounds[i + 1]]) for i in range(len(split)))
+    return tuple(n - m for n, m in zip(split, stage_moe, strict=True)), stage_moe
 
 
 def pipeline_rules(plan: Plan, model: ModelSpec, pp: int) -> int:

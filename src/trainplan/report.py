@@ -124,6 +124,26 @@ def _accuracy(gpu_name: str, profiled: bool, moe: bool, finetune: str) -> dict:
     return {k: list(v) if isinstance(v, list) else v for k, v in found.items()}
 
 
+def _sharding_buffer_sources(buffers: dict) -> dict:
+    """The sources (conventions.toml [sharding_buffers]) of the buffers some stage holds; of a
+    memoised plan's (read-only arrays) the names found for the same objects again."""
+    sources = conventions()["sharding_buffers"]
+    values = tuple(buffers[k] for k in sources)
+    key = tuple(map(id, values))
+    found = _SOURCES.get(key)
+    if (found is None or found[0] is not sources or any(a is not b for a, b in zip(found[1], values, strict=True))
+            or any(v.__class__ is np.ndarray and v.flags.writeable for v in values)):
+        used = tuple(k for k, v in zip(sources, values, strict=True) if (np.asarray(v) > 0).any())
+        found = (sources, values, used)  # (the entry holds the objects, so no id is reused)
+        if len(_SOURCES) >= 64:
+            _SOURCES.clear()
+        _SOURCES[key] = found
+    return {k: sources[k] for k in found[2]}
+
+
+_SOURCES: dict = track({})  # ids of the buffers' figures -> (the sources, the figures, the names in use)
+
+
 def _peak_stage(total) -> int:
     """The stage of the memory peak (the first of equal ones); 0 for one figure for all stages."""
     if total.__class__ is np.ndarray:
@@ -170,8 +190,7 @@ def to_json(result: PlanResult, with_max_mbs: bool = True) -> dict:
             "stages": stage_rows(result),
             # what each of the stages' sharding_buffers is, with its source (the bytes by which a
             # higher ZeRO stage may need more memory than a lower one)
-            "sharding_buffer_sources": {k: v for k, v in conventions()["sharding_buffers"].items()
-                                        if (np.asarray(result.memory["sharding_buffers"][k]) > 0).any()},
+            "sharding_buffer_sources": _sharding_buffer_sources(result.memory["sharding_buffers"]),
         },
         **({"compute": {"model_flops_per_step": result.time["model_flops_per_step"],
                         "hardware_flops_per_step": result.time["hardware_flops_per_step"]},

@@ -338,8 +338,8 @@ def layout_inputs(layout: Layout) -> dict:
     reserved = (plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB
     frag = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
     return dict(
-        dense_layers=np.asarray(layout.stage_dense_layers, dtype=float),
-        moe_layers=np.asarray(layout.stage_moe_layers, dtype=float),
+        dense_layers=_per_stage(tuple(layout.stage_dense_layers)),
+        moe_layers=_per_stage(tuple(layout.stage_moe_layers)),
         first=first, last=last, in_flight_mb=flight, logits_in_flight=logits, head_in_flight=heads,
         tp=layout.tp, sp=layout.sp, cp=layout.cp, ep=layout.ep, dp=layout.dp, zero=layout.zero,
         dp_shard=layout.dp_shard,
@@ -352,6 +352,14 @@ def layout_inputs(layout: Layout) -> dict:
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
         reserved_bytes=reserved, fragmentation=frag,
     )
+
+
+@lru_cache(maxsize=256)
+def _per_stage(counts: tuple) -> np.ndarray:
+    """Each stage's count as a float array (read-only; one split's memoised)."""
+    out = np.asarray(counts, dtype=float)
+    out.flags.writeable = False
+    return out
 
 
 @track

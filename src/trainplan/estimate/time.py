@@ -33,6 +33,8 @@ attention and their gradients reduce-scattered after it, exposed.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..plan import DTYPE_BYTES, Layout, conventions
@@ -410,7 +412,7 @@ def _step_figures(out: dict, hw: Hardware, model_flops: float, hw_flops: float) 
         # which peak "mfu" divides by, and the MFU against each peak the accelerator has (null
         # where it has none)
         "mfu_peak": hw.mfu_peak,
-        **{k: (None if np.isnan(out[k]) else num(out[k])) for k in ("mfu_bf16_peak", "mfu_fp8_peak")},
+        **{k: (None if math.isnan(out[k]) else num(out[k])) for k in ("mfu_bf16_peak", "mfu_fp8_peak")},
         "breakdown_s": breakdown,
         "bottleneck": f"{slowest.replace('_', ' ')} {breakdown[slowest] / step:.0%}"
         if breakdown[slowest] > 0.1 * step else "compute-bound",
@@ -498,7 +500,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
     tail = dict(zero=layout.zero, m=layout.micro_batches, vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule],
                 overlap_dp=plan.overlap_dp, offload_optimizer=plan.offload_optimizer,
-                offload_params=plan.offload_params, trainable=float(np.max(mem["trainable_params"])), gbs=layout.gbs,
+                offload_params=plan.offload_params, trainable=_largest(mem["trainable_params"]), gbs=layout.gbs,
                 gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
                 data_s=data["per_step_s"], prefetch=plan.prefetch,
                 backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch], dp_shard=layout.dp_shard)
@@ -513,6 +515,11 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     except TypeError:  # an unhashable setting: not memoised
         found = figures()
     return found, fl, data, hw
+
+
+def _largest(x) -> float:
+    """float(np.max(x)), for an array without numpy's function wrapper."""
+    return float(x.max() if x.__class__ is np.ndarray else np.max(x))
 
 
 class LayoutStages:
