@@ -273,3 +273,80 @@ def test_a_plan_after_one_with_another_batch_is_the_same_as_cold(kw):
     _clear_memos()
     to_json(evaluate(base))
     assert json.dumps(to_json(evaluate(make_plan(**other))), allow_nan=False) == cold
+
+
+def test_the_candidate_sizes_are_every_divisor_in_order():
+    """The micro-batch candidates come from the prime factors: every divisor of the batch per
+    data-parallel rank, ascending, as trial division by every number gives them."""
+    for q in [*range(1, 1500), 2 ** 20, 3 ** 12, 2 ** 7 * 3 ** 4 * 5 * 7, 999_983, 999_983 * 2, 4096 * 1009]:
+        got = micro_batch_limit._divisors(q)
+        want = [d for d in range(1, math.isqrt(q) + 1) if q % d == 0]
+        want = sorted(set(want + [q // d for d in want]))
+        assert got == want, q
+    cands, m = micro_batch_limit._mbs_candidates(4096, 3 * 2 ** 13, 4, 1)
+    assert cands.tolist() == [c for c in range(1, 4097) if 3 * 2 ** 13 % (4 * c) == 0]
+    assert m.tolist() == [3 * 2 ** 13 // (4 * c) for c in cands.tolist()]
+
+
+# layouts whose figures a new global batch changes in different places: micro-batches in flight
+# below and above pp, interleaving, DualPipe, ZeRO-3's unit-by-unit collectives, DeepSpeed's engine
+BATCHES = [
+    (dict(model="llama-3-8b", gpus=8, pp=8), (8, 16, 24, 64, 8)),
+    (dict(model="llama-2-70b", gpus=64, tp=8, pp=4, schedule="interleaved", vpp=5, framework="megatron"),
+     (32, 64, 96, 32)),
+    (dict(model="deepseek-v3", gpu="H800", gpus=1024, pp=8, ep=64, zero=1, schedule="dualpipe",
+          framework="megatron"), (2048, 4096, 6144)),
+    (dict(model="llama-2-70b", gpus=64, zero=3, framework="fsdp", recompute="full"), (64, 128, 192, 64)),
+    (dict(model="llama-2-70b", gpus=64, tp=8, pp=2, zero=1, framework="deepspeed"), (8, 16, 64)),
+]
+
+
+@pytest.mark.parametrize("kw, batches", BATCHES, ids=lambda x: x["model"] if isinstance(x, dict) else "")
+def test_plans_of_one_layout_and_other_batches_are_each_the_same_as_cold(kw, batches):
+    """One layout at a run of global batches, one after another (its stages, data-parallel
+    collectives, memory and largest micro-batch's lines answered from the plans before): each
+    prints what it prints with every memo cleared first."""
+    cold = {}
+    for gbs in batches:
+        _clear_memos()
+        cold[gbs] = json.dumps(to_json(evaluate(make_plan(**kw, gbs=gbs))), allow_nan=False)
+    _clear_memos()
+    for gbs in batches:
+        assert json.dumps(to_json(evaluate(make_plan(**kw, gbs=gbs))), allow_nan=False) == cold[gbs], gbs
+
+
+def test_scalar_call_memoises_one_plans_numbers_only():
+    """`memo.scalar_call` answers a repeated call on numbers from its memo (the value computed
+    the first time) and computes a call with an array afresh, keeping nothing."""
+    calls = []
+
+    def fn(*args):
+        calls.append(args)
+        return {"sum": sum(np.sum(a) for a in args if a is not None and not isinstance(a, str))}
+
+    cache = memo.Memo(8)
+    first = memo.scalar_call(cache, fn, 1.0, np.float64(2.0), 3, "megatron", None)
+    assert memo.scalar_call(cache, fn, 1.0, np.float64(2.0), 3, "megatron", None) is first and first == {"sum": 6.0}
+    assert len(calls) == 1
+    arrays = memo.scalar_call(cache, fn, np.array([1.0, 2.0]), 3)
+    assert arrays == {"sum": 6.0} and len(calls) == 2 and len(cache.values) == 1
+
+
+def test_a_plans_data_parallel_collectives_and_zero3_terms_equal_fresh_ones():
+    """The memoised data-parallel collectives of a plan (scalars) equal those computed afresh,
+    and the same layouts as arrays (search's path) give the same figures, to the last bit."""
+    for kw in (CASES[2], dict(model="llama-2-70b", gpus=64, tp=4, zero=3, framework="deepspeed", recompute="full"),
+               dict(model="llama-2-70b", gpus=64, zero=3, framework="fsdp", dp_shard=8)):
+        layout = resolve(make_plan(**kw))
+        r, hw = recipe(layout.plan), hardware(layout)
+        args = dict(dp=np.float64(layout.dp), cp=np.float64(layout.cp), tp=np.float64(layout.tp),
+                    zero=np.float64(layout.zero), gpn=8, trainable=7.0e9, sharp=False, dp_shard=layout.dp_shard,
+                    stage_layers=np.float64(layout.model.layers / layout.pp),
+                    modules_per_layer=collectives.modules_per_layer(layout.model, r))
+        memoised = time_module._dp_collectives(hw, r, **args)
+        assert time_module._dp_collectives(hw, r, **args) is memoised
+        fresh = time_module._dp_collectives_of(hw, r, *args.values())
+        many = time_module._dp_collectives(hw, r, **{**args, "dp": np.array([float(layout.dp)])})
+        assert memoised.keys() == fresh.keys() == many.keys()
+        for k in memoised:
+            assert _same(memoised[k], fresh[k]) and _same(memoised[k], np.ravel(many[k])[0]), (kw, k)
