@@ -66,6 +66,14 @@ def _peak_stages(kinds: tuple, grows: bool) -> np.ndarray:
     return out
 
 
+@lru_cache(maxsize=64)
+def _stage_column(pp: int) -> np.ndarray:
+    """The stage indices 0..pp-1 as a column (read-only)."""
+    out = np.arange(pp)[:, None]
+    out.flags.writeable = False
+    return out
+
+
 def _divisors(q: int) -> list[int]:
     """The divisors of a positive integer, ascending (from its prime factors)."""
     out, n, p = [1], q, 2
@@ -152,7 +160,7 @@ def _largest_fitting(points: np.ndarray, grid: tuple, cands: np.ndarray, capacit
     # each key's value at each candidate size, keys x stages x candidates
     total, per_flight, per_logits, per_loss = one + (cands - 1) * slope
     total = total + per_flight * flight_extra + per_logits * heads_extra + per_loss * loss_extra
-    fitting = np.flatnonzero(total.max(axis=0) <= capacity)
+    fitting = (total.max(axis=0) <= capacity).nonzero()[0]
     return int(cands[fitting[-1]]) if len(fitting) else 0  # the largest: candidates ascend
 
 
@@ -186,13 +194,13 @@ def _mbs_grid(layout: Layout, kinds: tuple, cands, m) -> tuple:
     peak stages' rows and the check at the fewest and the most micro-batches read from it."""
     plan = layout.plan
     sched = SCHEDULE_CODE[plan.schedule]
-    every = in_flight(sched, np.arange(layout.pp)[:, None], layout.pp, m[None, :], layout.vpp, plan.pp_group,
-                      plan.framework)
+    row = m[None, :]
+    every = in_flight(sched, _stage_column(layout.pp), layout.pp, row, layout.vpp, plan.pp_group, plan.framework)
     # (m falls as the size grows, `_mbs_candidates`: the most micro-batches first, the fewest last)
     stages = _peak_stages(kinds, _grows(every[:, ::max(len(m) - 1, 1)]))
     flight = every[stages]
-    logits = last_stage_logits_in_flight(sched, m[None, :], plan.framework, layout.pp)
-    heads = last_stage_heads_in_flight(sched, m[None, :], plan.framework, layout.pp)
+    logits = last_stage_logits_in_flight(sched, row, plan.framework, layout.pp)
+    heads = last_stage_heads_in_flight(sched, row, plan.framework, layout.pp)
     grid = (stages, flight - 1, heads - 1, logits - heads)
     for a in grid:
         if isinstance(a, np.ndarray):
