@@ -317,7 +317,8 @@ def test_plans_of_one_layout_and_other_batches_are_each_the_same_as_cold(kw, bat
 
 def test_scalar_call_memoises_one_plans_numbers_only():
     """`memo.scalar_call` answers a repeated call on numbers from its memo (the value computed
-    the first time) and computes a call with an array afresh, keeping nothing."""
+    the first time) and computes a call with an array, or an unhashable argument, afresh,
+    keeping nothing."""
     calls = []
 
     def fn(*args):
@@ -330,6 +331,7 @@ def test_scalar_call_memoises_one_plans_numbers_only():
     assert len(calls) == 1
     arrays = memo.scalar_call(cache, fn, np.array([1.0, 2.0]), 3)
     assert arrays == {"sum": 6.0} and len(calls) == 2 and len(cache.values) == 1
+    assert memo.scalar_call(cache, lambda *a: len(a), [1.0], 2.0) == 2 and len(cache.values) == 1  # unhashable
 
 
 def test_a_plans_data_parallel_collectives_and_zero3_terms_equal_fresh_ones():

@@ -13,7 +13,6 @@ from operator import attrgetter
 import numpy as np
 
 from ..specs.conventions import conventions
-from .scalars import SCALAR_TYPES
 
 _ALL: list = []  # every memo of the estimators: `clear_all` empties them
 
@@ -138,13 +137,16 @@ def array_key(args: tuple, max_size: int = 64):
     return key
 
 
-_KEY_TYPES = SCALAR_TYPES | {str, type(None)}
-
-
 def scalar_call(memo: Memo, fn, *args):
-    """fn(*args), memoised in `memo` where every argument is a number, a string or None (one
-    plan's figures), computed afresh where one is an array (search's layouts)."""
+    """fn(*args), memoised in `memo` where no argument is an array (one plan's numbers, names
+    and frozen records such as the accelerator and the recipe), computed afresh where one is
+    (search's layouts) or is not hashable."""
     for a in args:
-        if a.__class__ not in _KEY_TYPES:
+        if a.__class__ is np.ndarray:
             return fn(*args)
-    return memo.get((fn, *args), lambda: fn(*args))
+    key = (fn, *args)
+    try:
+        hash(key)
+    except TypeError:
+        return fn(*args)
+    return memo.get(key, lambda: fn(*args))

@@ -318,41 +318,32 @@ def _dp_exposed(hw: Hardware, r, c: dict, *, pp, zero, m, stage_compute, recompu
     gradients and gathered parameters and the parameters' fetches from the host add to a step
     (`step_from_stages`), with how often each runs."""
     f = floats
-    gather, scatter, units, per_unit = c["gather"], c["scatter"], c["units"], c["per_unit"]
-    # Pipelined FSDP gathers each unit once a step, for the first forward, and reduce-scatters
-    # it once, after the last backward (Recipe.keeps_stage_gathered): ZeRO-1's timing, unit by
-    # unit. Otherwise FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for
-    # the forward, and keeps the parameters through the backward: no backward gather to wait for.
-    pipelined_fsdp = r.keeps_stage_gathered(pp, zero)
-    unit_by_unit = ((zero >= 3) | ((zero == 2) & per_unit)) & ~pipelined_fsdp
-    backward_gathers = zero >= 3
-    regathered = recompute_regathered(r, f(recompute), zero, trainable / units)
-    z3 = m * scalar_call(_TERMS, zero3_exposed, gather / units, scatter / units, units, stage_compute, f(recompute),
-                         regathered, backward_gathers, f(backward_prefetch), overlap_dp, hw.overlap_slowdown,
-                         r.zero3_gathers_overlap)
+    gather, scatter = c["gather"], c["scatter"]
+    # the terms the micro-batches per step do not change (`_dp_overlaps`; one plan's memoised)
+    pipelined_fsdp, unit_by_unit, backward_gathers, regathered, z3_one, backward, scatter_hidden, gather_hidden, \
+        ar_hidden, grad_passes, shard = scalar_call(
+            _TERMS, _dp_overlaps, hw, r, gather, scatter, c["ar"], c["units"], c["per_unit"], c["shard_group"], pp,
+            zero, stage_compute, f(recompute), f(backward_prefetch), overlap_dp, trainable)
+    z3 = m * z3_one
     # How often the gradients are reduced, decided once for the collectives and the framework's
     # passes: FSDP (unit by unit, or NO_SHARD's all-reduce) and ZeRO-2, which keeps only its
     # partition of the gradients (DeepSpeed's stage_1_and_2.py reduces when "partition_gradients
     # or is_gradient_accumulation_boundary"), in every micro-batch's backward; ZeRO-1, Megatron's
     # distributed optimizer, DDP and pipelined FSDP once a step, in the last backward.
-    reductions = where(pipelined_fsdp, 1.0, where(per_unit | (zero == 2), m, 1.0))
+    reductions = where(pipelined_fsdp, 1.0, where(c["per_unit"] | (zero == 2), m, 1.0))
     gathers = where(unit_by_unit, where(backward_gathers, 2, 1) * m, 1.0)  # with ZeRO-1 and up
     # a sharded optimizer reduce-scatters the gradients behind each reducing backward and
     # all-gathers the parameters during the next step's first forward (--overlap-grad-reduce,
     # --overlap-param-gather); plain data parallelism all-reduces them
-    backward = stage_compute * 2 / 3
-    z1 = where(overlap_dp, reductions * overlapped(scatter, backward, hw.overlap_slowdown)
-                  + overlapped(gather, stage_compute / 3, hw.overlap_slowdown), reductions * scatter + gather)
-    z0 = reductions * where(overlap_dp, overlapped(c["ar"], backward, hw.overlap_slowdown), c["ar"])
+    z1 = where(overlap_dp, reductions * scatter_hidden + gather_hidden, reductions * scatter + gather)
+    z0 = reductions * where(overlap_dp, ar_hidden, c["ar"])
     # The framework's own passes over the local gradients and the gathered parameters outside
     # the collectives (conventions.toml [frameworks] grad_reduce_passes, gather_copy_passes),
     # memory-bound work on the compute stream, at every reduction and gather.
-    grad_passes = where(zero >= 3, r.grad_reduce_passes_zero3, r.grad_reduce_passes)
     bookkeeping = where(dp_group > 1, trainable * (reductions * grad_passes * r.reduce_bytes
                                                       + where(unit_by_unit | pipelined_fsdp, gathers, 0.0)
                                                       * r.gather_copy_passes * r.compute_weight_bytes)
                            / hw.hbm, 0.0)
-    shard = where(zero >= 1, c["shard_group"], 1.0)
     # ZeRO-Infinity's parameter offload: every gather starts from the rank's shard on the host,
     # fetched over PCIe ahead of it (prefetched beside the compute like the gather itself)
     fetches = 0.0
@@ -363,6 +354,32 @@ def _dp_exposed(hw: Hardware, r, c: dict, *, pp, zero, m, stage_compute, recompu
     dp_exposed = where(unit_by_unit, z3, where(zero >= 1, z1, z0)) + bookkeeping + fetches
     return {"dp_exposed": dp_exposed, "bookkeeping": bookkeeping, "fetches": fetches, "reductions": reductions,
             "gathers": gathers, "regathered": regathered, "backward": backward, "shard": shard}
+
+
+def _dp_overlaps(hw: Hardware, r, gather, scatter, ar, units, per_unit, shard_group, pp, zero, stage_compute, recompute,
+                 backward_prefetch, overlap_dp, trainable) -> tuple:
+    """`_dp_exposed`'s terms of one micro-batch (none depends on the micro-batches per step): whether
+    ZeRO-2/3 runs as pipelined FSDP, unit by unit, with backward gathers; the share gathered again
+    for a recomputed forward; ZeRO-3's exposed seconds per micro-batch; the backward's seconds;
+    the reduce-scatter, all-gather and all-reduce as each adds beside the compute it overlaps;
+    the framework's passes over the gradients; and the ranks ZeRO shards over."""
+    # Pipelined FSDP gathers each unit once a step, for the first forward, and reduce-scatters
+    # it once, after the last backward (Recipe.keeps_stage_gathered): ZeRO-1's timing, unit by
+    # unit. Otherwise FSDP's SHARD_GRAD_OP (ZeRO-2 unit by unit) gathers once a micro-batch, for
+    # the forward, and keeps the parameters through the backward: no backward gather to wait for.
+    pipelined_fsdp = r.keeps_stage_gathered(pp, zero)
+    unit_by_unit = ((zero >= 3) | ((zero == 2) & per_unit)) & ~pipelined_fsdp
+    backward_gathers = zero >= 3
+    regathered = recompute_regathered(r, recompute, zero, trainable / units)
+    z3_one = zero3_exposed(gather / units, scatter / units, units, stage_compute, recompute, regathered,
+                           backward_gathers, backward_prefetch, overlap_dp, hw.overlap_slowdown,
+                           gathers_overlap=r.zero3_gathers_overlap)
+    backward = stage_compute * 2 / 3
+    return (pipelined_fsdp, unit_by_unit, backward_gathers, regathered, z3_one, backward,
+            overlapped(scatter, backward, hw.overlap_slowdown),
+            overlapped(gather, stage_compute / 3, hw.overlap_slowdown),
+            overlapped(ar, backward, hw.overlap_slowdown),
+            where(zero >= 3, r.grad_reduce_passes_zero3, r.grad_reduce_passes), where(zero >= 1, shard_group, 1.0))
 
 
 def _optimizer_time(hw: Hardware, r, *, shard_params, reductions, backward, overlap_dp, offload_optimizer,
