@@ -189,15 +189,17 @@ _MBS_GRIDS: dict = track({})  # one layout's `_mbs_grid`, memoised by the intege
 def _mbs_grid(layout: Layout, kinds: tuple, cands, m) -> tuple:
     """`max_micro_batch`'s integers: the stages that can hold the peak (`peak_candidate_stages`, of
     the stages' `kinds`), and at each candidate size on them the micro-batches in flight beyond
-    one, the live heads beyond one and the live losses beyond the heads (read-only arrays). The
+    one, the live heads beyond one and the live losses beyond the heads (read-only arrays; one
+    column for every size where the micro-batches per step do not change with it). The
     in-flight rules are element-wise: every stage's count at each size is one evaluation, the
     peak stages' rows and the check at the fewest and the most micro-batches read from it."""
     plan = layout.plan
     sched = SCHEDULE_CODE[plan.schedule]
-    row = m[None, :]
+    # (m falls as the size grows, `_mbs_candidates`: the most micro-batches first, the fewest last;
+    # without a global batch it is the same at every size, whose counts one column gives)
+    row = m[None, :] if len(m) and m[0] != m[-1] else m[None, :1]
     every = in_flight(sched, _stage_column(layout.pp), layout.pp, row, layout.vpp, plan.pp_group, plan.framework)
-    # (m falls as the size grows, `_mbs_candidates`: the most micro-batches first, the fewest last)
-    stages = _peak_stages(kinds, _grows(every[:, ::max(len(m) - 1, 1)]))
+    stages = _peak_stages(kinds, _grows(every[:, ::max(row.shape[1] - 1, 1)]))
     flight = every[stages]
     logits = last_stage_logits_in_flight(sched, row, plan.framework, layout.pp)
     heads = last_stage_heads_in_flight(sched, row, plan.framework, layout.pp)
