@@ -17,6 +17,7 @@ from trainplan.estimate import activations as act
 from trainplan.estimate import (
     collectives,
     comm,
+    data_parallel,
     memo,
     memory,
     micro_batch_limit,
@@ -345,10 +346,10 @@ def test_a_plans_data_parallel_collectives_and_zero3_terms_equal_fresh_ones():
                     zero=np.float64(layout.zero), gpn=8, trainable=7.0e9, sharp=False, dp_shard=layout.dp_shard,
                     stage_layers=np.float64(layout.model.layers / layout.pp),
                     modules_per_layer=collectives.modules_per_layer(layout.model, r))
-        memoised = time_module._dp_collectives(hw, r, **args)
-        assert time_module._dp_collectives(hw, r, **args) is memoised
-        fresh = time_module._dp_collectives_of(hw, r, *args.values())
-        many = time_module._dp_collectives(hw, r, **{**args, "dp": np.array([float(layout.dp)])})
+        memoised = data_parallel.dp_collectives(hw, r, **args)
+        assert data_parallel.dp_collectives(hw, r, **args) is memoised
+        fresh = data_parallel._dp_collectives_of(hw, r, *args.values())
+        many = data_parallel.dp_collectives(hw, r, **{**args, "dp": np.array([float(layout.dp)])})
         assert memoised.keys() == fresh.keys() == many.keys()
         for k in memoised:
             assert _same(memoised[k], fresh[k]) and _same(memoised[k], np.ravel(many[k])[0]), (kw, k)
