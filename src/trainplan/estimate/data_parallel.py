@@ -19,7 +19,7 @@ from .collectives import (
 )
 from .hardware import Hardware
 from .memo import Memo, scalar_call
-from .scalars import SCALAR_TYPES, any_, floats, maximum, where
+from .scalars import any_, floats, maximum, where
 
 _OVERLAPS = Memo(1024)  # one plan's `_dp_overlaps`
 
@@ -52,10 +52,8 @@ def dp_collectives(hw: Hardware, r, *, dp, cp, tp, zero, gpn, trainable, sharp, 
     """The data-parallel group's collectives for one pass (`time.step_from_stages`): the groups, the
     calls per pass and each collective's seconds and latency of one call; one layout's (scalars)
     memoised (nothing here depends on the global batch), a dict the caller reads."""
-    args = (dp, cp, tp, zero, gpn, trainable, sharp, dp_shard, stage_layers, modules_per_layer)
-    if all(a.__class__ in SCALAR_TYPES or a is None for a in args):
-        return _DP_COLLECTIVES.get((hw, r, *args), lambda: _dp_collectives_of(hw, r, *args))
-    return _dp_collectives_of(hw, r, *args)
+    return scalar_call(_DP_COLLECTIVES, _dp_collectives_of, hw, r, dp, cp, tp, zero, gpn, trainable, sharp, dp_shard,
+                       stage_layers, modules_per_layer)
 
 
 _DP_COLLECTIVES = Memo(256)

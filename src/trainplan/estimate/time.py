@@ -147,12 +147,12 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
                                       sharp=sharp, dp_shard=dp_shard, stage_layers=stage_layers,
                                       modules_per_layer=modules_per_layer)
     d = dp_exposed(hw, r, c, pp=pp, zero=zero, m=m, stage_compute=stage_compute, recompute=recompute,
-                    backward_prefetch=backward_prefetch, overlap_dp=overlap_dp, offload_params=offload_params,
-                    trainable=trainable, dp_group=dp * cp)
+                   backward_prefetch=backward_prefetch, overlap_dp=overlap_dp, offload_params=offload_params,
+                   trainable=trainable, dp_group=dp * cp)
     optimizer, on_host = optimizer_time(hw, r, shard_params=trainable / d["shard"], reductions=d["reductions"],
-                                         backward=d["backward"], overlap_dp=overlap_dp,
-                                         offload_optimizer=offload_optimizer, offload_params=offload_params,
-                                         ranks_per_host=minimum(f(gpn), f(gpus)))
+                                        backward=d["backward"], overlap_dp=overlap_dp,
+                                        offload_optimizer=offload_optimizer, offload_params=offload_params,
+                                        ranks_per_host=minimum(f(gpn), f(gpus)))
     busy = pipe["pipeline_s"] + d["dp_exposed"] + optimizer
     step = step_with_data(busy, data_s, prefetch)
     bubble = pipe["bubble"]
