@@ -32,6 +32,7 @@ from ..errors import PlanError
 from ..estimate import activations as act
 from ..estimate.collectives import BACKWARD_PREFETCH_CODE, modules_per_layer
 from ..estimate.data import data_step_seconds
+from ..estimate.data_parallel import dp_collectives
 from ..estimate.distinct import per_distinct
 from ..estimate.flops import step_flops
 from ..estimate.hardware import hardware
@@ -45,7 +46,7 @@ from ..estimate.pipeline import (
 )
 from ..estimate.recipe import recipe
 from ..estimate.stage import lora_arguments, stage_times
-from ..estimate.time import dp_collectives, step_from_stages
+from ..estimate.time import step_from_stages
 from ..estimate.torch_schedules import V_SHAPED
 from ..plan import Plan, conventions, default_stage_split, least_zero, load_model, resolve
 from ..units import GiB
