@@ -35,6 +35,9 @@ PEER_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peers" / "llm_analysis_plan.py"
 TARGET_MS = 0.25
 SECONDS = 0.4  # CPU seconds per figure per round
+# the primes from 4,099 to 24,000 (2,000 and more): a case's global batch times one stays within
+# trainplan.limits.MAX_BATCH
+NEW_FACTORS = [p for p in range(4099, 24000, 2) if all(p % d for d in range(3, int(p ** 0.5) + 1, 2))]
 
 
 def cpu_ms(fn) -> float:
@@ -78,14 +81,16 @@ def worker() -> None:
     caches = memos()
     def new(kw, counter):
         """A plan this process has not made before: the case's layout with a global batch never
-        asked for (gbs x 2, x 3, ...), so no memo of a whole plan can answer it."""
+        asked for (gbs x p for the primes p above 4,096 in turn), so no memo of a whole plan can
+        answer it; each has as many candidate micro-batch sizes (p a new prime factor above
+        the largest size tried), so the work per plan does not drift with the number of calls."""
         counter[0] += 1
-        return to_json(evaluate(make_plan(**{**kw, "gbs": kw["gbs"] * counter[0]})))
+        return to_json(evaluate(make_plan(**{**kw, "gbs": kw["gbs"] * NEW_FACTORS[counter[0] % len(NEW_FACTORS)]})))
 
     out = {}
     for name, kw in CASES.items():
         plan = make_plan(**kw)
-        out[name + " full"] = cpu_ms(lambda kw=kw, counter=[1]: new(kw, counter))
+        out[name + " full"] = cpu_ms(lambda kw=kw, counter=[-1]: new(kw, counter))
         out[name + " again"] = cpu_ms(lambda kw=kw: to_json(evaluate(make_plan(**kw))))
         out[name + " cold"] = cpu_ms(lambda kw=kw: cold(kw))
         out[name + " evaluate"] = cpu_ms(lambda plan=plan: evaluate(plan))
