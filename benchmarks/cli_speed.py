@@ -1,9 +1,11 @@
 """Start-up cost of the commands: CPU seconds (user + system) of one `trainplan plan --json`,
 `trainplan gpus` and `trainplan models` process, this tree against a baseline revision,
 alternating, the median of --rounds runs each; with compiled bytecode (.pyc, the usual
-install) and without it (a read-only install, PYTHONDONTWRITEBYTECODE).
+install) and without it (a read-only install, PYTHONDONTWRITEBYTECODE). The commands run in
+the caller's environment (no thread settings added: what a user's shell gives them).
 
-Target: at most 0.15 CPU-s per command with bytecode (numpy's own import is some 0.10).
+Target: at most 0.15 CPU-s per command with bytecode (numpy's own import is some 0.10 with
+one BLAS thread, twice that with its default of one per core on two cores).
 
     .venv/bin/python benchmarks/cli_speed.py [--baseline REV] [--rounds 7]
 """
@@ -17,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sidebyside import child_cpu, env_for, parse_args, ratio, trees  # noqa: E402
+from sidebyside import child_cpu, parse_args, ratio, trees  # noqa: E402
 
 COMMANDS = {
     "plan --json": ["plan", "--model", "llama-3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--json"],
@@ -25,6 +27,11 @@ COMMANDS = {
     "models": ["models"],
 }
 TARGET = 0.15
+
+
+def env_for(src: Path) -> dict[str, str]:
+    """The caller's environment with `src` on the path (and nothing else added)."""
+    return {**os.environ, "PYTHONPATH": str(src)}
 
 
 def main() -> None:
@@ -62,9 +69,12 @@ def main() -> None:
                 line += (f" {med['baseline', mode, cname]:>10.3f}"
                          f" {ratio(med['this tree', mode, cname], med['baseline', mode, cname]):>7s}")
             print(line)
-    numpy_cpu = statistics.median(child_cpu([sys.executable, "-c", "import numpy"], os.environ.copy())[0]
-                                  for _ in range(args.rounds))
-    print(f"for scale: `python -c 'import numpy'` {numpy_cpu:.3f} CPU-s")
+    scale = []
+    for what, extra in (("", {}), (" with OPENBLAS_NUM_THREADS=1", {"OPENBLAS_NUM_THREADS": "1"})):
+        numpy_cpu = statistics.median(child_cpu([sys.executable, "-c", "import numpy"], {**os.environ, **extra})[0]
+                                      for _ in range(args.rounds))
+        scale.append(f"{numpy_cpu:.3f} CPU-s{what}")
+    print(f"for scale: `python -c 'import numpy'` {', '.join(scale)}")
 
 
 if __name__ == "__main__":

@@ -246,3 +246,28 @@ def test_random_command_lines_parse_alike():
 
     check()
     assert len(accepted) > 30  # the fast path exercised, not only declining
+
+
+@pytest.mark.parametrize("given, expected", [(None, "1"), ("4", "4")])
+def test_the_command_asks_numpy_for_one_blas_thread_unless_the_user_chose(given, expected, tmp_path):
+    """OpenBLAS starts its threads when numpy is imported, reading OPENBLAS_NUM_THREADS: the
+    command sets it to 1 before any import of numpy unless the user set it (measured here:
+    `import numpy` 0.23 CPU-s with a thread per core on two cores, 0.14 with one)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    src = Path(cli.__file__).resolve().parents[1]
+    code = ("import os, sys, runpy; sys.argv = ['trainplan', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_module('trainplan', run_name='__main__')\n"
+            "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            "assert 'numpy' in sys.modules\n"
+            "print(os.environ.get('OPENBLAS_NUM_THREADS'))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    env.update({"PYTHONPATH": str(src), "TRAINPLAN_CACHE_DIR": str(tmp_path)})
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    res = subprocess.run([sys.executable, "-c", code, "plan", "--model", "llama-3-8b", "--gpus", "8", "--json"],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == expected

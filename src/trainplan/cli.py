@@ -14,6 +14,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import sys
 from enum import Enum, StrEnum
 from typing import TYPE_CHECKING, Annotated, get_args
@@ -907,6 +908,11 @@ def _fast(args: list[str]):
 
 
 def main() -> None:
+    # numpy's bundled OpenBLAS starts a thread per core when numpy is imported, which costs the
+    # process about 0.1 CPU-s on two cores, more on more; the planner's arrays need no BLAS
+    # threads (element-wise work and one tiny least-squares fit), so the command asks for one
+    # unless the user chose a number (OpenBLAS reads OPENBLAS_NUM_THREADS before OMP_NUM_THREADS)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = sys.argv[1:]
     try:
         fast = _fast(args)
