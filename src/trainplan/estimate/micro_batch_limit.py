@@ -51,6 +51,25 @@ def _kinds_key(inputs: dict, pp: int) -> tuple:
     return tuple(zip(*columns, strict=True))
 
 
+def _line_kinds(inputs: dict, pp: int) -> tuple:
+    """`_kinds_key` of a memory line's stage kinds; of a memoised line's (read-only arrays) the
+    same tuple again while they are the same objects."""
+    values = tuple(inputs.values())
+    key = (pp, *map(id, values))
+    found = _KINDS.get(key)
+    if found is not None and all(a is b for a, b in zip(found[0], values, strict=True)):
+        return found[1]
+    kinds = _kinds_key(inputs, pp)
+    if all(v.__class__ is np.ndarray and not v.flags.writeable for v in values):
+        if len(_KINDS) >= 64:
+            _KINDS.clear()
+        _KINDS[key] = (values, kinds)  # (held: no id is reused meanwhile)
+    return kinds
+
+
+_KINDS: dict = track({})  # pp and the ids of a line's stage kinds -> (the kinds' arrays, `_kinds_key`)
+
+
 @lru_cache(maxsize=1024)
 def _peak_stages(kinds: tuple, grows: bool) -> np.ndarray:
     """`peak_candidate_stages` from each stage's kind and whether a later stage holds more in
@@ -103,8 +122,9 @@ def _mbs_candidates(limit: int, gbs: int | None, dp: int, micro_batches: int) ->
         cands = m = np.zeros(0, dtype=np.int64)
     else:  # dp x size divides gbs: the divisors of gbs / dp
         q = gbs // dp
-        sizes = [c for c in _divisors(q) if c <= limit]
-        cands, m = np.array(sizes, dtype=np.int64), np.array([q // c for c in sizes], dtype=np.int64)
+        divisors = _divisors(q)
+        cands = np.array(divisors if divisors[-1] <= limit else [c for c in divisors if c <= limit], dtype=np.int64)
+        m = q // cands
     cands.flags.writeable = m.flags.writeable = False
     return cands, m
 
@@ -122,7 +142,7 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
         return 0
     if line is None:
         line = estimate_memory_and_line(layout)[1]
-    kinds = _kinds_key(line["stage_kinds"], layout.pp)
+    kinds = _line_kinds(line["stage_kinds"], layout.pp)
     key = (plan.schedule, plan.framework, plan.pp_group, layout.pp, layout.vpp, limit, *rules_version(),
            layout.gbs if plan.gbs is not None else None, layout.dp, layout.micro_batches, kinds)
     try:
@@ -155,13 +175,18 @@ _MAX_MBS: dict = track({})  # grid key, capacity -> (the line's points, max_micr
 def _largest_fitting(points: np.ndarray, grid: tuple, cands: np.ndarray, capacity: float) -> int:
     """`max_micro_batch` from each stage's memory line (`points`, keys x stages x sizes 1 and 2)
     and its `_mbs_grid`."""
-    stages, flight_extra, heads_extra, loss_extra = grid
+    stages, extras, sizes_above_one = grid
     one, slope = _line_on(points, stages)
-    # each key's value at each candidate size, keys x stages x candidates
-    total, per_flight, per_logits, per_loss = one + (cands - 1) * slope
-    total = total + per_flight * flight_extra + per_logits * heads_extra + per_loss * loss_extra
-    fitting = (total.max(axis=0) <= capacity).nonzero()[0]
+    # each key's value at each candidate size (keys x stages x candidates), each times its count
+    # beyond the one micro-batch the line holds (the total's once), summed over the keys in
+    # LINE_KEYS' order: the total, then the micro-batches in flight, the heads and the losses
+    total = _sum0(_mul(_add(one, _mul(sizes_above_one, slope)), extras), 0)
+    fitting = (_max0(total, 0) <= capacity).nonzero()[0]
     return int(cands[fitting[-1]]) if len(fitting) else 0  # the largest: candidates ascend
+
+
+# numpy's ufuncs and their reductions, called directly (no method wrapper on tiny arrays)
+_mul, _add, _sum0, _max0 = np.multiply, np.add, np.add.reduce, np.maximum.reduce
 
 
 def _line_on(points: np.ndarray, stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -200,10 +225,16 @@ def _mbs_grid(layout: Layout, kinds: tuple, cands, m) -> tuple:
     row = m[None, :] if len(m) and m[0] != m[-1] else m[None, :1]
     every = in_flight(sched, _stage_column(layout.pp), layout.pp, row, layout.vpp, plan.pp_group, plan.framework)
     stages = _peak_stages(kinds, _grows(every[:, ::max(row.shape[1] - 1, 1)]))
-    flight = every[stages]
     logits = last_stage_logits_in_flight(sched, row, plan.framework, layout.pp)
     heads = last_stage_heads_in_flight(sched, row, plan.framework, layout.pp)
-    grid = (stages, flight - 1, heads - 1, logits - heads)
+    # LINE_KEYS' counts beyond the line's: the total once, the micro-batches in flight beyond one,
+    # the live heads beyond one and the live losses beyond the heads (keys x stages x columns)
+    extras = np.empty((len(LINE_KEYS), len(stages), row.shape[1]))
+    extras[0] = 1.0
+    np.subtract(every[stages], 1, out=extras[1])
+    extras[2] = heads - 1
+    extras[3] = logits - heads
+    grid = (stages, extras, cands - 1)
     for a in grid:
         if isinstance(a, np.ndarray):
             a.flags.writeable = False
