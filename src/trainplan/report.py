@@ -75,20 +75,29 @@ def stage_rows(result: PlanResult) -> list[dict]:
     names = (tuple(buffers), tuple(parts), tuple(result.layout.stage_layers))
     # a memoised plan's figures are the same objects (numbers, read-only arrays) again: its rows
     # are those the same objects gave (the entry holds the objects, so no id is reused)
+    ids = tuple(map(id, values))
     found = _STAGE_ROWS.get(names)
-    if (found is None or len(found[0]) != len(values)
-            or any(a is not b for a, b in zip(found[0], values, strict=True))
-            or any(v.__class__ is np.ndarray and v.flags.writeable for v in values)):
-        found = (values, _stage_rows(values, names, result.layout.pp))
+    if found is None or found[1] != ids or _any_writeable(found[2]):
+        found = (values, ids, [v for v in values if v.__class__ is np.ndarray],
+                 _stage_rows(values, names, result.layout.pp))
         if len(_STAGE_ROWS) >= 64:
             _STAGE_ROWS.clear()
         _STAGE_ROWS[names] = found
     return [{**row, "sharding_buffers": {**row["sharding_buffers"]},
              "components": {**row["components"], "activation_parts": {**row["components"]["activation_parts"]}}}
-            for row in found[1]]
+            for row in found[3]]
 
 
-_STAGE_ROWS: dict = track({})  # names -> (the figures' objects, the rows they gave)
+_STAGE_ROWS: dict = track({})  # names -> (the figures' objects, their ids, their arrays, the rows they gave)
+
+
+def _any_writeable(arrays: list) -> bool:
+    """Whether any of `arrays` is writeable (a memoised figure is read-only: one that is not
+    may have changed since)."""
+    for a in arrays:
+        if a.flags.writeable:
+            return True
+    return False
 
 
 def _stage_rows(values: list, names: tuple, pp: int) -> list[dict]:
@@ -131,17 +140,17 @@ def _sharding_buffer_sources(buffers: dict) -> dict:
     values = tuple(buffers[k] for k in sources)
     key = tuple(map(id, values))
     found = _SOURCES.get(key)
-    if (found is None or found[0] is not sources or any(a is not b for a, b in zip(found[1], values, strict=True))
-            or any(v.__class__ is np.ndarray and v.flags.writeable for v in values)):
+    # (the entry holds the objects, so no id is reused: the same ids are the same objects)
+    if found is None or found[0] is not sources or _any_writeable(found[1]):
         used = tuple(k for k, v in zip(sources, values, strict=True) if (np.asarray(v) > 0).any())
-        found = (sources, values, used)  # (the entry holds the objects, so no id is reused)
+        found = (sources, [v for v in values if v.__class__ is np.ndarray], used, values)
         if len(_SOURCES) >= 64:
             _SOURCES.clear()
         _SOURCES[key] = found
     return {k: sources[k] for k in found[2]}
 
 
-_SOURCES: dict = track({})  # ids of the buffers' figures -> (the sources, the figures, the names in use)
+_SOURCES: dict = track({})  # ids of the buffers' figures -> (the sources, their arrays, the names in use, the figures)
 
 
 def _peak_stage(total) -> int:

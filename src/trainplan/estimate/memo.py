@@ -64,6 +64,10 @@ def _field_values(cls):
     return lambda obj: tuple(getattr(obj, name) for name in names)
 
 
+class _Unhashable(TypeError):
+    """A `Memo` key that cannot be hashed."""
+
+
 class Memo:
     """A bounded dict of computed values that starts afresh when the catalog's conventions
     change or when it is full."""
@@ -81,7 +85,10 @@ class Memo:
         conv = conventions()
         if conv is not self.conventions:
             self.values, self.conventions = {}, conv
-        value = self.values.get(key)
+        try:
+            value = self.values.get(key)
+        except TypeError as exc:  # an unhashable key: told apart from an error of `compute`
+            raise _Unhashable from exc
         if value is None:
             value = compute()
             if len(self.values) >= self.maxsize:
@@ -146,7 +153,6 @@ def scalar_call(memo: Memo, fn, *args):
             return fn(*args)
     key = (fn, *args)
     try:
-        hash(key)
-    except TypeError:
+        return memo.get(key, lambda: fn(*args))
+    except _Unhashable:
         return fn(*args)
-    return memo.get(key, lambda: fn(*args))

@@ -51,23 +51,32 @@ def _kinds_key(inputs: dict, pp: int) -> tuple:
     return tuple(zip(*columns, strict=True))
 
 
-def _line_kinds(inputs: dict, pp: int) -> tuple:
-    """`_kinds_key` of a memory line's stage kinds; of a memoised line's (read-only arrays) the
-    same tuple again while they are the same objects."""
+def _line_kinds(inputs: dict, pp: int) -> tuple[tuple, int]:
+    """`_kinds_key` of a memory line's stage kinds, and a number standing for it in memo keys (the
+    same for the same kinds while the process lives); of a memoised line's (read-only arrays)
+    the same again while they are the same objects."""
     values = tuple(inputs.values())
     key = (pp, *map(id, values))
     found = _KINDS.get(key)
     if found is not None and all(a is b for a, b in zip(found[0], values, strict=True)):
         return found[1]
     kinds = _kinds_key(inputs, pp)
+    number = _KIND_NUMBERS.get(kinds)
+    if number is None:
+        if len(_KIND_NUMBERS) >= 1024:
+            _KIND_NUMBERS.clear()  # (the numbers go on rising: none stands for two kinds)
+        _KIND_COUNT[0] += 1
+        number = _KIND_NUMBERS[kinds] = _KIND_COUNT[0]
     if all(v.__class__ is np.ndarray and not v.flags.writeable for v in values):
         if len(_KINDS) >= 64:
             _KINDS.clear()
-        _KINDS[key] = (values, kinds)  # (held: no id is reused meanwhile)
-    return kinds
+        _KINDS[key] = (values, (kinds, number))  # (held: no id is reused meanwhile)
+    return kinds, number
 
 
-_KINDS: dict = track({})  # pp and the ids of a line's stage kinds -> (the kinds' arrays, `_kinds_key`)
+_KINDS: dict = track({})  # pp and the ids of a line's stage kinds -> (the kinds' arrays, `_line_kinds`)
+_KIND_NUMBERS: dict = track({})  # stage kinds -> the number standing for them
+_KIND_COUNT = [0]  # the last number given
 
 
 @lru_cache(maxsize=1024)
@@ -87,8 +96,8 @@ def _peak_stages(kinds: tuple, grows: bool) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def _stage_column(pp: int) -> np.ndarray:
-    """The stage indices 0..pp-1 as a column (read-only)."""
-    out = np.arange(pp)[:, None]
+    """The stage indices 0..pp-1 as a column of floats, as the in-flight rules take them (read-only)."""
+    out = np.arange(pp, dtype=float)[:, None]
     out.flags.writeable = False
     return out
 
@@ -142,9 +151,9 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
         return 0
     if line is None:
         line = estimate_memory_and_line(layout)[1]
-    kinds = _line_kinds(line["stage_kinds"], layout.pp)
+    kinds, kinds_number = _line_kinds(line["stage_kinds"], layout.pp)
     key = (plan.schedule, plan.framework, plan.pp_group, layout.pp, layout.vpp, limit, *rules_version(),
-           layout.gbs if plan.gbs is not None else None, layout.dp, layout.micro_batches, kinds)
+           layout.gbs if plan.gbs is not None else None, layout.dp, layout.micro_batches, kinds_number)
     try:
         grid = _MBS_GRIDS.get(key)
     except TypeError:  # an unhashable setting: not memoised
@@ -222,7 +231,7 @@ def _mbs_grid(layout: Layout, kinds: tuple, cands, m) -> tuple:
     sched = SCHEDULE_CODE[plan.schedule]
     # (m falls as the size grows, `_mbs_candidates`: the most micro-batches first, the fewest last;
     # without a global batch it is the same at every size, whose counts one column gives)
-    row = m[None, :] if len(m) and m[0] != m[-1] else m[None, :1]
+    row = (m[None, :] if len(m) and m[0] != m[-1] else m[None, :1]).astype(float)  # (as the rules take it)
     every = in_flight(sched, _stage_column(layout.pp), layout.pp, row, layout.vpp, plan.pp_group, plan.framework)
     stages = _peak_stages(kinds, _grows(every[:, ::max(row.shape[1] - 1, 1)]))
     logits = last_stage_logits_in_flight(sched, row, plan.framework, layout.pp)

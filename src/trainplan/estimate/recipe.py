@@ -4,6 +4,7 @@ framework: the numbers `memory` multiplies by. Values come from catalog/conventi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from ..plan import DTYPE_BYTES, Plan, conventions
 from .memo import Memo, cached_hash
@@ -151,8 +152,11 @@ _RECIPES = Memo(256)
 def recipe(plan: Plan) -> Recipe:
     """Bytes per parameter and element, and the framework's conventions, for a plan's recipe
     (one object per distinct recipe: memoised on the fields it reads)."""
-    key = tuple(tuple(v) if isinstance(v, list) else v for v in (getattr(plan, f) for f in RECIPE_FIELDS))
+    key = tuple(tuple(v) if isinstance(v, list) else v for v in _recipe_fields(plan))
     return _RECIPES.get(key, lambda: _recipe(plan))
+
+
+_recipe_fields = attrgetter(*RECIPE_FIELDS)
 
 
 def _recipe(plan: Plan) -> Recipe:

@@ -238,7 +238,7 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
 
 def _step_figures(out: dict, hw: Hardware, model_flops: float, hw_flops: float) -> dict:
     """`step_time`'s figures (all but the input pipeline's) from `_step_time_core`'s `out`."""
-    num = lambda x: float(x)  # noqa: E731
+    num = float
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
     slowest = max((k for k in breakdown if k != "compute"), key=lambda k: breakdown[k])
