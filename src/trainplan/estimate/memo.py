@@ -64,7 +64,7 @@ def _field_values(cls):
     return lambda obj: tuple(getattr(obj, name) for name in names)
 
 
-class _Unhashable(TypeError):
+class Unhashable(TypeError):
     """A `Memo` key that cannot be hashed."""
 
 
@@ -88,7 +88,7 @@ class Memo:
         try:
             value = self.values.get(key)
         except TypeError as exc:  # an unhashable key: told apart from an error of `compute`
-            raise _Unhashable from exc
+            raise Unhashable from exc
         if value is None:
             value = compute()
             if len(self.values) >= self.maxsize:
@@ -122,10 +122,10 @@ def fresh_copy(value):
     return value
 
 
-def array_key(args: tuple, max_size: int = 64):
+def array_key(args: tuple, max_size: int = 64, checked: bool = True):
     """A hashable key for a memo over `args` (an array as its shape, dtype and bytes; a dict as
     its items); None where one is an array of more than `max_size` entries (search's layouts at
-    once) or is not hashable."""
+    once) or, `checked`, is not hashable (unchecked, a `Memo` raises `Unhashable` for it)."""
     parts = []
     for v in args:
         cls = v.__class__
@@ -137,10 +137,11 @@ def array_key(args: tuple, max_size: int = 64):
             v = tuple(v.items())
         parts.append(v)
     key = tuple(parts)
-    try:
-        hash(key)
-    except TypeError:
-        return None
+    if checked:
+        try:
+            hash(key)
+        except TypeError:
+            return None
     return key
 
 
@@ -154,5 +155,5 @@ def scalar_call(memo: Memo, fn, *args):
     key = (fn, *args)
     try:
         return memo.get(key, lambda: fn(*args))
-    except _Unhashable:
+    except Unhashable:
         return fn(*args)

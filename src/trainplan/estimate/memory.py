@@ -22,7 +22,7 @@ from ..units import GiB
 from . import activations as act
 from . import norm_features
 from .held import held
-from .memo import Memo, array_key, fresh_copy, read_only, track
+from .memo import Memo, Unhashable, array_key, fresh_copy, read_only, track
 from .model_numbers import ModelNumbers, model_numbers
 from .pipeline import (
     SCHEDULE_CODE,
@@ -473,10 +473,13 @@ def estimate_memory_and_line(layout: Layout, r: Recipe | None = None) -> tuple[d
     r = r if r is not None else recipe(layout.plan)
     inputs = layout_inputs(layout)
     mn = numbers_for(layout)
-    key = array_key((mn, r, layout.mbs, *inputs.values()))
+    key = array_key((mn, r, layout.mbs, *inputs.values()), checked=False)
     if key is None:
         return _memory_and_line(mn, r, layout.mbs, inputs)
-    memory, line = _MEMORY_AND_LINE.get(key, lambda: read_only(_memory_and_line(mn, r, layout.mbs, inputs)))
+    try:
+        memory, line = _MEMORY_AND_LINE.get(key, lambda: read_only(_memory_and_line(mn, r, layout.mbs, inputs)))
+    except Unhashable:
+        return _memory_and_line(mn, r, layout.mbs, inputs)
     return fresh_copy(memory), fresh_copy(line)
 
 

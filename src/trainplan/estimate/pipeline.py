@@ -118,7 +118,7 @@ def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framew
     """Micro-batches' worth of activations stage `stage` holds at its peak; `group` is the
     interleaved schedule's contiguous micro-batches per chunk (N; default pp); `framework` picks
     that framework's own rule for a schedule where it registered one."""
-    stage, pp, m, v = (floats(x) for x in (stage, pp, micro_batches, vpp))
+    stage, pp, m, v = map(floats, (stage, pp, micro_batches, vpp))
     n = pp if group is None else floats(group)
     if schedule_code.__class__ in SCALAR_TYPES or np.ndim(schedule_code) == 0:
         # one schedule (a single plan): its rule alone, without scanning the registry, on the
@@ -504,7 +504,7 @@ def pipeline_time(schedule_code, pp, micro_batches, stage_fwd_bwd_max, stage_fwd
     shaped: the bottom of the V stays on its rank).
     """
     code = values(schedule_code)
-    m, p, v = (floats(x) for x in (micro_batches, pp, vpp))
+    m, p, v = map(floats, (micro_batches, pp, vpp))
     tmax = floats(stage_fwd_bwd_max)
     tsum = floats(stage_fwd_bwd_sum)
     fill = tsum - tmax

@@ -140,7 +140,7 @@ def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, 
     `dp_collectives` of these arguments where the caller worked them out already (search: once
     for layouts that differ only in schedule)."""
     f = floats
-    pp, dp, cp, tp, m, vpp, zero = (f(x) for x in (pp, dp, cp, tp, m, vpp, zero))
+    pp, dp, cp, tp, m, vpp, zero = map(f, (pp, dp, cp, tp, m, vpp, zero))
     pipe = _pipeline_terms(stages, r, pp=pp, m=m, vpp=vpp, schedule=schedule, overlap_dp=f(overlap_dp))
     overlap_dp, stage_compute = pipe["overlap_dp"], pipe["micro_batch_s"]["compute"]
     c = collectives or dp_collectives(hw, r, dp=dp, cp=cp, tp=tp, zero=zero, gpn=gpn, trainable=trainable,
@@ -241,7 +241,7 @@ def _step_figures(out: dict, hw: Hardware, model_flops: float, hw_flops: float) 
     num = float
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
-    slowest = max((k for k in breakdown if k != "compute"), key=lambda k: breakdown[k])
+    slowest = max((k for k in breakdown if k != "compute"), key=breakdown.__getitem__)
     return {
         **{k: num(out[k]) for k in ("step_s", "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu",
                                     "mfu", "hfu", "bubble_fraction")},

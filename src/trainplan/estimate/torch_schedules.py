@@ -58,14 +58,14 @@ V_SHAPED = ("zbv", "dualpipev")
 
 def rounds_size(pp, micro_batches):
     """Micro-batches per round of torch's interleaved schedules: m // max(1, m // p)."""
-    p, m = (floats(x) for x in (pp, micro_batches))
+    p, m = map(floats, (pp, micro_batches))
     return m // maximum(1.0, m // p)
 
 
 def chunks_in_flight(name, stage, pp, micro_batches, vpp=1):
     """(chunk, micro-batch) pairs rank `stage` holds at its peak under torch's schedule `name`
     (a planner schedule name, see TORCH_CLASSES); vpp: chunks per rank (2 for zbv, dualpipev)."""
-    i, p, m, v = (floats(x) for x in (stage, pp, micro_batches, vpp))
+    i, p, m, v = map(floats, (stage, pp, micro_batches, vpp))
     r = rounds_size(p, m)
     if name == "gpipe":
         return m + 0 * i
