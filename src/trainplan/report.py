@@ -11,6 +11,8 @@ from .estimate.memo import Memo, track
 from .estimate.memory import estimate_memory_and_line
 from .estimate.micro_batch_limit import max_micro_batch
 from .estimate.recipe import Recipe, recipe
+from .estimate.time import step_time
+from .estimate.training import training_figures
 from .plan import Layout, Plan, conventions, resolve
 
 STAGE_COMPONENTS = ("params", "grads", "master", "optimizer_state", "activations", "zero3_gather",
@@ -49,12 +51,12 @@ def evaluate(plan: Plan, with_time: bool = True, spec=None) -> PlanResult:
     memory, line = estimate_memory_and_line(layout, r)
     result = PlanResult(layout=layout, memory=memory, mbs_line=line, recipe=r)
     if with_time:
-        from .estimate.time import step_time
-        from .estimate.training import training_figures
-        from .profile import load_profile
+        profile = None
+        if plan.gpu_profile:
+            from .profile import load_profile
 
-        result.time = step_time(layout, load_profile(plan.gpu_profile) if plan.gpu_profile else None,
-                                result.memory, r)
+            profile = load_profile(plan.gpu_profile)
+        result.time = step_time(layout, profile, result.memory, r)
         result.training = training_figures(layout, result.time["step_s"], r)
     return result
 

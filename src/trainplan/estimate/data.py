@@ -16,6 +16,7 @@ import functools
 
 import numpy as np
 
+from ..specs.conventions import conventions
 from .scalars import SCALAR_TYPES, floats, maximum
 
 TOKEN_ID_BYTES = 8  # the batch crosses to the GPU as int64 token ids (PyTorch's default index dtype)
@@ -54,8 +55,6 @@ def data_options(plan, model) -> dict:
     """The plan's input-pipeline settings with the documented defaults (conventions.toml [data])
     filled in: raw text is read at about 4 bytes per token, token ids at 2 bytes (uint16) when
     the vocabulary fits, else 4."""
-    from ..plan import conventions
-
     d = conventions()["data"]
     ids_bytes = 2.0 if model.vocab <= 65536 else 4.0
     per_token = plan.data_bytes_per_token or (d["raw_text_bytes_per_token"] if plan.tokenize_rate else ids_bytes)

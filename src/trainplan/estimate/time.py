@@ -49,6 +49,7 @@ from .data_parallel import dp_collectives, dp_exposed, optimizer_time
 from .flops import step_flops
 from .hardware import Hardware, hardware
 from .memo import Memo, array_key, fresh_copy, read_only, scalar_call
+from .memory import estimate_memory, recompute_code
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
 from .recipe import Recipe, recipe
@@ -262,8 +263,6 @@ def _step_figures(out: dict, hw: Hardware, model_flops: float, hw_flops: float) 
 def step_derivation(layout: Layout, profile: dict | None = None, memory: dict | None = None) -> dict:
     """The terms behind `step_time`: per layer kind and micro-batch on every stage ("detail"),
     the pipeline's seconds, the data-parallel collectives and the rates used (`plan --explain`)."""
-    from .memory import estimate_memory
-
     mem = memory if memory is not None else estimate_memory(layout)
     out, _, _, hw = _step(layout, profile, mem)
     return {**out, "hardware": hw,
@@ -318,8 +317,6 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     """`step_time_core` of a resolved layout, its FLOPs, input pipeline and hardware; `shared`:
     instead of the core, `step_time`'s figures as the memo holds them (for a caller that copies
     what it hands on)."""
-    from .memory import estimate_memory, recompute_code
-
     plan, model = layout.plan, layout.model
     r = r if r is not None else recipe(plan)
     mem = memory if memory is not None else estimate_memory(layout, r)
