@@ -353,3 +353,54 @@ def test_a_plans_data_parallel_collectives_and_zero3_terms_equal_fresh_ones():
         assert memoised.keys() == fresh.keys() == many.keys()
         for k in memoised:
             assert _same(memoised[k], fresh[k]) and _same(memoised[k], np.ravel(many[k])[0]), (kw, k)
+
+
+def test_a_memoised_values_copy_has_dicts_of_its_own_at_every_level():
+    """`memo.fresh_copy` of a value kept through `read_only` (whose dict entries it learns there)
+    and of one that was not: equal dicts, new at every level, around the same read-only arrays;
+    a change to the copy leaves the memoised value as it was."""
+    arr = np.arange(3.0)
+    kept = memo.read_only({"a": arr, "b": 1.5, "c": {"d": {"e": 2.0}, "f": arr}, "g": (arr, {"h": 1.0})})
+    assert not arr.flags.writeable
+    loose = {"a": np.ones(2), "c": {"d": {"e": 2.0}}}
+    for value in (kept, loose):
+        copy = memo.fresh_copy(value)
+        assert copy == value if value is loose else copy.keys() == value.keys()
+        assert copy is not value and copy["c"] is not value["c"] and copy["c"]["d"] is not value["c"]["d"]
+        assert copy["a"] is value["a"] and copy["c"]["d"] == value["c"]["d"]
+        copy["c"]["d"]["e"] = -1.0
+        copy["c"]["x"] = {}
+        assert value["c"]["d"]["e"] == 2.0 and "x" not in value["c"]
+    assert memo.fresh_copy(kept)["g"] is kept["g"]  # (a tuple is shared, as before)
+
+
+def test_scalar_call_lets_the_functions_own_type_error_through():
+    """A TypeError raised by the memoised function itself is the caller's, raised once, not
+    taken for an unhashable argument (which computes afresh)."""
+    calls = []
+
+    def fn(x):
+        calls.append(x)
+        raise TypeError("inside")
+
+    with pytest.raises(TypeError, match="inside"):
+        memo.scalar_call(memo.Memo(4), fn, 1.0)
+    assert calls == [1.0]
+
+
+def test_the_largest_micro_batchs_memo_keys_tell_stage_kinds_apart():
+    """Two layouts alike but for their stages' kinds (an even and an uneven split) each get the
+    largest micro-batch of their own kinds, cold and warm, and equal kinds the same number."""
+    even = dict(model="llama-3-8b", gpus=32, pp=4, zero=1, recompute="selective", seq_len=2048, gbs=4096)
+    uneven = {**even, "stage_layers": "12,8,6,6"}
+    cold = {}
+    for kw in (even, uneven):
+        memo.clear_all()
+        cold[kw.get("stage_layers")] = to_json(evaluate(make_plan(**kw)))["memory"]["max_mbs"]
+    assert (cold[None], cold["12,8,6,6"]) == (4, 2)  # (the first stage's 12 layers hold the most)
+    for kw in (even, uneven, even, uneven):
+        assert to_json(evaluate(make_plan(**kw)))["memory"]["max_mbs"] == cold[kw.get("stage_layers")]
+    line = evaluate(make_plan(**even)).mbs_line
+    kinds, number = micro_batch_limit._line_kinds(line["stage_kinds"], 4)
+    fresh = {k: np.array(v) for k, v in line["stage_kinds"].items()}  # equal, writeable, new objects
+    assert micro_batch_limit._line_kinds(fresh, 4) == (kinds, number)

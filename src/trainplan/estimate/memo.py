@@ -100,24 +100,41 @@ class Memo:
 def read_only(value):
     """`value`, to keep in a memo, with its numpy arrays (in its dicts and tuples, nested ones
     included) made read-only in place (`fresh_copy` hands each caller dicts of its own around
-    them)."""
+    them, knowing from here which of a dict's entries are dicts)."""
     cls = value.__class__
     if cls is np.ndarray:
         value.flags.writeable = False
     elif cls is dict or cls is tuple:
-        for v in (value.values() if cls is dict else value):
+        nested = []
+        for k, v in (value.items() if cls is dict else enumerate(value)):
             c = v.__class__
             if c is np.ndarray:
                 v.flags.writeable = False
             elif c is dict or c is tuple:
                 read_only(v)
+                nested.append(k)
+        if cls is dict:
+            if len(_NESTED) >= 1024:
+                _NESTED.clear()
+            _NESTED[id(value)] = (value, tuple(k for k in nested if value[k].__class__ is dict))
     return value
+
+
+# a memoised dict's id -> (the dict, its keys holding dicts), from `read_only` (the entry holds the
+# dict, so no id is reused; a memoised value is never changed in place)
+_NESTED: dict = track({})
 
 
 def fresh_copy(value):
     """A memoised value's dicts, nested ones included, copied for one caller (numbers and the
     read-only arrays shared)."""
     if value.__class__ is dict:
+        found = _NESTED.get(id(value))
+        if found is not None and found[0] is value:
+            out = value.copy()
+            for k in found[1]:
+                out[k] = fresh_copy(out[k])
+            return out
         return {k: fresh_copy(v) if v.__class__ is dict else v for k, v in value.items()}
     return value
 
