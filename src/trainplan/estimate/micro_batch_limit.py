@@ -41,7 +41,10 @@ def peak_candidate_stages(layout: Layout, inputs: dict | None = None, micro_batc
 
 def _grows(flight: np.ndarray) -> bool:
     """Whether a later stage holds more in flight than the one before it (stages on the first axis)."""
-    return bool((flight[1:] > flight[:-1]).any())
+    return bool(_any(flight[1:] > flight[:-1], axis=None))
+
+
+_any = np.logical_or.reduce  # (an array's .any() without its method wrapper)
 
 
 def _kinds_key(inputs: dict, pp: int) -> tuple:
