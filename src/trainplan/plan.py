@@ -296,6 +296,12 @@ def _adapter_defaults() -> dict:
             for name in ("lora_rank", "lora_targets")}
 
 
+@lru_cache(maxsize=1)
+def _qlora_bits_default() -> int:
+    """The QLoRA bits' default, which a plan not training with QLoRA must leave as it is."""
+    return Plan.model_fields["qlora_bits"].default
+
+
 # ---- conventions --------------------------------------------------------------------
 
 def default_zero(framework: str) -> int:
@@ -821,7 +827,7 @@ def _precision_and_optimizer(plan: Plan, gpu: GPUSpec, zero: int, warn: _Warning
         for name, default in _adapter_defaults().items():
             if getattr(plan, name) != default:
                 raise PlanError(name, "applies to --finetune lora or qlora only")
-    if plan.finetune != "qlora" and plan.qlora_bits != Plan.model_fields["qlora_bits"].default:
+    if plan.finetune != "qlora" and plan.qlora_bits != _qlora_bits_default():
         raise PlanError("qlora_bits", "applies to --finetune qlora only")
 
 

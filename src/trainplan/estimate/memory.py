@@ -371,12 +371,20 @@ def _schedule_inputs(schedule: str, framework: str, pp: int, micro_batches: int,
     heads (read-only arrays; one schedule's memoised, `version` the rules registered)."""
     sched = SCHEDULE_CODE[schedule]
     out = (*_both_ends(schedule, framework, pp),
-           in_flight(sched, np.arange(pp), pp, micro_batches, vpp, group, framework),
+           in_flight(sched, _stage_indices(pp), pp, micro_batches, vpp, group, framework),
            last_stage_logits_in_flight(sched, micro_batches, framework, pp),
            last_stage_heads_in_flight(sched, micro_batches, framework, pp))
     for a in out:
         if isinstance(a, np.ndarray):
             a.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=64)
+def _stage_indices(pp: int) -> np.ndarray:
+    """The stage indices 0..pp-1 as floats, as the in-flight rules take them (read-only)."""
+    out = np.arange(pp, dtype=float)
+    out.flags.writeable = False
     return out
 
 

@@ -124,7 +124,7 @@ def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framew
         # one schedule (a single plan): its rule alone, without scanning the registry, on the
         # arguments' broadcast shape
         c = int(schedule_code)
-        shape = np.broadcast(stage, pp, m, v, n).shape
+        shape = _broadcast_shape(stage, pp, m, v, n)
         if c not in _RULE_CODES:
             return np.zeros(shape)
         rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
@@ -140,6 +140,15 @@ def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framew
             rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
             out = where(code == c, rule(stage, pp, m, v, n), out)
     return out
+
+
+def _broadcast_shape(*args) -> tuple:
+    """np.broadcast(*args).shape of float arrays and numpy floats (`floats`): one array's own
+    shape where the rest are scalars."""
+    shapes = [a.shape for a in args if a.__class__ is np.ndarray]
+    if len(shapes) == 1:
+        return shapes[0]
+    return np.broadcast(*args).shape
 
 
 def last_stage_logits_in_flight(schedule_code, micro_batches, framework: str | None = None, pp=1):
