@@ -104,13 +104,20 @@ def _step_of_stages(model, hw: Hardware, r, stages: dict, *, tp, pp, dp, cp, zer
                     overlap_dp, offload_optimizer, gpn, total_dense, total_moe, trainable, gbs, gpus, model_flops,
                     hw_flops, sharp, data_s, prefetch, backward_prefetch, dp_shard, offload_params) -> dict:
     """`_step_time_core` from the layout's `stage_times` (without their "detail")."""
-    return step_from_stages(stages, hw, r, pp=pp, dp=dp, cp=cp, tp=tp, zero=zero, m=m, vpp=vpp,
-                            schedule=schedule, overlap_dp=overlap_dp, offload_optimizer=offload_optimizer,
-                            gpn=gpn, trainable=trainable, gbs=gbs, seq=seq, gpus=gpus, model_flops=model_flops,
-                            hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
-                            backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params,
-                            stage_layers=(floats(total_dense) + total_moe) / pp,
-                            recompute=recompute, modules_per_layer=modules_per_layer(model, r))
+    return step_from_stages(stages, hw, r, **_layout_terms(model, r, tp=tp, pp=pp, dp=dp, cp=cp, seq=seq,
+                                                           recompute=recompute, gpn=gpn, total_dense=total_dense,
+                                                           total_moe=total_moe, sharp=sharp),
+                            zero=zero, m=m, vpp=vpp, schedule=schedule, overlap_dp=overlap_dp,
+                            offload_optimizer=offload_optimizer, trainable=trainable, gbs=gbs, gpus=gpus,
+                            model_flops=model_flops, hw_flops=hw_flops, data_s=data_s, prefetch=prefetch,
+                            backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params)
+
+
+def _layout_terms(model, r, *, tp, pp, dp, cp, seq, recompute, gpn, total_dense, total_moe, sharp) -> dict:
+    """`step_from_stages`' arguments that one layout sets (its layers per stage and its layers'
+    submodules with parameters among them)."""
+    return dict(tp=tp, pp=pp, dp=dp, cp=cp, seq=seq, recompute=recompute, gpn=gpn, sharp=sharp,
+                stage_layers=(floats(total_dense) + total_moe) / pp, modules_per_layer=modules_per_layer(model, r))
 
 
 def _stage_times(model, hw: Hardware, r, **layout) -> dict:
@@ -342,7 +349,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     # one layout's step figures, memoised on its stages (the entry, which the key holds) and the
     # rest they are computed from
     key = (s, *tail.values())
-    figures = lambda: _step_figures(s.step(model, hw, r, tail), hw, tail["model_flops"], tail["hw_flops"])  # noqa: E731
+    figures = lambda: _step_figures(s.step(hw, r, tail), hw, tail["model_flops"], tail["hw_flops"])  # noqa: E731
     try:
         found = _LAYOUT_STEP.get(key, figures)
     except TypeError:  # an unhashable setting: not memoised
@@ -359,7 +366,7 @@ class LayoutStages:
     """One layout's stage-time inputs and `stage_times` (read-only), which nothing of the global
     batch, the data-parallel settings or the memory changes (`layout_stages`)."""
 
-    __slots__ = ("kwargs", "lora", "eager", "recompute_share", "stages")
+    __slots__ = ("kwargs", "lora", "eager", "recompute_share", "stages", "terms")
 
     def __init__(self, model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, rc, eager, dropout, overlap_tp, gpn,
                  dense: tuple, moe: tuple, head: int, vocab_padded, sp, sharp, cp_allgather, lora: tuple,
@@ -377,14 +384,14 @@ class LayoutStages:
         stage_layers = np.asarray(dense, dtype=float) + list(moe)
         self.recompute_share = float(model_recomputed_share(rc, recompute_layers, stage_layers))
         self.stages = read_only(stage_times(model, hw, r, **self.kwargs, **self.lora))
-
-    def step(self, model, hw: Hardware, r, tail: dict) -> dict:
-        """`_step_time_core` of this layout with the rest of its settings (`tail`), without the
-        stages' "detail"."""
         k = self.kwargs
-        return _step_of_stages(model, hw, r, self.stages, tp=k["tp"], pp=k["pp"], dp=k["dp"], cp=k["cp"],
-                               seq=k["seq"], recompute=k["recompute"], gpn=k["gpn"], total_dense=k["total_dense"],
-                               total_moe=k["total_moe"], sharp=k["sharp"], **tail)
+        self.terms = read_only(_layout_terms(model, r, tp=tp, pp=pp, dp=dp, cp=cp, seq=seq, recompute=rc, gpn=gpn,
+                                             total_dense=k["total_dense"], total_moe=k["total_moe"], sharp=sharp))
+
+    def step(self, hw: Hardware, r, tail: dict) -> dict:
+        """`_step_time_core` of this layout (on the accelerator and recipe it was made for) with the
+        rest of its settings (`tail`), without the stages' "detail"."""
+        return step_from_stages(self.stages, hw, r, **self.terms, **tail)
 
 
 def layout_stages(layout: Layout, hw: Hardware, r, rc) -> LayoutStages:
