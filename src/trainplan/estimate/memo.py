@@ -12,7 +12,8 @@ from operator import attrgetter
 
 import numpy as np
 
-from ..specs.index import catalog_files
+# (the module, not its catalog_files: a cached function here would be taken for an estimator's memo)
+from ..specs import index as catalog_index
 
 _ALL: list = []  # every memo of the estimators: `clear_all` empties them
 
@@ -82,7 +83,7 @@ class Memo:
         self.values = {}
 
     def get(self, key, compute):
-        conv = catalog_files()["conventions.toml"]  # (`conventions()`, without its two calls)
+        conv = catalog_index.catalog_files()["conventions.toml"]  # (`conventions()`, without its two calls)
         if conv is not self.conventions:
             self.values, self.conventions = {}, conv
         try:
