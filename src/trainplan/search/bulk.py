@@ -359,9 +359,12 @@ def _evaluate(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid
 # A step evaluation's table: its rows (pieces of groups, see `_step`) as wide as makes the
 # fewest table entries and rows at GROUP_ENTRIES entries a row (a row's own work, done once for
 # all its layouts, against that of one layout), and worked out in pieces of at most
-# STEP_ENTRIES entries, whose temporaries stay in the cache. Measured: benchmarks/search_speed.py.
+# STEP_ENTRIES entries, whose temporaries stay in the cache and below glibc's mmap threshold
+# (one float64 temporary of 2^13 entries is 64 KiB; at 2^14, 128 KiB, GPT-3 175B's search took
+# 3,900 page faults instead of 1,200, a fifth of its CPU time as system time). Measured:
+# benchmarks/search_speed.py.
 GROUP_ENTRIES = 3
-STEP_ENTRIES = 1 << 14
+STEP_ENTRIES = 1 << 13
 
 
 def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Grid, rows: np.ndarray,
