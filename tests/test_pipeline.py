@@ -270,3 +270,26 @@ def test_a_framework_registers_its_own_rule_for_a_schedule():
         assert list(in_flight(code, np.arange(4), 4, 8, 2, framework="megatron")) == [5.5, 4.5, 3.5, 2.5]
     finally:
         del pipeline.IN_FLIGHT_RULES[(code, "x-engine")]
+
+
+def test_a_schedule_whose_only_rule_is_another_frameworks_holds_nothing_in_flight():
+    """A schedule one framework registered its own rule for, and no common one: under any other
+    framework (and once that rule is removed) no micro-batches are counted in flight, on the one-
+    plan path and on search's arrays alike, where a 1F1B stage 0 of pp 4 at 8 micro-batches
+    holds 4."""
+    from trainplan.estimate import pipeline
+
+    code = pipeline.register_schedule("x-only-schedule", lambda stage, pp, m, v, n: m + 0 * stage,
+                                      framework="x-engine")
+    codes = np.array([code, pipeline.SCHEDULE_CODE["1f1b"]])
+    try:
+        assert float(in_flight(code, 0, 4, 8, framework="x-engine")) == 8
+        assert float(in_flight(code, 0, 4, 8)) == 0
+        assert list(in_flight(codes, 0, 4, 8)) == [0, 4]
+        del pipeline.IN_FLIGHT_RULES[(code, "x-engine")]
+        assert float(in_flight(code, 0, 4, 8, framework="x-engine")) == 0
+        assert list(in_flight(codes, 0, 4, 8, framework="x-engine")) == [0, 4]
+    finally:
+        pipeline.IN_FLIGHT_RULES.pop((code, "x-engine"), None)
+        pipeline.SCHEDULES.remove("x-only-schedule")
+        del pipeline.SCHEDULE_CODE["x-only-schedule"]

@@ -96,9 +96,9 @@ def _clear_memos():
     assert memo.clear_all() >= 8
     assert not (memory._LAYER_TERMS or held_module._HELD or micro_batch_limit._MBS_GRIDS or report._ACCURACY.values
                 or recipe_module._RECIPES.values or hardware_module._HARDWARE.values
-                or memory._MEMORY_AND_LINE.values or micro_batch_limit._MAX_MBS or time_module._STEP_TIME.values
-                or time_module._STAGE_TIMES.values or report._STAGE_ROWS)
-    assert memory._schedule_inputs.cache_info().currsize == stage._one_layer_times.cache_info().currsize == 0
+                or memory._MEMORY_AND_LINE.values or micro_batch_limit._MAX_MBS or time_module._LAYOUT_STEP.values
+                or time_module._LAYOUT_STAGES.values or report._STAGE_ROWS)
+    assert memory._schedule_inputs.cache_info().currsize == 0 and not stage._LAYER_TIMES.values
 
 
 @pytest.mark.parametrize("kw", CASES, ids=lambda kw: kw["model"])

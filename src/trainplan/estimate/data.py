@@ -17,7 +17,7 @@ import functools
 import numpy as np
 
 from ..specs.conventions import conventions
-from .scalars import SCALAR_TYPES, floats, maximum
+from .scalars import floats, maximum
 
 TOKEN_ID_BYTES = 8  # the batch crosses to the GPU as int64 token ids (PyTorch's default index dtype)
 
@@ -40,9 +40,7 @@ def data_seconds(stages: dict, prefetch: bool):
     values = list(stages.values())
     if not prefetch:
         return sum(values)
-    if all(v.__class__ in SCALAR_TYPES for v in values):  # one plan's: the largest, as numpy's reduce gives it
-        return functools.reduce(maximum, values)
-    return np.maximum.reduce(values)
+    return functools.reduce(maximum, values)  # the largest (element-wise for search's arrays)
 
 
 def step_with_data(busy, data, prefetch: bool):

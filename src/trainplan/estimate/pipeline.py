@@ -86,9 +86,7 @@ IN_FLIGHT_RULES: dict[tuple[int, str | None], Callable] = {
     (SCHEDULE_CODE["dualpipe"], None): _dualpipe,
 }
 
-# the schedule codes with a rule (for any framework), and the registrations made
-_RULE_CODES = {c for c, _ in IN_FLIGHT_RULES}
-_REGISTRATIONS = [0]
+_REGISTRATIONS = [0]  # the registrations made
 
 
 def register_schedule(name: str, rule: Callable, framework: str | None = None) -> int:
@@ -98,7 +96,6 @@ def register_schedule(name: str, rule: Callable, framework: str | None = None) -
         SCHEDULES.append(name)
         SCHEDULE_CODE[name] = len(SCHEDULES) - 1
     IN_FLIGHT_RULES[(SCHEDULE_CODE[name], framework)] = rule
-    _RULE_CODES.add(SCHEDULE_CODE[name])
     _REGISTRATIONS[0] += 1
     return SCHEDULE_CODE[name]
 
@@ -123,11 +120,10 @@ def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framew
     if schedule_code.__class__ in SCALAR_TYPES or np.ndim(schedule_code) == 0:
         # one schedule (a single plan): its rule alone, without scanning the registry, on the
         # arguments' broadcast shape
-        c = int(schedule_code)
         shape = _broadcast_shape(stage, pp, m, v, n)
-        if c not in _RULE_CODES:
+        rule = _rule(int(schedule_code), framework)
+        if rule is None:
             return np.zeros(shape)
-        rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
         out = rule(stage, pp, m, v, n)
         if not (isinstance(out, np.ndarray) and out.shape == shape and out.dtype == float):
             out = np.broadcast_to(out, shape).astype(float)
@@ -135,11 +131,17 @@ def in_flight(schedule_code, stage, pp, micro_batches, vpp=1, group=None, framew
     code = np.asarray(schedule_code)
     out = np.zeros(np.broadcast_shapes(code.shape, np.shape(stage), np.shape(pp), np.shape(m), np.shape(v),
                                        np.shape(n)))
-    for c in _RULE_CODES:
-        if np.any(code == c):
-            rule = IN_FLIGHT_RULES.get((c, framework)) or IN_FLIGHT_RULES[(c, None)]
+    for c in {c for c, _ in IN_FLIGHT_RULES}:
+        rule = _rule(c, framework)
+        if rule is not None and np.any(code == c):
             out = where(code == c, rule(stage, pp, m, v, n), out)
     return out
+
+
+def _rule(code: int, framework: str | None):
+    """The in-flight rule of schedule `code` under `framework` (its own, else every framework's);
+    None where it has neither (no micro-batches counted in flight)."""
+    return IN_FLIGHT_RULES.get((code, framework)) or IN_FLIGHT_RULES.get((code, None))
 
 
 def _broadcast_shape(*args) -> tuple:

@@ -5,8 +5,6 @@ collectives and pipeline transfers each layer exposes. Nothing here depends on t
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from . import activations as act
@@ -30,7 +28,7 @@ from .gemm_rates import (
     lora_gemms,
 )
 from .hardware import Hardware
-from .memo import track
+from .memo import Memo, fresh_copy, read_only, scalar_call
 from .norm_features import causal_keys
 from .recipe import recipe
 from .scalars import SCALAR_TYPES, floats, maximum, minimum, values, where
@@ -121,22 +119,15 @@ def layer_times(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, mbs, seq, recompu
     (scalars) memoised."""
     args = (model, hw, r, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout, overlap_tp, gpn, vocab_padded,
             sp, sharp, cp_allgather, lora_targets, lora_rank, reentrant_checkpoint, ep_node_limit)
-    if np.ndarray not in set(map(type, args[3:])):
-        try:
-            out = _one_layer_times(*args)
-        except TypeError:  # an unhashable argument: not memoised
-            out = None
-        if out is not None:
-            return {**out, "layer": {k: dict(v) for k, v in out["layer"].items()},
-                    "tp_extra": dict(out["tp_extra"]), "compute": dict(out["compute"]),
-                    "recompute_extra": dict(out["recompute_extra"])}
-    return _layer_times(*args)
+    return fresh_copy(scalar_call(_LAYER_TIMES, _layer_times_kept, *args))
 
 
-@track
-@lru_cache(maxsize=1024)
-def _one_layer_times(*args) -> dict:
-    return _layer_times(*args)
+_LAYER_TIMES = Memo(1024)
+
+
+def _layer_times_kept(*args) -> dict:
+    """`_layer_times`, as a memo keeps it (read-only arrays)."""
+    return read_only(_layer_times(*args))
 
 
 def _layer_times(model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, recompute, eager, dropout, overlap_tp, gpn,

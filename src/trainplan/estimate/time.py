@@ -48,7 +48,7 @@ from .data import data_report, step_with_data
 from .data_parallel import dp_collectives, dp_exposed, optimizer_time
 from .flops import step_flops
 from .hardware import Hardware, hardware
-from .memo import Memo, array_key, fresh_copy, read_only, scalar_call
+from .memo import Memo, fresh_copy, read_only, scalar_call
 from .memory import estimate_memory, recompute_code
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
@@ -58,25 +58,7 @@ from .stage import lora_arguments, model_recomputed_share, stage_times
 from .torch_schedules import V_SHAPED
 
 
-def step_time_core(model, hw: Hardware, r, **layout) -> dict:
-    """Step time and its breakdown (`_step_time_core`); one layout's memoised (scalars, or a few
-    stages), search's arrays of many layouts computed afresh."""
-    return fresh_copy(shared_step_time_core(model, hw, r, **layout))
-
-
-def shared_step_time_core(model, hw: Hardware, r, **layout) -> dict:
-    """`step_time_core`, a memoised layout's figures as the memo holds them (read-only arrays,
-    dicts the caller reads and does not change)."""
-    key = array_key((model, hw, r, tuple(layout), *layout.values()))
-    if key is None:
-        return _step_time_core(model, hw, r, **layout)
-    return _STEP_TIME.get(key, lambda: read_only(_step_time_core(model, hw, r, **layout)))
-
-
-_STEP_TIME = Memo(256)
-
-
-def _step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
+def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
                    recompute, eager, dropout, overlap_tp, overlap_dp, offload_optimizer, gpn,
                    stage_dense, stage_moe, first, last, total_dense, total_moe, vocab_padded,
                    trainable, gbs, gpus, model_flops, hw_flops, sp=False, sharp=False, cp_allgather=False,
@@ -85,32 +67,20 @@ def _step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, se
     """Step time and its breakdown. Layout arguments broadcast against the stage arrays
     (stage_dense, stage_moe, first, last: the stages to consider, last axis); total_dense /
     total_moe are the layers of all stages (for the pipeline's sum over stages)."""
-    stages = _stage_times(model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=recompute,
-                          eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
-                          stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
-                          total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
-                          cp_allgather=cp_allgather, recompute_layers=recompute_layers, ep_node_limit=ep_node_limit,
-                          ep_overlap=ep_overlap, **(lora or {}))
-    return {**_step_of_stages(model, hw, r, stages, tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, seq=seq, m=m, vpp=vpp,
-                              schedule=schedule, recompute=recompute, overlap_dp=overlap_dp,
-                              offload_optimizer=offload_optimizer, gpn=gpn, total_dense=total_dense,
-                              total_moe=total_moe, trainable=trainable, gbs=gbs, gpus=gpus, model_flops=model_flops,
-                              hw_flops=hw_flops, sharp=sharp, data_s=data_s, prefetch=prefetch,
-                              backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params),
+    stages = stage_times(model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=recompute,
+                         eager=eager, dropout=dropout, overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense,
+                         stage_moe=stage_moe, first=first, last=last, total_dense=total_dense,
+                         total_moe=total_moe, vocab_padded=vocab_padded, sp=sp, sharp=sharp,
+                         cp_allgather=cp_allgather, recompute_layers=recompute_layers, ep_node_limit=ep_node_limit,
+                         ep_overlap=ep_overlap, **(lora or {}))
+    terms = _layout_terms(model, r, tp=tp, pp=pp, dp=dp, cp=cp, seq=seq, recompute=recompute, gpn=gpn,
+                          total_dense=total_dense, total_moe=total_moe, sharp=sharp)
+    return {**step_from_stages(stages, hw, r, **terms, zero=zero, m=m, vpp=vpp, schedule=schedule,
+                               overlap_dp=overlap_dp, offload_optimizer=offload_optimizer, trainable=trainable,
+                               gbs=gbs, gpus=gpus, model_flops=model_flops, hw_flops=hw_flops, data_s=data_s,
+                               prefetch=prefetch, backward_prefetch=backward_prefetch, dp_shard=dp_shard,
+                               offload_params=offload_params),
             "detail": stages["detail"]}
-
-
-def _step_of_stages(model, hw: Hardware, r, stages: dict, *, tp, pp, dp, cp, zero, seq, m, vpp, schedule, recompute,
-                    overlap_dp, offload_optimizer, gpn, total_dense, total_moe, trainable, gbs, gpus, model_flops,
-                    hw_flops, sharp, data_s, prefetch, backward_prefetch, dp_shard, offload_params) -> dict:
-    """`_step_time_core` from the layout's `stage_times` (without their "detail")."""
-    return step_from_stages(stages, hw, r, **_layout_terms(model, r, tp=tp, pp=pp, dp=dp, cp=cp, seq=seq,
-                                                           recompute=recompute, gpn=gpn, total_dense=total_dense,
-                                                           total_moe=total_moe, sharp=sharp),
-                            zero=zero, m=m, vpp=vpp, schedule=schedule, overlap_dp=overlap_dp,
-                            offload_optimizer=offload_optimizer, trainable=trainable, gbs=gbs, gpus=gpus,
-                            model_flops=model_flops, hw_flops=hw_flops, data_s=data_s, prefetch=prefetch,
-                            backward_prefetch=backward_prefetch, dp_shard=dp_shard, offload_params=offload_params)
 
 
 def _layout_terms(model, r, *, tp, pp, dp, cp, seq, recompute, gpn, total_dense, total_moe, sharp) -> dict:
@@ -118,19 +88,6 @@ def _layout_terms(model, r, *, tp, pp, dp, cp, seq, recompute, gpn, total_dense,
     submodules with parameters among them)."""
     return dict(tp=tp, pp=pp, dp=dp, cp=cp, seq=seq, recompute=recompute, gpn=gpn, sharp=sharp,
                 stage_layers=(floats(total_dense) + total_moe) / pp, modules_per_layer=modules_per_layer(model, r))
-
-
-def _stage_times(model, hw: Hardware, r, **layout) -> dict:
-    """`stage.stage_times` as `step_from_stages` reads it: one layout's memoised (the stages do
-    not depend on the global batch or the data-parallel settings, so a plan that changes only
-    those reuses them; read-only figures), search's arrays of many layouts computed afresh."""
-    key = array_key((model, hw, r, tuple(layout), *layout.values()))
-    if key is None:
-        return stage_times(model, hw, r, **layout)
-    return _STAGE_TIMES.get(key, lambda: read_only(stage_times(model, hw, r, **layout)))
-
-
-_STAGE_TIMES = Memo(256)
 
 
 def step_from_stages(stages: dict, hw: Hardware, r, *, pp, dp, cp, tp, zero, m, vpp, schedule, overlap_dp,
@@ -245,7 +202,7 @@ def step_time(layout: Layout, profile: dict | None = None, memory: dict | None =
 
 
 def _step_figures(out: dict, hw: Hardware, model_flops: float, hw_flops: float) -> dict:
-    """`step_time`'s figures (all but the input pipeline's) from `_step_time_core`'s `out`."""
+    """`step_time`'s figures (all but the input pipeline's) from `step_time_core`'s `out`."""
     num = float
     breakdown = {k: num(v) for k, v in out["breakdown_s"].items()}
     step = num(out["step_s"])
@@ -344,8 +301,8 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
                 gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
                 data_s=data["per_step_s"], prefetch=plan.prefetch,
                 backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch], dp_shard=layout.dp_shard)
-    if not shared:
-        return step_time_core(model, hw, r, **s.kwargs, **tail, lora=s.lora), fl, data, hw
+    if not shared:  # the layout's memoised stages, the step of this plan, a copy of its own
+        return fresh_copy({**s.step(hw, r, tail), "detail": s.stages["detail"]}), fl, data, hw
     # one layout's step figures, memoised on its stages (the entry, which the key holds) and the
     # rest they are computed from
     key = (s, *tail.values())
@@ -389,7 +346,7 @@ class LayoutStages:
                                              total_dense=k["total_dense"], total_moe=k["total_moe"], sharp=sharp))
 
     def step(self, hw: Hardware, r, tail: dict) -> dict:
-        """`_step_time_core` of this layout (on the accelerator and recipe it was made for) with the
+        """`step_time_core` of this layout (on the accelerator and recipe it was made for) with the
         rest of its settings (`tail`), without the stages' "detail"."""
         return step_from_stages(self.stages, hw, r, **self.terms, **tail)
 
@@ -409,4 +366,4 @@ def layout_stages(layout: Layout, hw: Hardware, r, rc) -> LayoutStages:
 
 
 _LAYOUT_STAGES = Memo(256)
-_LAYOUT_STEP = Memo(256)  # (LayoutStages, the rest of _step_time_core's settings) -> `_step_figures`
+_LAYOUT_STEP = Memo(256)  # (LayoutStages, the rest of step_time_core's settings) -> `_step_figures`

@@ -5,10 +5,7 @@ from __future__ import annotations
 from ..errors import PlanError
 from ..plan import Layout, conventions
 from .cost import CHINCHILLA_TOKENS_PER_PARAM, goodput, training_run
-from .memo import Memo, scalar_call
 from .recipe import Recipe, recipe
-
-_GOODPUT = Memo(256)  # one cluster's goodput, which the global batch does not change (`scalar_call`)
 
 
 def training_figures(layout: Layout, step_s: float, r: Recipe | None = None) -> dict:
@@ -23,7 +20,7 @@ def training_figures(layout: Layout, step_s: float, r: Recipe | None = None) -> 
     nodes = max(1, -(-layout.gpus // plan.gpus_per_node))
     write_s = ckpt_bytes / ((plan.checkpoint_gbs or tr["checkpoint_write_gbs_per_node"]) * 1e9 * nodes)
     mtbf_s = (plan.gpu_mtbf_hours or tr["gpu_mtbf_hours"]) * 3600.0 / layout.gpus
-    share = float(scalar_call(_GOODPUT, goodput, write_s, mtbf_s, tr["restart_minutes"] * 60.0))
+    share = float(goodput(write_s, mtbf_s, tr["restart_minutes"] * 60.0))
     if share <= 0:
         raise PlanError("gpu_mtbf_hours", f"the {layout.gpus}-GPU cluster fails every {mtbf_s:.3g} s on average, "
                         f"too often to checkpoint ({write_s:.3g} s per checkpoint) and restart: the run never "
