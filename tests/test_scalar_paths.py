@@ -404,3 +404,18 @@ def test_the_largest_micro_batchs_memo_keys_tell_stage_kinds_apart():
     kinds, number = micro_batch_limit._line_kinds(line["stage_kinds"], 4)
     fresh = {k: np.array(v) for k, v in line["stage_kinds"].items()}  # equal, writeable, new objects
     assert micro_batch_limit._line_kinds(fresh, 4) == (kinds, number)
+
+
+def test_the_padded_vocabulary_is_megatrons_for_a_plan_and_for_searchs_arrays():
+    """Megatron pads the vocabulary to 128 x TP (--make-vocab-size-divisible-by 128): GPT-2's
+    50,257 to 50,304 at TP 1 and 51,200 at TP 8 (Megatron-LM's GPT-2 runs), Llama 3's 128,256
+    to 129,024 at TP 8; torchtitan leaves it as it is. A plan's layout and search's array of
+    layouts read the same figures."""
+    from trainplan.plan import padded_vocab
+
+    assert [padded_vocab(50257, "megatron", tp) for tp in (1, 8)] == [50304, 51200]
+    assert padded_vocab(128256, "megatron", 8) == 129024 and padded_vocab(128256, "fsdp", 8) == 128256
+    assert list(padded_vocab(50257, "megatron", np.array([1, 2, 8]))) == [50304, 50432, 51200]
+    assert list(padded_vocab(50257, "fsdp", np.array([1, 8]))) == [50257, 50257]
+    lay = resolve(make_plan(model="llama-3-8b", gpus=8, tp=8, framework="megatron"))
+    assert lay.vocab_padded == 129024

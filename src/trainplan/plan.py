@@ -885,6 +885,18 @@ def _attention(plan: Plan, gpu: GPUSpec, seq_len: int, warn: _Warnings) -> None:
              "use --attention flash or --recompute selective")
 
 
+def padded_vocab(vocab: int, framework: str, tp):
+    """The vocabulary as `framework` pads its embedding and output layer: up to a multiple of its
+    catalog `vocab_multiple` times the tensor-parallel size (Megatron's
+    --make-vocab-size-divisible-by, 128 by default, times TP), or unpadded where that multiple
+    is 1. `tp`: a number or an integer array (search's layouts)."""
+    multiple = int(conventions()["frameworks"][framework]["vocab_multiple"])
+    if multiple <= 1:
+        return vocab + 0 * tp
+    pad = multiple * tp
+    return -(-vocab // pad) * pad
+
+
 def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     """Check a plan against its model (looked up from the plan unless given) and
     accelerator, and derive the missing values: one named check per concern, in order."""
@@ -906,9 +918,7 @@ def resolve(plan: Plan, model: ModelSpec | None = None) -> Layout:
     _gradient_reduction(plan, zero, warn)
     _attention(plan, gpu, seq_len, warn)
 
-    vocab_multiple = int(conventions()["frameworks"][plan.framework]["vocab_multiple"])
-    pad = vocab_multiple * tp if vocab_multiple > 1 else 1
-    vocab_padded = math.ceil(model.vocab / pad) * pad
+    vocab_padded = padded_vocab(model.vocab, plan.framework, tp)
 
     return Layout(
         plan=plan, model=model, gpu=gpu, gpus=gpus, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,

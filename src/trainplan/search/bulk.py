@@ -48,7 +48,15 @@ from ..estimate.recipe import recipe
 from ..estimate.stage import lora_arguments, stage_times
 from ..estimate.time import step_from_stages
 from ..estimate.torch_schedules import V_SHAPED
-from ..plan import Plan, conventions, default_stage_split, least_zero, load_model, resolve
+from ..plan import (
+    Plan,
+    conventions,
+    default_stage_split,
+    least_zero,
+    load_model,
+    padded_vocab,
+    resolve,
+)
 from ..units import GiB
 from .peak import peaks, row_max
 from .space import _sequence_parallel
@@ -284,8 +292,7 @@ def _grid_memory(plan: Plan, layouts: dict[str, np.ndarray], model, grid: Grid, 
     head = grid.head
     tp, pp, cp, ep, dp = (_on_axis(layouts[k][head], 0) for k in ("tp", "pp", "cp", "ep", "dp"))
     dense, moe, first, last = (a[:, None, None, None, :] for a in grid.stages[1:5])
-    mult = int(conv["frameworks"][plan.framework]["vocab_multiple"])
-    vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
+    vocab_padded = padded_vocab(model.vocab, plan.framework, tp)
     dp_shard = np.full_like(dp, plan.dp_shard) if plan.dp_shard else dp
     fragmentation = plan.fragmentation if plan.fragmentation is not None else run["fragmentation"]
     return stage_memory(
@@ -488,8 +495,7 @@ def _group_stage_times(plan: Plan, gpus: int, model, grid: Grid, heads: np.ndarr
                                                                        "copies"))
     dense, moe, first, last = (a[grid.run[heads[starts]]] for a in (grid.stages.dense, grid.stages.moe,
                                                                     grid.stages.time_first, grid.stages.time_last))
-    mult = int(conventions()["frameworks"][plan.framework]["vocab_multiple"])
-    vocab_padded = np.ceil(model.vocab / (mult * tp)) * (mult * tp) if mult > 1 else np.full_like(tp, model.vocab)
+    vocab_padded = padded_vocab(model.vocab, plan.framework, tp)
     stages = stage_times(
         model, hw, r, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs,
         seq=lay0.seq_len, recompute=rc, eager=model.attention_kernel(plan.attention) == "eager",
