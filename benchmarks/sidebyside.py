@@ -115,7 +115,7 @@ def ratio(new: float, old: float) -> str:
 
 
 def print_comparison(results: dict[str, list[dict]], label: str | None, rows: list[tuple[str, str]],
-                     columns: tuple[str, str, int, str]) -> None:
+                     columns: tuple[str, int, int, str]) -> None:
     """The benchmark's table: for each (name, what) the median of this tree's rounds and, with a
     baseline, the baseline's and their ratio. columns: the first column's title and width, the
     figures' width and format (e.g. ("case", 36, 10, ".3f"))."""

@@ -28,8 +28,9 @@ if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
   fi
 fi
 # The installs are skipped when this virtual environment already has them for this
-# pyproject.toml and this PyTorch requirement (a stamp written after both succeed).
-stamp=$(cat pyproject.toml <(echo "${TORCH_SPEC:-torch==2.13.0} ${torch_from[*]+"${torch_from[*]}"}") | sha256sum)
+# pyproject.toml, this PyTorch requirement and this script's install commands (a stamp written
+# after both succeed).
+stamp=$(cat pyproject.toml scripts/test.sh <(echo "${TORCH_SPEC:-torch==2.13.0} ${torch_from[*]+"${torch_from[*]}"}") | sha256sum)
 if [ "$(cat .venv/.trainplan-installed 2>/dev/null)" != "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check ${torch_from[@]+"${torch_from[@]}"} "${TORCH_SPEC:-torch==2.13.0}"
   # The frameworks the exports are checked against; DeepSpeed's CUDA ops stay unbuilt (DS_BUILD_OPS=0).

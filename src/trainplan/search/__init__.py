@@ -76,7 +76,8 @@ def _layouts(plan: Plan, fixed: set[str], gpus: int, model, max_tp: int | None, 
 def _no_depth_runs(plan: Plan, space: Space, gpus: int, model) -> list[tuple[int, int]]:
     """The (pipeline depth, virtual stages) pairs searched that the one schedule searched runs
     on; when there are none, the rule it breaks (a PlanError: the same on every depth, or on
-    the first of two stages or more), not the plan's own depth's. None with several schedules."""
+    the first of two stages or more), not the plan's own depth's. Empty with several schedules or
+    fewer than two depths."""
     if len(space.schedule) != 1 or len(space.pp) < 2:
         return []
     runs = [(p, v) for p, pairs in _schedule_pairs(plan, space, model, space.pp).items() for _, v in pairs]

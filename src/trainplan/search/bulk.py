@@ -59,7 +59,7 @@ from ..plan import (
 )
 from ..units import GiB
 from .peak import peaks, row_max
-from .space import _sequence_parallel
+from .space import _sequence_parallel, distinct_codes
 
 REPRESENTATIVE = 4  # representative stages a table holds at least
 
@@ -205,25 +205,10 @@ def _base(plan: Plan, gpus: int, model):
     return value
 
 
-def _codes(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of a column of non-negative integers, ascending, and each element's
-    position among them (a table lookup where the values are small: no sort)."""
-    top = int(col.max()) + 1
-    if top > 4 * len(col) + 4096:
-        values, code = np.unique(col, return_inverse=True)
-        return values, code.reshape(-1)
-    present = np.zeros(top, dtype=bool)
-    present[col] = True
-    values = np.flatnonzero(present)
-    position = np.empty(top, dtype=np.int64)  # (read only where a value is present)
-    position[values] = np.arange(len(values))
-    return values, position[col]
-
-
 def _first_of(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For keys that are small non-negative integers: one element holding each distinct key
     (an index into `key`), and each element's distinct key's position among them."""
-    values, code = _codes(key)
+    values, code = distinct_codes(key)
     first = np.zeros(len(values), dtype=np.int64)
     first[code] = np.arange(len(key))
     return first, code
@@ -259,9 +244,9 @@ def _grid(plan: Plan, layouts: dict[str, np.ndarray], model) -> Grid:
     kinds, inverse = np.unique(layouts["pp"][head] * 3 + place[head], return_inverse=True)
     tables = _stage_tables(model, kinds // 3, plan.finetune != "full", kinds % 3)
     wide = int(tables.width.max())
-    mbs, mi = _codes(layouts["mbs"])
-    rc, ri = _codes(layouts["recompute"])
-    zero, zi = _codes(layouts["zero"])
+    mbs, mi = distinct_codes(layouts["mbs"])
+    rc, ri = distinct_codes(layouts["recompute"])
+    zero, zi = distinct_codes(layouts["zero"])
     cell = ((run * len(mbs) + mi) * len(rc) + ri) * len(zero) + zi
     return Grid(run, cell, head, mbs, rc, zero, tables.rows(inverse, wide))
 
@@ -316,9 +301,9 @@ def _in_flight(plan: Plan, layouts: dict[str, np.ndarray], grid: Grid) -> tuple[
     sched, vpp, gbs = layouts["schedule"], layouts["vpp"], layouts["gbs"]
     key = grid.cell // (len(grid.recompute) * len(grid.zero))  # run x micro-batch
     if gbs.min() != gbs.max():  # (a search holds every layout to one)
-        values, code = _codes(gbs)
+        values, code = distinct_codes(gbs)
         key = key * len(values) + code
-    values, code = _codes(sched * (int(vpp.max()) + 1) + vpp)
+    values, code = distinct_codes(sched * (int(vpp.max()) + 1) + vpp)
     first, code = _first_of(key * len(values) + code)
     f = lambda k: layouts[k][first].astype(float)[:, None]  # noqa: E731
     s, m, v, pp = f("schedule"), f("m"), f("vpp"), f("pp")

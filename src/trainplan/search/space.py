@@ -323,13 +323,17 @@ def _takes(plan: Plan, rules: tuple, pp: int, m: int, table: dict | None = None)
     return table[pp, m]
 
 
-def _distinct(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of a column of small non-negative integers, ascending, and each
-    element's position among them (a table lookup: no sort)."""
-    present = np.zeros(int(col.max()) + 1, dtype=bool)
+def distinct_codes(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a column of non-negative integers, ascending, and each element's
+    position among them (a table lookup where the values are small: no sort)."""
+    top = int(col.max()) + 1
+    if top > 4 * len(col) + 4096:
+        values, code = np.unique(col, return_inverse=True)
+        return values, code.reshape(-1)
+    present = np.zeros(top, dtype=bool)
     present[col] = True
     values = np.flatnonzero(present)
-    position = np.zeros(len(present), dtype=np.int64)
+    position = np.empty(top, dtype=np.int64)  # (read only where a value is present)
     position[values] = np.arange(len(values))
     return values, position[col]
 
@@ -354,7 +358,7 @@ def _expand_pairs(cols: dict[str, np.ndarray], pairs: dict[int, list[tuple[int, 
     m_top = int(cols["m"].max()) + 1 if len(cols["m"]) else 1
     valid = np.take(sched >= 0, depth, axis=0)
     if len(depth):
-        keys, code = _distinct(depth * m_top + cols["m"])
+        keys, code = distinct_codes(depth * m_top + cols["m"])
         valid &= np.take(_batch_rules(plans, pairs, depths, keys, m_top), code, axis=0)
     # (flat positions: one-dimensional takes, far cheaper than indexing by two index arrays)
     flat = np.flatnonzero(valid)
