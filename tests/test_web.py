@@ -108,8 +108,19 @@ def test_api_body_size_capped_and_malformed():
 
 
 def test_api_catalogs_and_openapi():
-    assert len(client.get("/api/models").json()) >= 20
-    assert any(g["name"] == "H100-SXM" for g in client.get("/api/gpus").json())
+    """The catalogs the page lists are the rows `trainplan models --json` and `gpus --json` print
+    (the command adds each accelerator's published accuracy; Llama 3 70B: the 70,553,706,496
+    parameters of Hugging Face's Meta-Llama-3-70B)."""
+    import subprocess
+    import sys
+
+    models, gpus = client.get("/api/models").json(), client.get("/api/gpus").json()
+    assert len(models) >= 20 and any(g["name"] == "H100-SXM" for g in gpus)
+    assert next(m for m in models if m["name"] == "llama-3-70b")["params"] == 70_553_706_496
+    for path, rows in (("models", models), ("gpus", gpus)):
+        cli = subprocess.run([sys.executable, "-m", "trainplan", path, "--json"], capture_output=True, text=True,
+                             check=True)
+        assert [{k: row[k] for k in api} for row, api in zip(json.loads(cli.stdout), rows, strict=True)] == rows, path
     spec = client.get("/openapi.json").json()
     assert {"/api/plan", "/api/search", "/api/compare", "/api/export"} <= set(spec["paths"])
     assert client.get("/static/../app.py").status_code == 404

@@ -196,15 +196,13 @@ def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None,
     def models() -> list[dict]:
         from ..specs import catalog
 
-        return [{"name": m.name, "family": m.family, "params": m.params, "active_params": m.active_params,
-                 "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
-                 "experts": m.experts, "source": m.source} for m in catalog.models()]
+        return catalog.model_rows()  # the rows `trainplan models --json` prints
 
     @app.get("/api/gpus")
     def gpus() -> list[dict]:
         from ..specs import catalog
 
-        return [g.model_dump() for g in catalog.gpus()]
+        return catalog.gpu_rows()  # the rows `trainplan gpus --json` prints
 
     def checked(kind: str, raw: bytes) -> tuple[dict, dict]:
         options, extras = validate(kind, parse(raw))
