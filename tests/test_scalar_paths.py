@@ -419,3 +419,18 @@ def test_the_padded_vocabulary_is_megatrons_for_a_plan_and_for_searchs_arrays():
     assert list(padded_vocab(50257, "fsdp", np.array([1, 8]))) == [50257, 50257]
     lay = resolve(make_plan(model="llama-3-8b", gpus=8, tp=8, framework="megatron"))
     assert lay.vocab_padded == 129024
+
+
+def test_hardware_memo_keys_on_every_field_the_accelerator_reads():
+    """The accelerator's memo key names every plan and accelerator field `_hardware` and
+    `efficiencies` read (from their source, comments aside), and two plans that differ in one of
+    the plan's get their own accelerators (a host link of 7 GB/s, not the catalog's)."""
+    code = "\n".join(line.split("#")[0] for f in (hardware_module._hardware, hardware_module.efficiencies)
+                     for line in inspect.getsource(f).splitlines())
+    read = set(re.findall(r"\b(?:layout\.)?(plan|gpu)\.(\w+)", code)) - {("gpu", "peak")}
+    key = inspect.getsource(hardware_module.hardware).split("key = (", 1)[1].split(")\n", 1)[0]
+    keyed = set(re.findall(r"\b(plan|gpu)\.(\w+)", key))
+    assert read <= keyed | {("gpu", "peak_tflops")} and ("gpu", "peak_tflops") in keyed, read - keyed
+    for change in (dict(h2d_gbs=7.0), dict(host_gbs=7.0), dict(attention="eager"), dict(precision="fp8")):
+        first, other = (resolve(make_plan(model="llama-3-8b", gpus=8, **kw)) for kw in ({}, change))
+        assert hardware(other) == hardware_module._hardware(other, None) != hardware(first), change
