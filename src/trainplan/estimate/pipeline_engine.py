@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..plan import conventions
 from .memo import Memo
 from .pipeline import SCHEDULE_CODE
-from .scalars import SCALAR_TYPES, values, where
+from .scalars import bools, values, where
 
 
 @dataclass(frozen=True)
@@ -48,11 +46,7 @@ def _engine(name: str) -> PipelineEngine:
 def runs_engine(framework_engine: str, pp, schedule_code):
     """Where the framework's own engine runs the pipeline (True) rather than Megatron's
     schedules: DeepSpeed's with more than one stage and its 1F1B schedule."""
-    if pp.__class__ in SCALAR_TYPES and schedule_code.__class__ in SCALAR_TYPES:  # one plan: a numpy bool
-        return np.bool_(framework_engine != "megatron" and pp > 1 and schedule_code == SCHEDULE_CODE["1f1b"])
-    if framework_engine == "megatron":
-        return np.zeros(np.broadcast(np.asarray(pp), np.asarray(schedule_code)).shape, dtype=bool)
-    return (np.asarray(pp) > 1) & (np.asarray(schedule_code) == SCHEDULE_CODE["1f1b"])
+    return bools((values(pp) > 1) & (values(schedule_code) == SCHEDULE_CODE["1f1b"])) & (framework_engine != "megatron")
 
 
 def pipeline_engine(framework_engine: str, pp: int, schedule: str) -> PipelineEngine:
@@ -66,10 +60,6 @@ def engine_terms(framework_engine: str, pp, schedule_code, overlap_dp):
     array-friendly: what `time.step_from_stages` adds to the pipeline and takes from the overlap."""
     base = engine("megatron")
     own = runs_engine(framework_engine, pp, schedule_code)
-    if framework_engine == "megatron":
-        if own.__class__ is np.bool_:  # one plan: scalars
-            return 0.0, np.bool_(overlap_dp > 0)
-        return np.zeros(own.shape), np.broadcast_to(np.asarray(overlap_dp) > 0, own.shape)
     mine = engine(framework_engine)
     extra = where(own, mine.p2p_transfers_per_micro_batch - base.p2p_transfers_per_micro_batch, 0.0)
     overlap = (values(overlap_dp) > 0) & (~own | mine.dp_reduction_overlapped)
