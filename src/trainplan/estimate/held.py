@@ -4,9 +4,7 @@ first four terms)."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from .memo import array_key, track
+from .memo import Memo, array_key, read_only
 from .model_numbers import ModelNumbers, _per_rank, layer_matrix_params
 from .recipe import Recipe
 from .scalars import any_, bools, maximum, values, where
@@ -19,25 +17,13 @@ def held(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first, last, 
     (scalars, or a few stages: read-only figures)."""
     args = (mn, r, dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard, lora, offload_optimizer,
             offload_params, pp, vocab_padded)
-    key = _memo_key(args)
-    out = _HELD.get(key) if key is not None else None
-    if out is None:
-        out = _held(*args)
-        if key is not None:
-            for v in out.values():
-                if v.__class__ is np.ndarray:
-                    v.flags.writeable = False
-            if len(_HELD) >= _HELD_MAX:
-                _HELD.clear()
-            _HELD[key] = out
-    return out
+    key = array_key(args)  # (arrays of at most 64 entries: one layout's stages)
+    if key is None:
+        return _held(*args)
+    return _HELD.get(key, lambda: read_only(_held(*args)))
 
 
-_HELD: dict = track({})
-_HELD_MAX = 256
-
-
-_memo_key = array_key  # (an array of at most 64 entries: one layout's stages)
+_HELD = Memo(256)
 
 
 def _held(mn, r, dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard, lora, offload_optimizer,

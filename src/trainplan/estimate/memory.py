@@ -275,55 +275,31 @@ def _other_memory(r: Recipe, hd_: dict, *, dense_layers, moe_layers, first, last
     return zero3_gather, bucket, loss_ws
 
 
-# one layout's per-layer terms (scalars, or a few columns), memoised by their arguments: the
-# explorer and repeated plans ask for the same micro-batch shapes again (search's arrays are not)
-_LAYER_TERMS: dict = track({})
-_LAYER_TERMS_MAX = 1024
-
-
 def layer_terms_of(shape: act.LayerShape, moe: bool, kw: dict) -> tuple[dict, object]:
+    """`layer_terms_and_sum`, memoised for one layout's arguments (scalars, or a few columns of
+    micro-batch sizes: a fresh dict of read-only figures); search's arrays computed afresh."""
+    key = array_key((shape, moe, tuple(kw), *kw.values()), max_size=16)
+    if key is None:
+        return layer_terms_and_sum(shape, moe, kw)
+    terms, total = _LAYER_TERMS.get(key, lambda: read_only(layer_terms_and_sum(shape, moe, kw)))
+    return dict(terms), total
+
+
+# one layout's per-layer terms, by their arguments: the explorer and repeated plans ask for the
+# same micro-batch shapes again
+_LAYER_TERMS = Memo(1024)
+
+
+def layer_terms_and_sum(shape: act.LayerShape, moe: bool, kw: dict) -> tuple[dict, object]:
     """`activations.layer_terms` with the norm, mask and soft-capping terms
     (`norm_features.adjust_layer_terms`) for one layer kind, `kw` the former's keyword
-    arguments, and their sum; memoised for one layout's arguments (scalars, or a few columns of
-    micro-batch sizes: a fresh dict of read-only figures)."""
-    key = _layer_terms_key(shape, moe, kw)
-    hit = _LAYER_TERMS.get(key) if key is not None else None
-    if hit is None:
-        terms = norm_features.adjust_layer_terms(
-            act.layer_terms(shape, moe=moe, **kw), shape, tokens=kw["tokens"], seq=kw["seq"], tp=kw["tp"],
-            sp=kw["sp"], act_bytes=kw["act_bytes"], residual_bytes=kw["residual_bytes"], attention=kw["attention"],
-            recompute=kw["recompute"], fused=kw["fused"], autocast=kw["autocast"],
-            frozen=float(kw["saves"] is not None))
-        hit = terms, sum(terms.values())
-        if key is not None:
-            for v in (*terms.values(), hit[1]):
-                if v.__class__ is np.ndarray:
-                    v.flags.writeable = False
-            if len(_LAYER_TERMS) >= _LAYER_TERMS_MAX:
-                _LAYER_TERMS.clear()
-            _LAYER_TERMS[key] = hit
-    return dict(hit[0]), hit[1]
-
-
-def _layer_terms_key(shape, moe, kw: dict):
-    """The memo's key for `layer_terms_of`: None where an argument is an array of many layouts
-    (search's) or is not hashable."""
-    parts = []
-    for v in kw.values():
-        cls = v.__class__
-        if cls is np.ndarray:
-            if v.size > 16:
-                return None
-            v = (v.shape, v.dtype.str, v.tobytes())
-        elif cls is dict:
-            v = tuple(v.items())
-        parts.append(v)
-    key = (shape, moe, tuple(kw), tuple(parts))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    arguments, and their sum."""
+    terms = norm_features.adjust_layer_terms(
+        act.layer_terms(shape, moe=moe, **kw), shape, tokens=kw["tokens"], seq=kw["seq"], tp=kw["tp"],
+        sp=kw["sp"], act_bytes=kw["act_bytes"], residual_bytes=kw["residual_bytes"], attention=kw["attention"],
+        recompute=kw["recompute"], fused=kw["fused"], autocast=kw["autocast"],
+        frozen=float(kw["saves"] is not None))
+    return terms, sum(terms.values())
 
 
 def layout_inputs(layout: Layout) -> dict:
@@ -401,12 +377,6 @@ def recompute_modules(plan) -> dict | None:
     if plan.recompute != "selective" or not plan.recompute_modules:
         return None
     return {name: float(name in plan.recompute_modules) for name in act.RECOMPUTE_MODULES if name != "core_attn"}
-
-
-def pipeline_ends(layout: Layout, end: int) -> np.ndarray:
-    """1.0 for the stages holding the model's first (end 0: the embedding) or last (end pp - 1:
-    the output head) stage: under DualPipe both end ranks hold both, one for each copy."""
-    return _ends(layout.plan.schedule, layout.plan.framework, layout.pp, end)
 
 
 @lru_cache(maxsize=128)

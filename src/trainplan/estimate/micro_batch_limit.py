@@ -167,7 +167,7 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
             if len(_MBS_GRIDS) >= 256:
                 _MBS_GRIDS.clear()
             _MBS_GRIDS[key] = grid
-    points = line["points"] if "points" in line else np.stack([line[k] for k in LINE_KEYS])
+    points = line["points"]
     capacity = layout.gpu.capacity_bytes
     if key is None:
         return _largest_fitting(points, grid, cands, capacity)

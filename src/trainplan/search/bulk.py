@@ -68,7 +68,7 @@ REPRESENTATIVE = 4  # representative stages a table holds at least
 # order (or looped, v per rank), the end ranks holding the embedding and the head; DualPipe's two
 # copies in opposite directions, rank r holding stages r and p - 1 - r (their layers together,
 # both end ranks holding the embedding and the head for memory, the time counting each once, on
-# rank 0 and rank p - 1, as `plan` does: estimate/memory.py pipeline_ends, estimate/time.py);
+# rank 0 and rank p - 1, as `plan` does: estimate/memory.py _ends, estimate/time.py);
 # torch's V-shaped schedules, rank i holding stages i and 2p - 1 - i, the embedding and the head
 # on rank 0.
 PLAIN, FOLDED, V_SHAPE = 0, 1, 2
