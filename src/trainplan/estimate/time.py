@@ -34,6 +34,7 @@ attention and their gradients reduce-scattered after it, exposed.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -319,31 +320,60 @@ def _largest(x) -> float:
     return float(x.max() if x.__class__ is np.ndarray else np.max(x))
 
 
+class StageSettings(NamedTuple):
+    """What one layout's stage times are computed from beside its model, accelerator and recipe
+    (`layout_stages`): its parallel sizes, micro-batch, kernels, communication settings, and
+    each stage's dense and MoE layers (hashable: a memo key)."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    mbs: int
+    seq: int
+    recompute: int  # activations.RECOMPUTE_CODE
+    eager: bool  # materialised attention
+    dropout: float
+    overlap_tp: bool
+    gpn: int  # GPUs per node
+    dense: tuple  # dense layers on each stage
+    moe: tuple  # MoE layers on each stage
+    head: int  # the stage holding the output head and loss
+    vocab_padded: int
+    sp: bool
+    sharp: bool
+    cp_allgather: bool
+    lora: tuple  # `lora_arguments` as (name, value) pairs
+    recompute_layers: object  # recomputed layers per stage (None: as `recompute` says)
+    ep_node_limit: object
+    ep_overlap: bool
+
+
 class LayoutStages:
     """One layout's stage-time inputs and `stage_times` (read-only), which nothing of the global
     batch, the data-parallel settings or the memory changes (`layout_stages`)."""
 
     __slots__ = ("kwargs", "lora", "eager", "recompute_share", "stages", "terms")
 
-    def __init__(self, model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, rc, eager, dropout, overlap_tp, gpn,
-                 dense: tuple, moe: tuple, head: int, vocab_padded, sp, sharp, cp_allgather, lora: tuple,
-                 recompute_layers, ep_node_limit, ep_overlap):
-        stages = np.arange(pp)
-        stage_dense, stage_moe = np.asarray(dense, dtype=float), np.asarray(moe, dtype=float)
+    def __init__(self, model, hw: Hardware, r, s: StageSettings):
+        stages = np.arange(s.pp)
         self.kwargs = read_only(dict(
-            tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, seq=seq, recompute=rc, eager=eager, dropout=dropout,
-            overlap_tp=overlap_tp, gpn=gpn, stage_dense=stage_dense, stage_moe=stage_moe,
-            first=(stages == 0).astype(float), last=(stages == head).astype(float),
-            total_dense=sum(dense), total_moe=sum(moe), vocab_padded=vocab_padded, sp=sp, sharp=sharp,
-            cp_allgather=cp_allgather, recompute_layers=recompute_layers, ep_node_limit=ep_node_limit,
-            ep_overlap=ep_overlap))
-        self.lora, self.eager = dict(lora), eager
-        stage_layers = np.asarray(dense, dtype=float) + list(moe)
-        self.recompute_share = float(model_recomputed_share(rc, recompute_layers, stage_layers))
+            tp=s.tp, pp=s.pp, dp=s.dp, cp=s.cp, ep=s.ep, mbs=s.mbs, seq=s.seq, recompute=s.recompute,
+            eager=s.eager, dropout=s.dropout, overlap_tp=s.overlap_tp, gpn=s.gpn,
+            stage_dense=np.asarray(s.dense, dtype=float), stage_moe=np.asarray(s.moe, dtype=float),
+            first=(stages == 0).astype(float), last=(stages == s.head).astype(float),
+            total_dense=sum(s.dense), total_moe=sum(s.moe), vocab_padded=s.vocab_padded, sp=s.sp, sharp=s.sharp,
+            cp_allgather=s.cp_allgather, recompute_layers=s.recompute_layers, ep_node_limit=s.ep_node_limit,
+            ep_overlap=s.ep_overlap))
+        self.lora, self.eager = dict(s.lora), s.eager
+        stage_layers = np.asarray(s.dense, dtype=float) + list(s.moe)
+        self.recompute_share = float(model_recomputed_share(s.recompute, s.recompute_layers, stage_layers))
         self.stages = read_only(stage_times(model, hw, r, **self.kwargs, **self.lora))
         k = self.kwargs
-        self.terms = read_only(_layout_terms(model, r, tp=tp, pp=pp, dp=dp, cp=cp, seq=seq, recompute=rc, gpn=gpn,
-                                             total_dense=k["total_dense"], total_moe=k["total_moe"], sharp=sharp))
+        self.terms = read_only(_layout_terms(model, r, tp=s.tp, pp=s.pp, dp=s.dp, cp=s.cp, seq=s.seq,
+                                             recompute=s.recompute, gpn=s.gpn, total_dense=k["total_dense"],
+                                             total_moe=k["total_moe"], sharp=s.sharp))
 
     def step(self, hw: Hardware, r, tail: dict) -> dict:
         """`step_time_core` of this layout (on the accelerator and recipe it was made for) with the
@@ -355,14 +385,17 @@ def layout_stages(layout: Layout, hw: Hardware, r, rc) -> LayoutStages:
     """The `LayoutStages` of a resolved layout on `hw` with recipe `r` and recompute code `rc`,
     memoised on every value it is computed from."""
     plan, model = layout.plan, layout.model
-    # torch's V-shaped schedules place the model's last stage (the output head and loss) on rank 0
-    head = 0 if plan.framework == "torch" and plan.schedule in V_SHAPED else layout.pp - 1
-    args = (model, hw, r, layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.mbs, layout.seq_len, rc,
-            model.attention_kernel(plan.attention) == "eager", plan.dropout, plan.overlap_tp, plan.gpus_per_node,
-            tuple(layout.stage_dense_layers), tuple(layout.stage_moe_layers), head, layout.vocab_padded, layout.sp,
-            plan.sharp, plan.cp_comm == "allgather", tuple(lora_arguments(plan).items()),
-            layout.recompute_layers_per_stage, plan.ep_node_limit, plan.ep_overlap)
-    return _LAYOUT_STAGES.get(args, lambda: LayoutStages(*args))
+    settings = StageSettings(
+        tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, ep=layout.ep, mbs=layout.mbs, seq=layout.seq_len,
+        recompute=rc, eager=model.attention_kernel(plan.attention) == "eager", dropout=plan.dropout,
+        overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, dense=tuple(layout.stage_dense_layers),
+        moe=tuple(layout.stage_moe_layers),
+        # torch's V-shaped schedules place the model's last stage (the output head and loss) on rank 0
+        head=0 if plan.framework == "torch" and plan.schedule in V_SHAPED else layout.pp - 1,
+        vocab_padded=layout.vocab_padded, sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather",
+        lora=tuple(lora_arguments(plan).items()), recompute_layers=layout.recompute_layers_per_stage,
+        ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap)
+    return _LAYOUT_STAGES.get((model, hw, r, settings), lambda: LayoutStages(model, hw, r, settings))
 
 
 _LAYOUT_STAGES = Memo(256)
