@@ -293,3 +293,25 @@ def test_a_schedule_whose_only_rule_is_another_frameworks_holds_nothing_in_fligh
         pipeline.IN_FLIGHT_RULES.pop((code, "x-engine"), None)
         pipeline.SCHEDULES.remove("x-only-schedule")
         del pipeline.SCHEDULE_CODE["x-only-schedule"]
+
+
+@pytest.mark.parametrize("schedule,framework,pp,want", [
+    # rank 0 the embedding, the last rank the head
+    ("1f1b", "megatron", 4, ([1, 0, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0], [0, 0, 0, 1])),
+    # DualPipe's two copies: both end ranks hold both ends (memory); the time counts each once
+    ("dualpipe", "megatron", 4, ([1, 0, 0, 1], [1, 0, 0, 1], [1, 0, 0, 0], [0, 0, 0, 1])),
+    # torch's V-shaped schedules: rank 0 holds stage 0 and stage 2p - 1
+    ("zbv", "torch", 4, ([1, 0, 0, 0],) * 4),
+    ("dualpipev", "torch", 2, ([1, 0],) * 4),
+    # the same schedule names outside torch keep the plain placement
+    ("interleaved", "torch", 2, ([1, 0], [0, 1], [1, 0], [0, 1])),
+])
+def test_the_ranks_holding_the_embedding_and_the_head(schedule, framework, pp, want):
+    """One placement rule for memory, step time and search: the ranks holding the embedding and
+    the output head, for memory and for time."""
+    from trainplan.estimate.placement import ends, placement, rank_ends
+
+    place = placement(schedule, framework)
+    got = ends(place, pp)
+    assert [a.tolist() for a in got] == [[float(x) for x in column] for column in want]
+    assert [rank_ends(place, s, pp) for s in range(pp)] == [tuple(bool(c[s]) for c in want) for s in range(pp)]

@@ -31,9 +31,9 @@ from .pipeline import (
     last_stage_logits_in_flight,
     rules_version,
 )
+from .placement import ends, placement
 from .recipe import Recipe, recipe
 from .scalars import any_, floats, maximum, minimum, values, where
-from .torch_schedules import V_SHAPED
 
 FP32 = 4
 
@@ -379,23 +379,10 @@ def recompute_modules(plan) -> dict | None:
     return {name: float(name in plan.recompute_modules) for name in act.RECOMPUTE_MODULES if name != "core_attn"}
 
 
-@lru_cache(maxsize=128)
 def _both_ends(schedule: str, framework: str, pp: int) -> tuple[np.ndarray, np.ndarray]:
-    """`_ends` of the first and of the last stage (read-only arrays, one schedule's memoised)."""
-    out = (_ends(schedule, framework, pp, 0), _ends(schedule, framework, pp, pp - 1))
-    for a in out:
-        a.flags.writeable = False
-    return out
-
-
-def _ends(schedule: str, framework: str, pp: int, end: int) -> np.ndarray:
-    stages = np.arange(pp)
-    ends = (stages == end)
-    if schedule == "dualpipe":
-        ends = ends | (stages == pp - 1 - end)
-    if framework == "torch" and schedule in V_SHAPED:
-        ends = stages == 0  # torch's V-shaped schedules: rank 0 holds the first and the last stage
-    return ends.astype(float)
+    """Which stages hold the embedding and which the output head, for memory (1.0 where they do;
+    read-only arrays, `placement.ends`)."""
+    return ends(placement(schedule, framework), pp)[:2]
 
 
 def numbers_for(layout: Layout) -> ModelNumbers:

@@ -53,10 +53,10 @@ from .memo import Memo, fresh_copy, read_only, scalar_call
 from .memory import estimate_memory, recompute_code
 from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
+from .placement import ends, placement
 from .recipe import Recipe, recipe
 from .scalars import floats, maximum, minimum, values, where
 from .stage import lora_arguments, model_recomputed_share, stage_times
-from .torch_schedules import V_SHAPED
 
 
 def step_time_core(model, hw: Hardware, r, *, tp, pp, dp, cp, ep, zero, mbs, seq, m, vpp, schedule,
@@ -339,7 +339,7 @@ class StageSettings(NamedTuple):
     gpn: int  # GPUs per node
     dense: tuple  # dense layers on each stage
     moe: tuple  # MoE layers on each stage
-    head: int  # the stage holding the output head and loss
+    place: int  # where the schedule places the stages (`placement`): which hold the embedding and the head
     vocab_padded: int
     sp: bool
     sharp: bool
@@ -357,12 +357,12 @@ class LayoutStages:
     __slots__ = ("kwargs", "lora", "eager", "recompute_share", "stages", "terms")
 
     def __init__(self, model, hw: Hardware, r, s: StageSettings):
-        stages = np.arange(s.pp)
+        _, _, first, last = ends(s.place, s.pp)  # (the step time's)
         self.kwargs = read_only(dict(
             tp=s.tp, pp=s.pp, dp=s.dp, cp=s.cp, ep=s.ep, mbs=s.mbs, seq=s.seq, recompute=s.recompute,
             eager=s.eager, dropout=s.dropout, overlap_tp=s.overlap_tp, gpn=s.gpn,
             stage_dense=np.asarray(s.dense, dtype=float), stage_moe=np.asarray(s.moe, dtype=float),
-            first=(stages == 0).astype(float), last=(stages == s.head).astype(float),
+            first=first, last=last,
             total_dense=sum(s.dense), total_moe=sum(s.moe), vocab_padded=s.vocab_padded, sp=s.sp, sharp=s.sharp,
             cp_allgather=s.cp_allgather, recompute_layers=s.recompute_layers, ep_node_limit=s.ep_node_limit,
             ep_overlap=s.ep_overlap))
@@ -390,8 +390,7 @@ def layout_stages(layout: Layout, hw: Hardware, r, rc) -> LayoutStages:
         recompute=rc, eager=model.attention_kernel(plan.attention) == "eager", dropout=plan.dropout,
         overlap_tp=plan.overlap_tp, gpn=plan.gpus_per_node, dense=tuple(layout.stage_dense_layers),
         moe=tuple(layout.stage_moe_layers),
-        # torch's V-shaped schedules place the model's last stage (the output head and loss) on rank 0
-        head=0 if plan.framework == "torch" and plan.schedule in V_SHAPED else layout.pp - 1,
+        place=placement(plan.schedule, plan.framework),
         vocab_padded=layout.vocab_padded, sp=layout.sp, sharp=plan.sharp, cp_allgather=plan.cp_comm == "allgather",
         lora=tuple(lora_arguments(plan).items()), recompute_layers=layout.recompute_layers_per_stage,
         ep_node_limit=plan.ep_node_limit, ep_overlap=plan.ep_overlap)

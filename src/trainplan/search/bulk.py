@@ -38,16 +38,15 @@ from ..estimate.flops import step_flops
 from ..estimate.hardware import hardware
 from ..estimate.memory import lora_saves, plan_numbers, stage_memory
 from ..estimate.pipeline import (
-    SCHEDULE_CODE,
     SCHEDULES,
     in_flight,
     last_stage_heads_in_flight,
     last_stage_logits_in_flight,
 )
+from ..estimate.placement import FOLDED, PLAIN, V_SHAPE, placement, rank_ends
 from ..estimate.recipe import recipe
 from ..estimate.stage import lora_arguments, stage_times
 from ..estimate.time import step_from_stages
-from ..estimate.torch_schedules import V_SHAPED
 from ..plan import (
     Plan,
     conventions,
@@ -64,31 +63,24 @@ from .space import _sequence_parallel, distinct_codes
 REPRESENTATIVE = 4  # representative stages a table holds at least
 
 
-# Where a schedule places the model's stages on the ranks (`placements`): one stage per rank in
-# order (or looped, v per rank), the end ranks holding the embedding and the head; DualPipe's two
-# copies in opposite directions, rank r holding stages r and p - 1 - r (their layers together,
-# both end ranks holding the embedding and the head for memory, the time counting each once, on
-# rank 0 and rank p - 1, as `plan` does: estimate/memory.py _ends, estimate/time.py);
-# torch's V-shaped schedules, rank i holding stages i and 2p - 1 - i, the embedding and the head
-# on rank 0.
-PLAIN, FOLDED, V_SHAPE = 0, 1, 2
-
-
 def placements(framework: str, schedule: np.ndarray) -> np.ndarray:
-    """Each layout's placement of stages on ranks (PLAIN, FOLDED or V_SHAPE) by its schedule
-    code, under `framework`."""
-    table = np.full(len(SCHEDULES), PLAIN, dtype=np.int64)
-    table[SCHEDULE_CODE["dualpipe"]] = FOLDED
-    if framework == "torch":
-        for name in V_SHAPED:
-            table[SCHEDULE_CODE[name]] = V_SHAPE
-    return np.take(table, schedule)
+    """Each layout's placement of stages on ranks (estimate/placement.py) by its schedule code,
+    under `framework`."""
+    return np.take(_placement_table(framework), schedule)
+
+
+@lru_cache(maxsize=8)
+def _placement_table(framework: str) -> np.ndarray:
+    """The placement of each schedule code under `framework` (read-only)."""
+    table = np.array([placement(name, framework) for name in SCHEDULES], dtype=np.int64)
+    table.flags.writeable = False
+    return table
 
 
 @lru_cache(maxsize=4096)
-def _representatives(model, p: int, lora: bool, placement: int = PLAIN) -> tuple[tuple[int, ...], tuple[tuple, ...]]:
+def _representatives(model, p: int, lora: bool, place: int = PLAIN) -> tuple[tuple[int, ...], tuple[tuple, ...]]:
     """A pipeline of p ranks' representative ranks and each one's (dense layers, MoE layers,
-    embedding, head for memory, embedding, head for time) under `placement` (see
+    embedding, head for memory, embedding, head for time) under placement `place` (see
     `_stage_tables`); O(layers), once per model, depth and placement."""
     split = np.asarray(default_stage_split(model.layers, p), dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum(split)])
@@ -97,20 +89,18 @@ def _representatives(model, p: int, lora: bool, placement: int = PLAIN) -> tuple
     moe_before = np.concatenate([[0], np.cumsum(np.asarray(model.moe_layer_flags, dtype=np.int64))])
     moe = moe_before[bounds[1:]] - moe_before[bounds[:-1]]
     kinds = np.stack([split - moe, moe], axis=1)
-    if placement == FOLDED:  # a rank's two stages' layers together
+    if place == FOLDED:  # a rank's two stages' layers together
         kinds = kinds + kinds[::-1]
     # rank 0 (embedding, most micro-batches in flight), the last rank (output head) and the first
     # rank holding each distinct mix of layers: in-flight micro-batches fall with the rank under
     # every schedule but torch's ZBVZeroBubble, where they rise (the last rank holding each mix
     # too), so no other rank with the same layers can hold or take more
     firsts = np.unique(kinds, axis=0, return_index=True)[1].tolist()
-    if placement == V_SHAPE:
+    if place == V_SHAPE:
         firsts += (p - 1 - np.unique(kinds[::-1], axis=0, return_index=True)[1]).tolist()
     reps = list(dict.fromkeys([0, p - 1] + ([1] if lora and p > 1 else []) + sorted(set(firsts))))
-    ends = {PLAIN: lambda s: (s == 0, s == p - 1, s == 0, s == p - 1),
-            FOLDED: lambda s: (s in (0, p - 1), s in (0, p - 1), s == 0, s == p - 1),
-            V_SHAPE: lambda s: (s == 0,) * 4}[placement]
-    return tuple(reps), tuple((int(kinds[s, 0]), int(kinds[s, 1]), *map(float, ends(s))) for s in reps)
+    return tuple(reps), tuple((int(kinds[s, 0]), int(kinds[s, 1]), *map(float, rank_ends(place, s, p)))
+                              for s in reps)
 
 
 class StageTable(NamedTuple):
