@@ -50,6 +50,7 @@ Every function takes numbers or numpy arrays and broadcasts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .memo import cached_hash
 from .scalars import bools, floats, maximum, minimum, values, where
@@ -202,15 +203,66 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     order (PyTorch's CPU kernels; the CUDA kernels return (batch, seq, heads, dim) whatever the
     query's), see `_heads_major_output`.
     """
+    c = _layer_context(shape, tokens=tokens, seq=seq, tp=tp, sp=sp, act_bytes=act_bytes,
+                       linear_in_bytes=linear_in_bytes, residual_bytes=residual_bytes, autocast=autocast,
+                       attention=attention, recompute=recompute, fused=fused, dropout=dropout, saves=saves,
+                       mask_bytes=mask_bytes, adapter_dropout=adapter_dropout, sp_gathered=sp_gathered,
+                       adapter_copies=adapter_copies)
+    t = _attention_terms(c, cp_output_copy=cp_output_copy, heads_major_copy=heads_major_copy)
+    _mlp_norm_terms(t, c)
+    if moe:
+        _moe_terms(t, c, gate_in_act=gate_in_act)
+    else:
+        t["mlp"] = tokens * _mlp_elems(shape.ffn, shape.mlp_matrices, fused, c.save["down"],
+                                       act_bytes, linear_in_bytes, shape.activation_saves) / tp
+    _lora_terms(t, c, saves=saves, moe=moe, adapter_rank=adapter_rank, adapter_dropout=adapter_dropout)
+    if modules:
+        discard_recomputed(t, shape, modules, moe=moe, tokens=tokens, tp=tp, linear_in_bytes=linear_in_bytes,
+                           save_down=c.save["down"])
+    if fp8_cache:
+        cache_low_precision(t, shape, fp8_cache, moe=moe, tokens=tokens, tp=tp, act_bytes=act_bytes)
+    return t
+
+
+class _LayerContext(NamedTuple):
+    """What every block of `layer_terms` reads: its arguments (see there) and what it derives
+    from them once."""
+
+    shape: LayerShape
+    tokens: object
+    seq: object
+    tp: object
+    act_bytes: object
+    linear_in_bytes: object
+    residual_bytes: object
+    autocast: object
+    recompute: object
+    fused: object
+    dropout: object
+    mask_bytes: object
+    frozen: float  # 1.0 under LoRA: the norms' weights are frozen too
+    own_copy: object  # 1 where each adapter keeps its own input
+    save: dict  # per linear (q, k, v, o, gate, up, down): 1 where its input is kept
+    save_attn_in: object
+    save_mlp_in: object
+    rep: object  # the divisor of tensors tensor parallelism replicates (sequence parallelism shards)
+    rep_in: object  # ... of what is computed from a block's all-gathered input
+    eager_norm: object  # 1 where a norm runs unfused and is not a LayerNorm
+    norm: object  # one norm's saved bytes per token
+    eager: object  # materialised attention
+    no_recompute: object
+
+
+def _layer_context(shape: LayerShape, *, tokens, seq, tp, sp, act_bytes, linear_in_bytes, residual_bytes, autocast,
+                   attention, recompute, fused, dropout, saves, mask_bytes, adapter_dropout, sp_gathered,
+                   adapter_copies) -> _LayerContext:
+    """`layer_terms`' arguments and the quantities its blocks share."""
     residual_bytes = act_bytes if residual_bytes is None else residual_bytes
     frozen = float(saves is not None)
     s = saves or {}
     own_copy = maximum(adapter_dropout, adapter_copies)  # each adapter keeps its own input
     save = {n: s.get(n, 1) * (1 - own_copy * (saves is not None))
             for n in ("q", "k", "v", "o", "gate", "up", "down")}
-    save_attn_in = maximum(maximum(save["q"], save["k"]), save["v"])
-    save_mlp_in = maximum(save["gate"], save["up"])
-    h = shape.hidden
     rep = where(sp, tp, 1)  # divisor for replicated-by-TP tensors
     # ... and for what is computed from a block's all-gathered input: Megatron keeps the
     # sequence shard and gathers it again in backward (Korthikanti et al. 2023 §4.2.2); DTensor
@@ -218,23 +270,32 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     rep_in = where(values(sp_gathered) > 0, 1, rep)
     eager_norm = (1 - values(fused)) * (0 if shape.layernorm else 1)
     stats = 2 if shape.layernorm else 1
-    eager = bools(values(attention) == ATTENTION_CODE["eager"])
+    return _LayerContext(
+        shape=shape, tokens=tokens, seq=seq, tp=tp, act_bytes=act_bytes, linear_in_bytes=linear_in_bytes,
+        residual_bytes=residual_bytes, autocast=autocast, recompute=recompute, fused=fused, dropout=dropout,
+        mask_bytes=mask_bytes, frozen=frozen, own_copy=own_copy, save=save,
+        save_attn_in=maximum(maximum(save["q"], save["k"]), save["v"]), save_mlp_in=maximum(save["gate"], save["up"]),
+        rep=rep, rep_in=rep_in, eager_norm=eager_norm,
+        norm=_norm_bytes(shape.hidden, eager_norm, residual_bytes, stats, frozen),
+        eager=bools(values(attention) == ATTENTION_CODE["eager"]), no_recompute=values(recompute) == 0)
+
+
+def _attention_terms(c: _LayerContext, *, cp_output_copy, heads_major_copy) -> dict:
+    """The attention block's saved tensors (`layer_terms`), by term."""
+    shape, tokens, tp, act_bytes, recompute = c.shape, c.tokens, c.tp, c.act_bytes, c.recompute
+    h, eager, no_recompute, autocast = shape.hidden, c.eager, c.no_recompute, c.autocast
     fused_attn = ~eager
     # With tp > kv_heads each rank keeps one whole KV head (replicated), so K/V divide by
     # min(tp, kv_heads); eager attention's repeated K/V divide like the queries.
     copies_kv = (shape.kv_heads > tp) | (not shape.kv_repeat_view)  # a view of one head otherwise
     kv_div = where(eager & (values(recompute) == 0) & copies_kv, tp, minimum(tp, shape.kv_heads))
     t = {}
-    # -- attention block
-    norm = _norm_bytes(h, eager_norm, residual_bytes, stats, frozen)
-    t["attn_norm"] = tokens * norm / rep
+    t["attn_norm"] = tokens * c.norm / c.rep
     # torch.autocast casts a shared fp32 input once per linear that reads it (only weights
     # are cached), so q, k and v projections each keep their own 16-bit copy.
     qkv_copies = 1 + autocast * (shape.qkv_projections - 1)
-    mlp_copies = 1 + autocast * (shape.mlp_matrices - 2)
-    t["attn_input"] = tokens * h * save_attn_in * linear_in_bytes * qkv_copies / rep_in
-    t["mla_latents"] = tokens * _latent_bytes(shape, eager_norm, act_bytes, frozen) / rep_in
-    no_recompute = values(recompute) == 0
+    t["attn_input"] = tokens * h * c.save_attn_in * c.linear_in_bytes * qkv_copies / c.rep_in
+    t["mla_latents"] = tokens * _latent_bytes(shape, c.eager_norm, act_bytes, c.frozen) / c.rep_in
     # Eager GQA repeats K/V to every query head; the repeated copies are saved unless the
     # attention core is recomputed (then its inputs, the unrepeated K/V, are kept). transformers'
     # repeat_kv (expand, reshape) copies only when a rank holds more than one KV head: one head
@@ -246,7 +307,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # Under autocast RoPE's fp32 tables promote q and k to fp32; the attention kernel casts
     # them back, but a recomputed attention core keeps its fp32 inputs.
     qk_bytes = where((values(recompute) == 1) & bool(shape.rotary) & (autocast > 0),
-                        residual_bytes, act_bytes)
+                        c.residual_bytes, act_bytes)
     t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
     # A fused QKV projection with RoPE: the rotated q and k are new tensors, but v stays a view
     # of the fused output, so keeping v keeps all of it (GPT-NeoX, Phi-3; measured in validate)
@@ -258,7 +319,7 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # concatenations of their non-rotary and rotary parts (new tensors) and its v is made
     # contiguous for the attention kernel (Megatron-Core multi_latent_attention.py @d98e8a64: query, key and value
     # .contiguous()), so its up-projections' outputs are not kept: q, k and v only.
-    one_sequence = bools(values(tokens) <= values(seq))
+    one_sequence = bools(values(tokens) <= values(c.seq))
     fused_rope = ((shape.qkv_projections == 1) & bool(shape.rotary)
                   & ~(eager & ~(one_sequence & (k_w == shape.k))) & (shape.latent == 0))
     t["qkv"] = t["qkv"] + tokens * (shape.q / tp + shape.k / kv_div) * act_bytes * fused_rope
@@ -266,97 +327,106 @@ def layer_terms(shape: LayerShape, *, moe: bool, tokens, seq, tp, sp, act_bytes,
     # the q and k widths this rank holds, with one fp32 statistic per head
     q_heads, k_heads = shape.q / tp, shape.k / kv_div
     head_stats = (q_heads + k_heads) / max(shape.head_dim, 1) * FP32
-    t["qk_norm"] = shape.qk_norm * tokens * ((q_heads + k_heads) * where(eager_norm, 2 * FP32, act_bytes)
+    t["qk_norm"] = shape.qk_norm * tokens * ((q_heads + k_heads) * where(c.eager_norm, 2 * FP32, act_bytes)
                                              + head_stats)
     # a fused kernel's output, kept by the kernel for its backward (unless the core is recomputed)
     # and as the output projection's input for its weight's (or adapter's) gradient: one storage
-    t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn * maximum(no_recompute, save["o"])
+    t["attn_out"] = tokens * shape.attn_out * act_bytes / tp * fused_attn * maximum(no_recompute, c.save["o"])
     t["attn_lse"] = tokens * shape.heads * FP32 / tp * fused_attn * no_recompute
     # ... unless the output projection's input is a copy of it (torch's ring attention under
     # context parallelism, conventions.toml `cp_ring_output_copy`)
-    t["cp_output_copy"] = (tokens * shape.attn_out * act_bytes / tp * fused_attn * no_recompute * save["o"]
+    t["cp_output_copy"] = (tokens * shape.attn_out * act_bytes / tp * fused_attn * no_recompute * c.save["o"]
                            * values(cp_output_copy))
-    t["proj_input"] = tokens * shape.attn_out * linear_in_bytes / tp * eager * save["o"]
+    t["proj_input"] = tokens * shape.attn_out * c.linear_in_bytes / tp * eager * c.save["o"]
     if shape.rope_concat:
-        _heads_major_output(t, shape, tokens=tokens, tp=tp, linear_in_bytes=linear_in_bytes, fused_attn=fused_attn,
-                            save_o=save["o"], heads_major_copy=heads_major_copy)
-    scores = tokens * seq * shape.heads / tp  # a·s² per sequence = a·s per token
+        _heads_major_output(t, shape, tokens=tokens, tp=tp, linear_in_bytes=c.linear_in_bytes, fused_attn=fused_attn,
+                            save_o=c.save["o"], heads_major_copy=heads_major_copy)
+    scores = tokens * c.seq * shape.heads / tp  # a·s² per sequence = a·s per token
     keep_scores = eager * no_recompute
-    t["attn_scores"] = scores * (act_bytes + dropout * (mask_bytes + act_bytes)) * keep_scores
-    t["attn_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
-    # -- MLP block
+    t["attn_scores"] = scores * (act_bytes + c.dropout * (c.mask_bytes + act_bytes)) * keep_scores
+    t["attn_dropout_mask"] = tokens * h * c.mask_bytes * c.dropout / c.rep
+    return t
+
+
+def _mlp_norm_terms(t: dict, c: _LayerContext) -> None:
+    """The MLP block's norm, input and dropout mask (`layer_terms`), into `t`."""
+    shape, tokens, h = c.shape, c.tokens, c.shape.hidden
+    mlp_copies = 1 + c.autocast * (shape.mlp_matrices - 2)
     # with a parallel residual the MLP's norm reads the attention norm's input: one storage (an
     # eager RMSNorm's fp32 upcast is that input itself when the residual stream is fp32)
-    shared_input = shape.parallel_residual * h * where(eager_norm, FP32 * (values(residual_bytes) == FP32),
-                                                          residual_bytes)
-    t["mlp_norm"] = tokens * (norm - shared_input) / rep
-    t["mlp_input"] = tokens * h * save_mlp_in * linear_in_bytes * mlp_copies / rep_in
+    shared_input = shape.parallel_residual * h * where(c.eager_norm, FP32 * (values(c.residual_bytes) == FP32),
+                                                          c.residual_bytes)
+    t["mlp_norm"] = tokens * (c.norm - shared_input) / c.rep
+    t["mlp_input"] = tokens * h * c.save_mlp_in * c.linear_in_bytes * mlp_copies / c.rep_in
     if shape.shared_norm:
-        _share_norm(t, save_attn_in, save_mlp_in, autocast)
-    t["mlp_dropout_mask"] = tokens * h * mask_bytes * dropout / rep
-    if moe:
-        e, k, cf = shape.experts, shape.top_k, shape.capacity_factor
-        # fp32 router probabilities, int64 top-k indices, and per routed token its int64
-        # token and slot indices and its gate weight
-        # grouped experts (transformers 5's grouped_mm; fused kernels run their own permutation):
-        # the sort's permutation and its inverse are kept too, the gate weights stay fp32, and
-        # grouped_mm, not autocast, runs the experts in the weights' dtype (the residual's)
-        grouped = shape.grouped_experts * (1 - values(fused))
-        t["router"] = tokens * (e * FP32 + k * INDEX_BYTES * (3 + grouped)
-                                + k * where(grouped, FP32, residual_bytes)) / rep_in
-        expert_bytes = where(grouped, residual_bytes, act_bytes)
-        # Routed copies of each token: the gathered expert inputs (under autocast, instead, each
-        # expert input projection's own 16-bit cast of them), the expert outputs kept by the
-        # gate-weight multiply and, with an eager `index_add` combine, the weighted outputs
-        # (its derivative formula reads `source`; a fused unpermute kernel and the grouped
-        # reshape-and-sum do not).
-        # Where the experts apply the gate weights inside their activation (gate_in_act, with
-        # a fused SwiGLU: Megatron-Core's weighted_bias_swiglu_impl, experts.py @d98e8a64), its
-        # saved input serves the weights' gradient too and the combine is a plain sum: no
-        # expert output is kept. (Megatron's unfused fallback multiplies the activation's
-        # output eagerly; that case keeps the expert outputs here, as before.)
-        # (under LoRA the gathered inputs only for the gate and up adapters' gradients)
-        # (the gathered copy is what the experts' input projections keep: in FP8 under fp8, where
-        # the 16-bit gather is freed once cast, or dispatched in FP8 as DeepSeek-V3 §3.3.3 does)
-        inputs = where(grouped, residual_bytes,
-                          (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes)
-        weighted_act = values(gate_in_act) * values(fused) * (shape.mlp_matrices == 3)
-        per_copy = (inputs * save_mlp_in + expert_bytes * (1 - weighted_act)
-                    + residual_bytes * (1 - values(fused)) * (1 - grouped))
-        t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep_in
-        # The block's normalised input is kept by the linears that read it directly, for their
-        # weight gradients: the router and the shared experts' gate (frozen under LoRA) and the
-        # shared experts' input projections (under LoRA, when adapted). They share one copy,
-        # or under autocast each casts the fp32 input itself.
-        shared_in = save_mlp_in * (shape.shared_ffn > 0)
-        readers = (1 - frozen) * (1 + shape.shared_gate) + shared_in * (shape.mlp_matrices - 1)
-        copies = where(autocast > 0, readers, minimum(readers, 1))
-        t["mlp_input"] = tokens * h * linear_in_bytes * copies / rep_in
-        t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused, save["down"],
-                                                      expert_bytes, where(grouped, residual_bytes, linear_in_bytes),
-                                                      shape.activation_saves) / tp
-        t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused, save["down"],
-                                                    act_bytes, linear_in_bytes, shape.activation_saves) / tp
-        # the gate's multiply keeps both factors: the sigmoid (one per token) and the shared output
-        t["shared_expert_gate"] = tokens * (h + 1) * act_bytes * shape.shared_gate / rep_in
-    else:
-        t["mlp"] = tokens * _mlp_elems(shape.ffn, shape.mlp_matrices, fused, save["down"],
-                                       act_bytes, linear_in_bytes, shape.activation_saves) / tp
+        _share_norm(t, c.save_attn_in, c.save_mlp_in, c.autocast)
+    t["mlp_dropout_mask"] = tokens * h * c.mask_bytes * c.dropout / c.rep
+
+
+def _moe_terms(t: dict, c: _LayerContext, *, gate_in_act) -> None:
+    """A mixture-of-experts MLP's saved tensors (`layer_terms`): router, dispatched copies,
+    experts and shared experts, into `t`."""
+    shape, tokens, tp, h, fused, frozen = c.shape, c.tokens, c.tp, c.shape.hidden, c.fused, c.frozen
+    act_bytes, residual_bytes, linear_in_bytes, autocast = c.act_bytes, c.residual_bytes, c.linear_in_bytes, c.autocast
+    save, save_mlp_in, rep_in = c.save, c.save_mlp_in, c.rep_in
+    e, k, cf = shape.experts, shape.top_k, shape.capacity_factor
+    # fp32 router probabilities, int64 top-k indices, and per routed token its int64
+    # token and slot indices and its gate weight
+    # grouped experts (transformers 5's grouped_mm; fused kernels run their own permutation):
+    # the sort's permutation and its inverse are kept too, the gate weights stay fp32, and
+    # grouped_mm, not autocast, runs the experts in the weights' dtype (the residual's)
+    grouped = shape.grouped_experts * (1 - values(fused))
+    t["router"] = tokens * (e * FP32 + k * INDEX_BYTES * (3 + grouped)
+                            + k * where(grouped, FP32, residual_bytes)) / rep_in
+    expert_bytes = where(grouped, residual_bytes, act_bytes)
+    # Routed copies of each token: the gathered expert inputs (under autocast, instead, each
+    # expert input projection's own 16-bit cast of them), the expert outputs kept by the
+    # gate-weight multiply and, with an eager `index_add` combine, the weighted outputs
+    # (its derivative formula reads `source`; a fused unpermute kernel and the grouped
+    # reshape-and-sum do not).
+    # Where the experts apply the gate weights inside their activation (gate_in_act, with
+    # a fused SwiGLU: Megatron-Core's weighted_bias_swiglu_impl, experts.py @d98e8a64), its
+    # saved input serves the weights' gradient too and the combine is a plain sum: no
+    # expert output is kept. (Megatron's unfused fallback multiplies the activation's
+    # output eagerly; that case keeps the expert outputs here, as before.)
+    # (under LoRA the gathered inputs only for the gate and up adapters' gradients)
+    # (the gathered copy is what the experts' input projections keep: in FP8 under fp8, where
+    # the 16-bit gather is freed once cast, or dispatched in FP8 as DeepSeek-V3 §3.3.3 does)
+    inputs = where(grouped, residual_bytes,
+                      (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes)
+    weighted_act = values(gate_in_act) * values(fused) * (shape.mlp_matrices == 3)
+    per_copy = (inputs * save_mlp_in + expert_bytes * (1 - weighted_act)
+                + residual_bytes * (1 - values(fused)) * (1 - grouped))
+    t["expert_dispatch"] = tokens * k * cf * h * per_copy / rep_in
+    # The block's normalised input is kept by the linears that read it directly, for their
+    # weight gradients: the router and the shared experts' gate (frozen under LoRA) and the
+    # shared experts' input projections (under LoRA, when adapted). They share one copy,
+    # or under autocast each casts the fp32 input itself.
+    shared_in = save_mlp_in * (shape.shared_ffn > 0)
+    readers = (1 - frozen) * (1 + shape.shared_gate) + shared_in * (shape.mlp_matrices - 1)
+    copies = where(autocast > 0, readers, minimum(readers, 1))
+    t["mlp_input"] = tokens * h * linear_in_bytes * copies / rep_in
+    t["expert_mlp"] = tokens * k * cf * _mlp_elems(shape.expert_ffn, shape.mlp_matrices, fused, save["down"],
+                                                  expert_bytes, where(grouped, residual_bytes, linear_in_bytes),
+                                                  shape.activation_saves) / tp
+    t["shared_expert_mlp"] = tokens * _mlp_elems(shape.shared_ffn, shape.mlp_matrices, fused, save["down"],
+                                                act_bytes, linear_in_bytes, shape.activation_saves) / tp
+    # the gate's multiply keeps both factors: the sigmoid (one per token) and the shared output
+    t["shared_expert_gate"] = tokens * (h + 1) * act_bytes * shape.shared_gate / rep_in
+
+
+def _lora_terms(t: dict, c: _LayerContext, *, saves, moe: bool, adapter_rank, adapter_dropout) -> None:
+    """LoRA's adapters' saved tensors (`layer_terms`), into `t`."""
+    shape, tokens = c.shape, c.tokens
     # LoRA: each adapter keeps its r-wide x·A for B's weight gradient: once per token in attention
     # and dense MLPs, once per routed copy in the experts (and per token in shared experts)
     on = _adapted(shape, saves)
     attn_adapters = on["q"] + on["k"] + on["v"] + on["o"]
     mlp_adapters = on["gate"] + on["up"] + on["down"]
     mlp_passes = shape.top_k * shape.capacity_factor + (shape.shared_ffn > 0) if moe else 1
-    t["lora_adapters"] = tokens * adapter_rank * act_bytes * (attn_adapters + mlp_adapters * mlp_passes)
-    t["lora_dropout"] = (tokens * (own_copy * act_bytes + adapter_dropout * mask_bytes)
-                         * adapter_inputs(shape, saves, moe=moe, tp=tp))
-    if modules:
-        discard_recomputed(t, shape, modules, moe=moe, tokens=tokens, tp=tp, linear_in_bytes=linear_in_bytes,
-                           save_down=save["down"])
-    if fp8_cache:
-        cache_low_precision(t, shape, fp8_cache, moe=moe, tokens=tokens, tp=tp, act_bytes=act_bytes)
-    return t
+    t["lora_adapters"] = tokens * adapter_rank * c.act_bytes * (attn_adapters + mlp_adapters * mlp_passes)
+    t["lora_dropout"] = (tokens * (c.own_copy * c.act_bytes + adapter_dropout * c.mask_bytes)
+                         * adapter_inputs(shape, saves, moe=moe, tp=c.tp))
 
 
 # Saved tensors an FP8 recipe may keep in low precision besides the linears' inputs, with their
