@@ -11,6 +11,7 @@ import pytest
 
 from trainplan.estimate import activations as act
 from trainplan.estimate.memory import estimate_memory, model_numbers
+from trainplan.estimate.stage_activations import checkpoint_bytes
 from trainplan.plan import make_plan, resolve
 from trainplan.specs import catalog
 
@@ -51,7 +52,7 @@ def test_table2_closed_forms(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_full_recompute_keeps_2sbh_per_layer(name):
     h = catalog.model(name).hidden
-    ckpt = act.checkpoint_bytes(h, tokens=S * B, tp=T, sp=False, act_bytes=2)
+    ckpt = checkpoint_bytes(h, tokens=S * B, tp=T, sp=False, act_bytes=2)
     assert ckpt == 2 * S * B * h
 
 

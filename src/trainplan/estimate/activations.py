@@ -276,7 +276,7 @@ def _layer_context(shape: LayerShape, *, tokens, seq, tp, sp, act_bytes, linear_
         mask_bytes=mask_bytes, frozen=frozen, own_copy=own_copy, save=save,
         save_attn_in=maximum(maximum(save["q"], save["k"]), save["v"]), save_mlp_in=maximum(save["gate"], save["up"]),
         rep=rep, rep_in=rep_in, eager_norm=eager_norm,
-        norm=_norm_bytes(shape.hidden, eager_norm, residual_bytes, stats, frozen),
+        norm=norm_bytes(shape.hidden, eager_norm, residual_bytes, stats, frozen),
         eager=bools(values(attention) == ATTENTION_CODE["eager"]), no_recompute=values(recompute) == 0)
 
 
@@ -511,7 +511,7 @@ def _latent_bytes(shape: LayerShape, eager_rms, act_bytes, frozen=0):
     return kept_input + normalised + normed * act_bytes + shape.latent_norms * FP32
 
 
-def _norm_bytes(h, eager_rms, residual_bytes, stats, frozen=0):
+def norm_bytes(h, eager_rms, residual_bytes, stats, frozen=0):
     """Per token: the norm's input (residual dtype) and fp32 statistics; an eager RMSNorm
     upcasts to fp32 first (transformers' LlamaRMSNorm, F.rms_norm on CPU) and keeps the fp32
     input and the fp32 normalised input instead, the latter only for its weight's gradient (not
@@ -531,12 +531,6 @@ def _mlp_elems(f, matrices, fused, save_down, act_bytes, linear_in_bytes, activa
     # gated: the activation's tensors, its output and up (kept by their product; a fused SwiGLU
     # recomputes the output), and their product, the down projection's input
     return f * act_bytes * (kept + 2 - fused) + f * linear_in_bytes * save_down
-
-
-def checkpoint_bytes(hidden, *, tokens, tp, sp, act_bytes):
-    """Full recompute keeps only each layer's input (Korthikanti et al. 2023: 2sbh per layer
-    in 16 bits; divided by t when sequence parallelism already splits it)."""
-    return tokens * hidden * act_bytes / where(sp, tp, 1)
 
 
 def op_sac_matmuls(shape: LayerShape, tp, kv_div) -> list[tuple[float, float]]:
@@ -570,44 +564,3 @@ def op_sac_saved(shape: LayerShape, *, tokens, tp, sp, act_bytes, low_precision_
     reduce_scatters = 2 * shape.hidden / tp * (values(sp) > 0)
     sdpa = shape.attn_out / tp * act_bytes + shape.heads / tp * FP32
     return tokens * ((block_input + kept + reduce_scatters) * act_bytes + sdpa)
-
-
-def stage_terms(*, seq, cp, rope_dim, act_bytes, attention) -> dict:
-    """Per-micro-batch tensors every stage keeps once (not per layer): eager attention's
-    causal mask (kept by `masked_fill`, or as a recomputed region's input) and RoPE tables."""
-    eager = values(attention) == ATTENTION_CODE["eager"]
-    return {
-        "attention_mask": eager * (seq / cp) ** 2 * MASK_BYTES,
-        "rope_tables": 2 * (seq / cp) * rope_dim * act_bytes,
-    }
-
-
-def embedding_terms(hidden, *, tokens, seq, cp, tp, sp, dropout, learned_positions,
-                    mask_bytes=MASK_BYTES, frozen=0) -> dict:
-    """The token ids (the loss keeps them as its targets too), the learned position ids and the
-    dropout mask on the embedding's output; a `frozen` embedding (LoRA) needs no gradient, so it
-    keeps no position ids and its output's dropout no mask."""
-    return {
-        "token_ids": tokens * TOKEN_ID_BYTES,
-        "position_ids": (seq / cp) * TOKEN_ID_BYTES * learned_positions * (1 - frozen),
-        "embedding_dropout_mask": tokens * hidden * mask_bytes * dropout / where(sp, tp, 1) * (1 - frozen),
-    }
-
-
-def head_terms(hidden, vocab_padded, *, tokens, tp, sp, act_bytes, linear_in_bytes, layernorm, fused,
-               logit_bytes=FP32, frozen=0, sp_gathered=0) -> dict:
-    """act_bytes here is the residual stream's dtype (the final norm's input); logit_bytes
-    what the loss keeps per logit (fp32 log-probabilities, or a fused loss's 16-bit logits);
-    frozen: the final norm and the output head are frozen (LoRA), so neither keeps what only
-    its weight's gradient needs (the normalised input, the head's input); sp_gathered: the
-    output layer keeps its all-gathered input under sequence parallelism (see `layer_terms`)."""
-    # Final norm, the output layer's input and the logits the loss keeps (vocab-parallel
-    # cross-entropy keeps its V/t slice; Korthikanti et al.'s 4sbv/t in fp32).
-    rep = where(sp, tp, 1)
-    eager_norm = (1 - values(fused)) * (0 if layernorm else 1)
-    stats = 2 if layernorm else 1
-    return {
-        "final_norm": tokens * _norm_bytes(hidden, eager_norm, act_bytes, stats, frozen) / rep,
-        "head_input": tokens * hidden * linear_in_bytes * (1 - frozen) / where(values(sp_gathered) > 0, 1, rep),
-        "logits": tokens * vocab_padded * logit_bytes / tp,
-    }

@@ -21,6 +21,7 @@ from ..specs.model import LORA_TARGETS, ModelSpec
 from ..units import GiB
 from . import activations as act
 from . import norm_features
+from . import stage_activations as stage_act
 from .held import held
 from .memo import Memo, Unhashable, array_key, fresh_copy, read_only, track
 from .model_numbers import ModelNumbers, model_numbers
@@ -81,7 +82,7 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     per_in_flight = {
         "layers": per_mb_layers,
         "embedding": first * sum(emb.values()),
-        "stage_tensors": sum(act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
+        "stage_tensors": sum(stage_act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
                                              attention=attention).values())
         + norm_features.window_stage_bytes(mn.shape, seq=seq, cp=cp, attention=attention),
     }
@@ -184,7 +185,7 @@ def _saved_per_micro_batch(mn: ModelNumbers, r: Recipe, common: dict, *, dense_l
 
     dense_terms, dense_layer = layer_terms(False, **common)
     moe_terms, moe_layer = layer_terms(True, **common) if mn.moe.expert or mn.moe.split else ({}, 0.0)
-    ckpt = act.checkpoint_bytes(h, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes)
+    ckpt = stage_act.checkpoint_bytes(h, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes)
     # The re-run layer's first norm keeps the checkpointed input itself, unless an eager
     # RMSNorm upcasts a 16-bit input to a new fp32 copy.
     eager_rms = (not r.fused_kernels) and not mn.layernorm and r.residual_bytes < FP32
@@ -234,10 +235,10 @@ def _end_terms(mn: ModelNumbers, r: Recipe, common: dict, *, vocab_padded, cp) -
     h = mn.hidden
     tokens, seq, tp, sp = common["tokens"], common["seq"], common["tp"], common["sp"]
     dropout, mask_bytes, lora_saves = common["dropout"], common["mask_bytes"], common["saves"]
-    emb = act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
+    emb = stage_act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
                               learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes,
                               frozen=float(lora_saves is not None))
-    hd = act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
+    hd = stage_act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
                         linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
                         fused=float(r.fused_kernels), logit_bytes=r.logit_bytes, frozen=float(lora_saves is not None),
                         sp_gathered=float(r.sp_gathers_saved_inputs))

@@ -7,7 +7,7 @@ all take numbers or numpy arrays. From the ops of transformers 5.x's modeling fi
 (tests/test_hf_families.py):
 
 * sandwich norms (Gemma 2/3: `post_attention_layernorm`, `post_feedforward_layernorm` on each
-  block's output): each keeps what a norm keeps (`_norm_bytes`), its input being the block's
+  block's output): each keeps what a norm keeps (`norm_bytes`), its input being the block's
   output in the activations' dtype. OLMo 2's post-norms replace the pre-norms: the same two norms.
 * one norm for attention and MLP (Cohere's parallel block): `shared_norm`, as GPT-J's and Phi's
   (activations._share_norm).
@@ -44,7 +44,7 @@ compute all s² anyway.
 
 from __future__ import annotations
 
-from .activations import ATTENTION_CODE, FP32, INDEX_BYTES, LayerShape, _norm_bytes
+from .activations import ATTENTION_CODE, FP32, INDEX_BYTES, LayerShape, norm_bytes
 from .scalars import floats, maximum, minimum, values, where
 
 
@@ -109,7 +109,7 @@ def adjust_layer_terms(t: dict, shape: LayerShape, *, tokens, seq, tp, sp, act_b
     if shape.clip_qkv:  # clamp_ in place keeps a copy of what it overwrites (ClampBackward1's self)
         t["clip_qkv"] = tokens * (shape.q / tp + (shape.k + shape.v) / kv_div) * act_bytes
     if shape.post_norms:
-        t["post_norms"] = shape.post_norms * tokens * _norm_bytes(h, eager_rms, act_bytes, stats, frozen) / rep
+        t["post_norms"] = shape.post_norms * tokens * norm_bytes(h, eager_rms, act_bytes, stats, frozen) / rep
     if shape.qk_norm_all:  # one statistic per token for q and for k, not one per head
         t["qk_norm"] = t["qk_norm"] - tokens * ((shape.q / tp + shape.k / minimum(tp, shape.kv_heads))
                                                 / max(shape.head_dim, 1) - 2) * FP32
