@@ -306,8 +306,7 @@ def _attention_terms(c: _LayerContext, *, cp_output_copy, heads_major_copy) -> d
     v_w = where(repeats, shape.attn_out, shape.v)
     # Under autocast RoPE's fp32 tables promote q and k to fp32; the attention kernel casts
     # them back, but a recomputed attention core keeps its fp32 inputs.
-    qk_bytes = where((values(recompute) == 1) & bool(shape.rotary) & (autocast > 0),
-                        c.residual_bytes, act_bytes)
+    qk_bytes = where((values(recompute) == 1) & bool(shape.rotary) & (autocast > 0), c.residual_bytes, act_bytes)
     t["qkv"] = tokens * ((shape.q / tp + k_w / kv_div) * qk_bytes + v_w / kv_div * act_bytes)
     # A fused QKV projection with RoPE: the rotated q and k are new tensors, but v stays a view
     # of the fused output, so keeping v keeps all of it (GPT-NeoX, Phi-3; measured in validate)
@@ -393,7 +392,7 @@ def _moe_terms(t: dict, c: _LayerContext, *, gate_in_act) -> None:
     # (the gathered copy is what the experts' input projections keep: in FP8 under fp8, where
     # the 16-bit gather is freed once cast, or dispatched in FP8 as DeepSeek-V3 §3.3.3 does)
     inputs = where(grouped, residual_bytes,
-                      (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes)
+                   (1 - autocast) * linear_in_bytes + autocast * (shape.mlp_matrices - 1) * act_bytes)
     weighted_act = values(gate_in_act) * values(fused) * (shape.mlp_matrices == 3)
     per_copy = (inputs * save_mlp_in + expert_bytes * (1 - weighted_act)
                 + residual_bytes * (1 - values(fused)) * (1 - grouped))

@@ -82,8 +82,8 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     per_in_flight = {
         "layers": per_mb_layers,
         "embedding": first * sum(emb.values()),
-        "stage_tensors": sum(stage_act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim, act_bytes=r.residual_bytes,
-                                             attention=attention).values())
+        "stage_tensors": sum(stage_act.stage_terms(seq=seq, cp=cp, rope_dim=mn.rope_dim,
+                                                   act_bytes=r.residual_bytes, attention=attention).values())
         + norm_features.window_stage_bytes(mn.shape, seq=seq, cp=cp, attention=attention),
     }
     per_logits = last * sum(hd.values())
@@ -236,12 +236,12 @@ def _end_terms(mn: ModelNumbers, r: Recipe, common: dict, *, vocab_padded, cp) -
     tokens, seq, tp, sp = common["tokens"], common["seq"], common["tp"], common["sp"]
     dropout, mask_bytes, lora_saves = common["dropout"], common["mask_bytes"], common["saves"]
     emb = stage_act.embedding_terms(h, tokens=tokens, seq=seq, cp=cp, tp=tp, sp=sp, dropout=dropout,
-                              learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes,
-                              frozen=float(lora_saves is not None))
+                                    learned_positions=float(mn.position_params > 0), mask_bytes=mask_bytes,
+                                    frozen=float(lora_saves is not None))
     hd = stage_act.head_terms(h, vocab_padded, tokens=tokens, tp=tp, sp=sp, act_bytes=r.residual_bytes,
-                        linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
-                        fused=float(r.fused_kernels), logit_bytes=r.logit_bytes, frozen=float(lora_saves is not None),
-                        sp_gathered=float(r.sp_gathers_saved_inputs))
+                              linear_in_bytes=r.linear_in_bytes, layernorm=mn.layernorm,
+                              fused=float(r.fused_kernels), logit_bytes=r.logit_bytes,
+                              frozen=float(lora_saves is not None), sp_gathered=float(r.sp_gathers_saved_inputs))
     if mn.shape.final_softcap:
         hd["final_softcap"] = norm_features.final_softcap_bytes(vocab_padded, tokens=tokens, tp=tp,
                                                                 logit_act_bytes=r.linear_in_bytes)
