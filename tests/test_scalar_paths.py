@@ -94,8 +94,8 @@ def _clear_memos():
     assert memo.clear_all() >= 8
     assert not (memory._LAYER_TERMS.values or held_module._HELD.values or micro_batch_limit._MBS_GRIDS or report._ACCURACY.values
                 or recipe_module._RECIPES.values or hardware_module._HARDWARE.values
-                or memory._MEMORY_AND_LINE.values or micro_batch_limit._MAX_MBS or time_module._LAYOUT_STEP.values
-                or time_module._LAYOUT_STAGES.values or report._STAGE_ROWS)
+                or memory._MEMORY_AND_LINE.values or micro_batch_limit._MAX_MBS.entries or time_module._LAYOUT_STEP.values
+                or time_module._LAYOUT_STAGES.values or report._STAGE_ROWS.entries)
     assert memory._schedule_inputs.cache_info().currsize == 0 and not stage._LAYER_TIMES.values
 
 
@@ -328,6 +328,35 @@ def test_scalar_call_memoises_one_plans_numbers_only():
     arrays = memo.scalar_call(cache, fn, np.array([1.0, 2.0]), 3)
     assert arrays == {"sum": 6.0} and len(calls) == 2 and len(cache.values) == 1
     assert memo.scalar_call(cache, lambda *a: len(a), [1.0], 2.0) == 2 and len(cache.values) == 1  # unhashable
+
+
+def test_same_objects_answers_only_for_the_same_read_only_objects():
+    """`memo.SameObjects` gives the value computed for the same objects again (a memoised plan's
+    read-only arrays and numbers), and computes afresh for equal but other objects, for objects
+    with a writeable array (not kept), and once a kept array has been made writeable."""
+    calls = []
+
+    def total(a, b):
+        calls.append(1)
+        return float(np.sum(a) + b)
+
+    cache = memo.SameObjects(4)
+    a, b = np.array([1.0, 2.0]), 3.5
+    a.flags.writeable = False
+    assert cache.get("k", (a, b), lambda: total(a, b)) == 6.5 and len(calls) == 1
+    assert cache.get("k", (a, b), lambda: total(a, b)) == 6.5 and len(calls) == 1
+    assert cache.get("other key", (a, b), lambda: total(a, b)) == 6.5 and len(calls) == 2
+    same_values = a.copy()
+    same_values.flags.writeable = False
+    cache.get("k", (same_values, b), lambda: total(same_values, b))
+    assert len(calls) == 3
+    writeable = np.array([1.0, 2.0])
+    cache.get("k", (writeable, b), lambda: total(writeable, b))
+    cache.get("k", (writeable, b), lambda: total(writeable, b))
+    assert len(calls) == 5 and len(cache.entries) == 3
+    a.flags.writeable = True
+    a[0] = 10.0
+    assert cache.get("k", (a, b), lambda: total(a, b)) == 15.5 and len(calls) == 6
 
 
 def test_a_plans_data_parallel_collectives_and_zero3_terms_equal_fresh_ones():

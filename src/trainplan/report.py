@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .estimate.accuracy import prediction_accuracy
-from .estimate.memo import Memo, track
+from .estimate.memo import Memo, SameObjects
 from .estimate.memory import estimate_memory_and_line
 from .estimate.micro_batch_limit import max_micro_batch
 from .estimate.recipe import Recipe, recipe
@@ -76,30 +76,14 @@ def stage_rows(result: PlanResult) -> list[dict]:
               + [m[k] for k in STAGE_COMPONENTS] + list(parts.values()))
     names = (tuple(buffers), tuple(parts), tuple(result.layout.stage_layers))
     # a memoised plan's figures are the same objects (numbers, read-only arrays) again: its rows
-    # are those the same objects gave (the entry holds the objects, so no id is reused)
-    ids = tuple(map(id, values))
-    found = _STAGE_ROWS.get(names)
-    if found is None or found[1] != ids or _any_writeable(found[2]):
-        found = (values, ids, [v for v in values if v.__class__ is np.ndarray],
-                 _stage_rows(values, names, result.layout.pp))
-        if len(_STAGE_ROWS) >= 64:
-            _STAGE_ROWS.clear()
-        _STAGE_ROWS[names] = found
+    # are those the same objects gave
+    rows = _STAGE_ROWS.get(names, tuple(values), lambda: _stage_rows(values, names, result.layout.pp))
     return [{**row, "sharding_buffers": {**row["sharding_buffers"]},
              "components": {**row["components"], "activation_parts": {**row["components"]["activation_parts"]}}}
-            for row in found[3]]
+            for row in rows]
 
 
-_STAGE_ROWS: dict = track({})  # names -> (the figures' objects, their ids, their arrays, the rows they gave)
-
-
-def _any_writeable(arrays: list) -> bool:
-    """Whether any of `arrays` is writeable (a memoised figure is read-only: one that is not
-    may have changed since)."""
-    for a in arrays:
-        if a.flags.writeable:
-            return True
-    return False
+_STAGE_ROWS = SameObjects(64)  # the stage rows of a memoised plan's figures
 
 
 def _stage_rows(values: list, names: tuple, pp: int) -> list[dict]:
@@ -140,19 +124,12 @@ def _sharding_buffer_sources(buffers: dict) -> dict:
     memoised plan's (read-only arrays) the names found for the same objects again."""
     sources = conventions()["sharding_buffers"]
     values = tuple(buffers[k] for k in sources)
-    key = tuple(map(id, values))
-    found = _SOURCES.get(key)
-    # (the entry holds the objects, so no id is reused: the same ids are the same objects)
-    if found is None or found[0] is not sources or _any_writeable(found[1]):
-        used = tuple(k for k, v in zip(sources, values, strict=True) if (np.asarray(v) > 0).any())
-        found = (sources, [v for v in values if v.__class__ is np.ndarray], used, values)
-        if len(_SOURCES) >= 64:
-            _SOURCES.clear()
-        _SOURCES[key] = found
-    return {k: sources[k] for k in found[2]}
+    used = _SOURCES.get(None, (sources, *values), lambda: tuple(
+        k for k, v in zip(sources, values, strict=True) if (np.asarray(v) > 0).any()))
+    return {k: sources[k] for k in used}
 
 
-_SOURCES: dict = track({})  # ids of the buffers' figures -> (the sources, their arrays, the names in use, the figures)
+_SOURCES = SameObjects(64)  # the names of the buffers some stage holds, of a memoised plan's figures
 
 
 def _peak_stage(total) -> int:

@@ -98,6 +98,44 @@ class Memo:
         return value
 
 
+class SameObjects:
+    """Values computed from particular objects (a memo's read-only arrays and the numbers beside
+    them, which a memoised plan hands out again), found again while the same objects come back:
+    keyed on a key and the objects' ids. An entry holds its objects, so no id is reused while it
+    lives (the same ids are the same objects), and serves only while every array among them is
+    read-only (one made writeable may have changed since); objects with a writeable array are
+    not memoised. Bounded: emptied when full."""
+
+    def __init__(self, maxsize: int = 64):
+        self.maxsize = maxsize
+        self.entries: dict = {}
+        track(self)
+
+    def clear(self) -> None:
+        self.entries = {}
+
+    def get(self, key, objects: tuple, compute):
+        ids = (key, *map(id, objects))
+        entry = self.entries.get(ids)
+        if entry is not None and not any_writeable(entry[1]):
+            return entry[2]
+        value = compute()
+        arrays = [o for o in objects if o.__class__ is np.ndarray]
+        if not any_writeable(arrays):
+            if len(self.entries) >= self.maxsize:
+                self.entries.clear()
+            self.entries[ids] = (objects, arrays, value)
+        return value
+
+
+def any_writeable(arrays: list) -> bool:
+    """Whether any of `arrays` is writeable."""
+    for a in arrays:
+        if a.flags.writeable:
+            return True
+    return False
+
+
 def read_only(value):
     """`value`, to keep in a memo, with its numpy arrays (in its dicts and tuples, nested ones
     included) made read-only in place (`fresh_copy` hands each caller dicts of its own around

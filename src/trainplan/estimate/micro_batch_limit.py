@@ -9,7 +9,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..plan import Layout
-from .memo import track
+from .memo import SameObjects, track
 from .memory import LINE_KEYS, estimate_memory_and_line, layout_inputs
 from .pipeline import (
     SCHEDULE_CODE,
@@ -58,26 +58,21 @@ def _line_kinds(inputs: dict, pp: int) -> tuple[tuple, int]:
     """`_kinds_key` of a memory line's stage kinds, and a number standing for it in memo keys (the
     same for the same kinds while the process lives); of a memoised line's (read-only arrays)
     the same again while they are the same objects."""
-    values = tuple(inputs.values())
-    key = (pp, *map(id, values))
-    found = _KINDS.get(key)
-    if found is not None and all(a is b for a, b in zip(found[0], values, strict=True)):
-        return found[1]
-    kinds = _kinds_key(inputs, pp)
+    return _KINDS.get(pp, tuple(inputs.values()), lambda: _kinds_numbered(_kinds_key(inputs, pp)))
+
+
+def _kinds_numbered(kinds: tuple) -> tuple[tuple, int]:
+    """`kinds` and the number standing for them."""
     number = _KIND_NUMBERS.get(kinds)
     if number is None:
         if len(_KIND_NUMBERS) >= 1024:
             _KIND_NUMBERS.clear()  # (the numbers go on rising: none stands for two kinds)
         _KIND_COUNT[0] += 1
         number = _KIND_NUMBERS[kinds] = _KIND_COUNT[0]
-    if all(v.__class__ is np.ndarray and not v.flags.writeable for v in values):
-        if len(_KINDS) >= 64:
-            _KINDS.clear()
-        _KINDS[key] = (values, (kinds, number))  # (held: no id is reused meanwhile)
     return kinds, number
 
 
-_KINDS: dict = track({})  # pp and the ids of a line's stage kinds -> (the kinds' arrays, `_line_kinds`)
+_KINDS = SameObjects(64)  # a line's stage kinds (its arrays) and pp -> `_line_kinds`
 _KIND_NUMBERS: dict = track({})  # stage kinds -> the number standing for them
 _KIND_COUNT = [0]  # the last number given
 
@@ -172,16 +167,10 @@ def max_micro_batch(layout: Layout, limit: int = 4096, line: dict | None = None)
     if key is None:
         return _largest_fitting(points, grid, cands, capacity)
     # a memoised line's points are one read-only array: the same object, the same answer
-    found = _MAX_MBS.get((key, capacity))
-    if found is None or found[0] is not points or points.flags.writeable:
-        found = (points, _largest_fitting(points, grid, cands, capacity))
-        if len(_MAX_MBS) >= 256:
-            _MAX_MBS.clear()
-        _MAX_MBS[(key, capacity)] = found
-    return found[1]
+    return _MAX_MBS.get((key, capacity), (points,), lambda: _largest_fitting(points, grid, cands, capacity))
 
 
-_MAX_MBS: dict = track({})  # grid key, capacity -> (the line's points, max_micro_batch)
+_MAX_MBS = SameObjects(256)  # grid key, capacity and a line's points -> max_micro_batch
 
 
 def _largest_fitting(points: np.ndarray, grid: tuple, cands: np.ndarray, capacity: float) -> int:
@@ -204,20 +193,16 @@ _mul, _add, _sum0, _max0 = np.multiply, np.add, np.add.reduce, np.maximum.reduce
 def _line_on(points: np.ndarray, stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The line's value at size 1 and its rise per size (keys x stages x 1) on `stages`; of a
     memoised (read-only) line the same arrays again while it and the stages are the same objects."""
-    found = _LINES_ON.get((id(points), id(stages)))
-    if found is not None and found[0] is points and found[1] is stages:
-        return found[2]
-    on = points[:, stages]
+    return _LINES_ON.get(None, (points, stages), lambda: _rise(points[:, stages]))
+
+
+def _rise(on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A line's value at size 1 and its rise per size (from its points at sizes 1 and 2, last axis)."""
     one = on[:, :, :1]
-    out = (one, on[:, :, 1:] - one)
-    if not points.flags.writeable and not stages.flags.writeable:
-        if len(_LINES_ON) >= 64:
-            _LINES_ON.clear()
-        _LINES_ON[(id(points), id(stages))] = (points, stages, out)  # (held: no id is reused meanwhile)
-    return out
+    return one, on[:, :, 1:] - one
 
 
-_LINES_ON: dict = track({})  # ids of a line's points and the stages -> (the points, the stages, `_line_on`)
+_LINES_ON = SameObjects(64)  # a line's points and the stages -> `_line_on`
 
 
 _MBS_GRIDS: dict = track({})  # one layout's `_mbs_grid`, memoised by the integers it is computed from
