@@ -135,7 +135,8 @@ def test_memoised_figures_equal_fresh_ones(kw):
         assert all(np.array_equal(fresh[k], terms[k]) for k in fresh) and np.array_equal(fresh_total, total)
     assert held_module._HELD.values
     for key, figures in held_module._HELD.values.items():  # the parameters' figures against a fresh evaluation
-        fresh = held_module._held(*arguments(key))
+        mn, r_, *inputs = arguments(key)
+        fresh = held_module._held(mn, r_, held_module.HeldInputs(*inputs))
         assert fresh.keys() == figures.keys() and all(np.array_equal(fresh[k], figures[k]) for k in fresh)
     dense["attn_norm"] = -1.0  # a caller's change stays its own
     assert memory.estimate_memory(layout, r)["dense_layer_terms"]["attn_norm"] != -1.0

@@ -4,30 +4,51 @@ first four terms)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .memo import Memo, array_key, read_only
 from .model_numbers import ModelNumbers, _per_rank, layer_matrix_params
 from .recipe import Recipe
 from .scalars import any_, bools, maximum, values, where
 
 
-def held(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard,
-         lora, offload_optimizer, offload_params, pp, vocab_padded) -> dict:
+class HeldInputs(NamedTuple):
+    """What the parameters a stage's rank holds are computed from beside the model's numbers and
+    the recipe (numbers, or arrays over layouts and stages: they broadcast)."""
+
+    dense_layers: object  # the stage's dense layers
+    moe_layers: object  # ... and MoE layers
+    first: object  # 1.0 where the stage holds the embedding
+    last: object  # ... and the output head
+    tp: object
+    cp: object
+    ep: object
+    dp: object
+    zero: object  # the ZeRO stage
+    dp_shard: object  # the data-parallel ranks ZeRO shards over (None: all dp)
+    lora: object  # LoRA / QLoRA: only the adapters train
+    offload_optimizer: object
+    offload_params: object
+    pp: object
+    vocab_padded: object
+
+
+def held(mn: ModelNumbers, r: Recipe, inputs: HeldInputs) -> dict:
     """The parameters a stage's rank holds and their bytes (`stage_memory`'s weights, gradients,
     master copy and optimizer state, and what it derives them from); one layout's memoised
     (scalars, or a few stages: read-only figures)."""
-    args = (mn, r, dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard, lora, offload_optimizer,
-            offload_params, pp, vocab_padded)
-    key = array_key(args)  # (arrays of at most 64 entries: one layout's stages)
+    key = array_key((mn, r, *inputs))  # (arrays of at most 64 entries: one layout's stages)
     if key is None:
-        return _held(*args)
-    return _HELD.get(key, lambda: read_only(_held(*args)))
+        return _held(mn, r, inputs)
+    return _HELD.get(key, lambda: read_only(_held(mn, r, inputs)))
 
 
 _HELD = Memo(256)
 
 
-def _held(mn, r, dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard, lora, offload_optimizer,
-          offload_params, pp, vocab_padded) -> dict:
+def _held(mn: ModelNumbers, r: Recipe, inputs: HeldInputs) -> dict:
+    (dense_layers, moe_layers, first, last, tp, cp, ep, dp, zero, dp_shard, lora, offload_optimizer, offload_params,
+     pp, vocab_padded) = inputs
     h = mn.hidden
     # ---- parameters held by this rank
     d_dense, d_exp = _per_rank(mn.dense, tp, ep, mn.kv_heads)

@@ -22,7 +22,7 @@ from ..units import GiB
 from . import activations as act
 from . import norm_features
 from . import stage_activations as stage_act
-from .held import held
+from .held import HeldInputs, held
 from .memo import Memo, Unhashable, array_key, fresh_copy, read_only, track
 from .model_numbers import ModelNumbers, model_numbers
 from .pipeline import (
@@ -54,9 +54,10 @@ def stage_memory(mn: ModelNumbers, r: Recipe, *, dense_layers, moe_layers, first
     `activations.layer_terms` (1 for PyTorch's CPU attention kernels)."""
     first = floats(first)
     last = floats(last)
-    hd_ = held(mn, r, dense_layers=dense_layers, moe_layers=moe_layers, first=first, last=last, tp=tp, cp=cp, ep=ep,
-               dp=dp, zero=zero, dp_shard=dp_shard, lora=lora, offload_optimizer=offload_optimizer,
-               offload_params=offload_params, pp=pp, vocab_padded=vocab_padded)
+    hd_ = held(mn, r, HeldInputs(dense_layers=dense_layers, moe_layers=moe_layers, first=first, last=last, tp=tp,
+                                 cp=cp, ep=ep, dp=dp, zero=zero, dp_shard=dp_shard, lora=lora,
+                                 offload_optimizer=offload_optimizer, offload_params=offload_params, pp=pp,
+                                 vocab_padded=vocab_padded))
     p_stage, trainable, shard_dense, zero = hd_["p_stage"], hd_["trainable"], hd_["shard_dense"], hd_["zero"]
     weights, grads, master, opt_state = hd_["weights"], hd_["grads"], hd_["master"], hd_["opt_state"]
     params_gathered, grads_unsharded = hd_["params_gathered"], hd_["grads_unsharded"]
