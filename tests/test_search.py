@@ -38,6 +38,14 @@ from trainplan.search import (
     # three dense layers, then MoE: stages of equal depth and unequal weight (the peak once lay
     # on a stage the search did not evaluate, and it ranked layouts 89 GiB over the GPU)
     dict(model="deepseek-v3", gpus=256, gbs=512),
+    # DeepSeek-V3's memory recipe (§3.2.3, §3.3.3): the attention output and the experts' SwiGLU
+    # input kept in low precision, the norms, MLA up-projections and SwiGLU recomputed (no
+    # core_attn: saved as without recomputation)
+    dict(model="deepseek-v3", gpus=256, gbs=512, precision="fp8", fp8_cache="attn_out,moe_act_input",
+         recompute="selective", recompute_modules="layernorm,mla_up_proj,moe_act", framework="megatron"),
+    dict(model="llama-3-8b", gpus=16, gbs=64, recompute="selective", recompute_modules="core_attn,layernorm",
+         framework="megatron"),
+    dict(model="mixtral-8x7b", gpus=32, gbs=64, precision="fp8", fp8_cache="attn_out,moe_act_input"),
 ])
 def test_bulk_equals_scalar_on_random_layouts(kw):
     """DESIGN §2: the bulk search evaluation and `plan` agree exactly (peak memory, fit, step)."""
@@ -54,6 +62,22 @@ def test_bulk_equals_scalar_on_random_layouts(kw):
         assert one.peak == pytest.approx(res["peak_bytes"][i], rel=1e-12)
         assert one.fits == bool(res["fits"][i])
         assert one.time["step_s"] == pytest.approx(res["step_s"][i], rel=1e-12)
+
+
+def test_search_keeps_the_recompute_modules_and_their_rule():
+    """`search --recompute selective --recompute-modules ...` searches selective recomputation of
+    those modules (its best layout reported as `plan` prices it); without --recompute selective
+    the modules are refused by plan's own rule, by name."""
+    runner = CliRunner()
+    args = ["search", "--model", "llama-3-8b", "--gpus", "16", "--gbs", "64", "--framework", "megatron",
+            "--recompute-modules", "layernorm", "--top", "1", "--json"]
+    res = runner.invoke(app, [*args, "--recompute", "selective"])
+    assert res.exit_code == 0, res.output
+    best = json.loads(res.stdout)["best"][0]
+    assert best["parallel"]["recompute"] == "selective" and best["parallel"]["recompute_modules"] == ["layernorm"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2
+    assert "recompute_modules: applies to --recompute selective only" in res.output
 
 
 def test_enumeration_respects_plan_rules():

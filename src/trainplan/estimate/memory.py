@@ -324,7 +324,7 @@ def layout_inputs(layout: Layout) -> dict:
         mbs=layout.mbs, seq=layout.seq_len, vocab_padded=layout.vocab_padded,
         attention=act.ATTENTION_CODE[layout.model.attention_kernel(plan.attention)], recompute=recompute_code(plan),
         modules=recompute_modules(plan),
-        fp8_cache={name: 1.0 for name in plan.fp8_cache} if plan.fp8_cache else None,
+        fp8_cache=fp8_cache_flags(plan),
         recompute_layers=layout.recompute_layers_per_stage if plan.recompute_layers is not None else 10**9,
         dropout=float(plan.dropout > 0), lora=lora, lora_saves=lora_saves(plan), lora_rank=plan.lora_rank,
         offload_optimizer=plan.offload_optimizer, offload_params=plan.offload_params, pp=pp,
@@ -367,18 +367,38 @@ def _stage_indices(pp: int) -> np.ndarray:
 
 
 def recompute_code(plan) -> int:
-    """RECOMPUTE_CODE for the layers' saved tensors: selective recomputation recomputes the
-    attention core unless its modules leave core_attn out."""
-    if plan.recompute == "selective" and plan.recompute_modules is not None and "core_attn" not in plan.recompute_modules:
-        return act.RECOMPUTE_CODE["none"]
-    return act.RECOMPUTE_CODE[plan.recompute]
+    """RECOMPUTE_CODE for the layers' saved tensors of a plan (`priced_recompute`)."""
+    return priced_recompute(act.RECOMPUTE_CODE[plan.recompute], plan.recompute_modules)
+
+
+def priced_recompute(code, modules):
+    """The RECOMPUTE_CODE the layers are priced at for a recomputation `code` (a number or an
+    array of them) and the plan's `modules` (--recompute-modules; None: the default):
+    selective recomputation recomputes the attention core unless its modules leave core_attn
+    out, and then saves what no recomputation does (its modules discarding their own outputs,
+    `recompute_modules`)."""
+    if modules is None or "core_attn" in modules:
+        return code
+    return where(values(code) == act.RECOMPUTE_CODE["selective"], act.RECOMPUTE_CODE["none"], code)
 
 
 def recompute_modules(plan) -> dict | None:
     """1.0 for each output-discarding module selective recomputation re-runs (None: none)."""
-    if plan.recompute != "selective" or not plan.recompute_modules:
+    return module_flags(plan.recompute_modules) if plan.recompute == "selective" else None
+
+
+def module_flags(modules) -> dict | None:
+    """1.0 for each output-discarding module (RECOMPUTE_MODULES but core_attn) among `modules`
+    (None where they name none)."""
+    if not modules:
         return None
-    return {name: float(name in plan.recompute_modules) for name in act.RECOMPUTE_MODULES if name != "core_attn"}
+    return {name: float(name in modules) for name in act.RECOMPUTE_MODULES if name != "core_attn"}
+
+
+def fp8_cache_flags(plan) -> dict | None:
+    """1.0 for each tensor the plan keeps in low precision beyond the linears' inputs (--fp8-cache;
+    None: none)."""
+    return {name: 1.0 for name in plan.fp8_cache} if plan.fp8_cache else None
 
 
 def _both_ends(schedule: str, framework: str, pp: int) -> tuple[np.ndarray, np.ndarray]:

@@ -36,7 +36,14 @@ from ..estimate.data_parallel import dp_collectives
 from ..estimate.distinct import per_distinct
 from ..estimate.flops import step_flops
 from ..estimate.hardware import hardware
-from ..estimate.memory import lora_saves, plan_numbers, stage_memory
+from ..estimate.memory import (
+    fp8_cache_flags,
+    lora_saves,
+    module_flags,
+    plan_numbers,
+    priced_recompute,
+    stage_memory,
+)
 from ..estimate.pipeline import (
     SCHEDULES,
     in_flight,
@@ -183,7 +190,9 @@ def _base(plan: Plan, gpus: int, model):
     lay0 = resolve(plan.model_copy(update={"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": least_zero(plan), "dp": None,
                                            "dp_shard": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
-                                           "vpp": None, "pp_group": None, "recompute": "none", "stage_layers": None,
+                                           "vpp": None, "pp_group": None, "stage_layers": None,
+                                           # (recompute modules apply to selective recomputation only)
+                                           "recompute": "none" if plan.recompute_modules is None else plan.recompute,
                                            "ep_overlap": False}), model)
     profile = None
     if plan.gpu_profile:
@@ -276,8 +285,8 @@ def _grid_memory(plan: Plan, layouts: dict[str, np.ndarray], model, grid: Grid, 
         tp=tp, sp=(tp > 1) & _sequence_parallel(plan), cp=cp, ep=ep, dp=dp, dp_shard=dp_shard,
         zero=_on_axis(grid.zero, 3), mbs=_on_axis(grid.mbs, 1), seq=seq,
         vocab_padded=vocab_padded, attention=act.ATTENTION_CODE[model.attention_kernel(plan.attention)],
-        recompute=_on_axis(grid.recompute, 2),
-        recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
+        recompute=_on_axis(priced_recompute(grid.recompute, plan.recompute_modules), 2),
+        modules=module_flags(plan.recompute_modules), fp8_cache=fp8_cache_flags(plan), recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
         lora_saves=lora_saves(plan), lora_rank=plan.lora_rank, offload_optimizer=plan.offload_optimizer,
         offload_params=plan.offload_params, pp=pp,
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
@@ -367,6 +376,7 @@ def _step(plan: Plan, layouts: dict[str, np.ndarray], gpus: int, model, grid: Gr
     heads = rows[first]
     sel = lambda k: layouts[k][heads].astype(float)[:, None]  # noqa: E731
     cols = {k: sel(k) for k in ("tp", "pp", "dp", "cp", "ep", "mbs", "recompute", "zero", "m", "gbs")}
+    cols["recompute"] = priced_recompute(cols["recompute"], plan.recompute_modules)
     # the copies of the model a rank's stages hold layers of (DualPipe's two)
     cols["copies"] = 1.0 + (placements(plan.framework, layouts["schedule"][heads]) == FOLDED)[:, None]
     stages, stage_run = _group_stage_times(plan, gpus, model, grid, heads, cols)

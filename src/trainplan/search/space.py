@@ -65,7 +65,8 @@ def default_space(plan: Plan, fixed: set[str], gpus: int, layers: int, max_tp: i
         ep=dim("ep", [e for e in _pow2_upto(gpus)] if is_moe else [1]),
         zero=[z for z in dim("zero", [0, 1, 2, 3]) if z in zero_stages(plan.framework)],
         mbs=dim("mbs", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]),
-        recompute=dim("recompute", ["none", "selective", "full"]),
+        # (--recompute-modules names what selective recomputation re-runs: it alone is searched)
+        recompute=dim("recompute", ["none", "selective", "full"] if plan.recompute_modules is None else ["selective"]),
         schedule=dim("schedule", ["gpipe", "1f1b", "interleaved", "zb"]),
         vpp=[plan.vpp] if "vpp" in fixed and plan.vpp else None,
     )
