@@ -49,6 +49,12 @@ from trainplan.search import (
 ])
 def test_bulk_equals_scalar_on_random_layouts(kw):
     """DESIGN §2: the bulk search evaluation and `plan` agree exactly (peak memory, fit, step)."""
+    _assert_bulk_equals_scalar(kw, layouts=25)
+
+
+def _assert_bulk_equals_scalar(kw: dict, layouts: int) -> None:
+    """Peak memory, fit and step of `layouts` layouts drawn from the search's space for `kw`, in
+    bulk and one by one as `plan` evaluates them: equal to 1e-12."""
     plan = make_plan(**kw)
     from trainplan.plan import load_model
 
@@ -57,11 +63,44 @@ def test_bulk_equals_scalar_on_random_layouts(kw):
     lay = enumerate_layouts(plan, space, kw["gpus"])
     res = evaluate_bulk(plan, lay, kw["gpus"])
     rng = np.random.default_rng(1)
-    for i in rng.choice(len(lay["tp"]), size=min(25, len(lay["tp"])), replace=False):
+    chosen = rng.choice(len(lay["tp"]), size=min(layouts, len(lay["tp"])), replace=False)
+    assert len(chosen) >= min(layouts, 10)
+    for i in chosen:
         one = evaluate(layout_plan(plan, lay, int(i), kw["gpus"]))
         assert one.peak == pytest.approx(res["peak_bytes"][i], rel=1e-12)
         assert one.fits == bool(res["fits"][i])
         assert one.time["step_s"] == pytest.approx(res["step_s"][i], rel=1e-12)
+
+
+# every plan option beside the layout, each changed from its default on its own
+DENSE_OPTIONS = [
+    dict(fused_kernels=True), dict(fused_kernels=False, framework="megatron"),
+    dict(tp_backward_overlap=False, framework="megatron"), dict(recompute_early_stop=True), dict(grad_dtype="fp32"),
+    dict(grad_dtype="bf16", framework="megatron"), dict(master_weights=False), dict(optimizer_state_dtype="bf16"),
+    dict(reduce_dtype="fp32"), dict(reduce_dtype="bf16", framework="fsdp"), dict(optimizer="sgd"),
+    dict(optimizer="adafactor"), dict(optimizer_impl="for-loop"), dict(optimizer_impl="foreach"), dict(grad_clip=0.0),
+    dict(offload_optimizer=True, framework="deepspeed", host_gbs=20, h2d_gbs=5), dict(attention="sdpa"),
+    dict(attention="eager"), dict(attention="triton"), dict(attention="cudnn"), dict(precision="fp8"),
+    dict(precision="fp8", fp8_params=True), dict(precision="fp8", fp8_cache="attn_out"), dict(precision="fp16"),
+    dict(precision="fp32"), dict(fused_loss=True), dict(dropout=0.1), dict(framework="fsdp1"), dict(framework="torch"),
+    dict(finetune="lora", lora_rank=64, lora_targets="q,v", lora_dropout=0.05), dict(finetune="qlora", qlora_bits=8),
+    dict(overlap_tp=True), dict(overlap_dp=False), dict(backward_prefetch="post", framework="fsdp"),
+    dict(backward_prefetch="none", framework="fsdp"), dict(cp_comm="allgather"), dict(sharp=True),
+    dict(scale_up_gbs=100), dict(nic_gbps=100), dict(gpus_per_node=4), dict(data_workers=1, tokenize_rate=1e5),
+    dict(storage_gbs=0.01), dict(prefetch=False, tokenize_rate=1e5), dict(overhead_gib=5), dict(fragmentation=0.2),
+    dict(dp_shard=2, framework="fsdp"), dict(seq_len=8192),
+]
+MOE_OPTIONS = [dict(ep_node_limit=1), dict(ep_overlap=True), dict(precision="fp8", fp8_cache="moe_act_input"),
+               dict(fused_kernels=True, framework="megatron")]
+
+
+@pytest.mark.parametrize("kw", [dict(model="llama-3-8b", gpus=16, gbs=64, **o) for o in DENSE_OPTIONS]
+                         + [dict(model="mixtral-8x7b", gpus=32, gbs=64, seq_len=4096, **o) for o in MOE_OPTIONS],
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items() if k not in ("model", "gpus", "gbs")))
+def test_every_plan_option_is_priced_alike_by_search_and_plan(kw):
+    """Each plan option beside the layout changes search's figures as it changes plan's (a
+    search that ignored one ranked layouts by other figures than `plan` reports for them)."""
+    _assert_bulk_equals_scalar(kw, layouts=12)
 
 
 def test_search_keeps_the_recompute_modules_and_their_rule():
