@@ -160,40 +160,8 @@ def _layer_times(model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, recompute
                                            weight_grad=False) * first_input_grad_skipped(rc, reentrant_checkpoint)
     attn, attn_backward = _attention_times(model, hw, tokens=tokens, tp=tp, cp=cp, mbs=mbs, seq=seq, eager=eager,
                                            elem=elem)
-    # norms, residual adds and dropout see the full hidden width of every token, or 1/t of the
-    # tokens under sequence parallelism (Korthikanti et al. 2022 §4.2.2); the MLP activation
-    # and RoPE work on the TP-sharded width, in an MoE layer on each of a token's top-k routed
-    # copies (expert parallelism brings a rank as many as it sends) and the shared experts
-    hidden_shard = where(f(sp) > 0, tp, 1.0)
-    mlp_width = {"dense": model.ffn,
-                 "moe": model.top_k * (model.expert_ffn or model.ffn) + model.shared_ffn_total if model.is_moe else 0}
-    drop_fwd, drop_bwd = dropout_passes(r.fused_kernels, elem)
-    dropped = f(dropout) > 0
-    elementwise, elementwise_bwd = {}, {}
-    for kind, width in mlp_width.items():
-        sharded = model.mlp_matrices * width / tp \
-            + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0)
-        passes = 10 + norm_features.extra_norm_passes(model)  # norms, residual adds (and sandwich norms)
-        elementwise[kind] = tokens * ((passes + drop_fwd * dropped) * h / hidden_shard + sharded) * elem / hw.hbm
-        elementwise_bwd[kind] = tokens * ((2 * passes + drop_bwd * dropped) * h / hidden_shard + 2 * sharded) * elem / hw.hbm
-    # QLoRA (bitsandbytes' MatMul4Bit): every use of a quantized weight dequantizes it to the
-    # compute dtype first, in the forward (and a recomputed forward) and for the backward's input
-    # gradient: a pass reading the packed weight and writing the 16-bit one
-    dequant = {kind: 0.0 for kind in ("dense", "moe")}
-    # LoRA's dropout on each adapter's input: a pass reading it and writing the dropped copy and
-    # its 1-byte mask, and in the backward one reading the gradient and the mask
-    adapter_drop = {kind: 0.0 for kind in ("dense", "moe")}
-    if frozen:
-        from .model_numbers import layer_matrix_params, model_numbers
-
-        mn = model_numbers(model)
-        targets = {name: 1.0 for name in lora_targets}
-        for kind, lp in (("dense", mn.dense), ("moe", mn.moe)):
-            if r.frozen_weight_bytes < r.compute_weight_bytes:
-                dequant[kind] = layer_matrix_params(lp, tp, ep, mn.kv_heads) * (r.frozen_weight_bytes + elem) / hw.hbm
-            if r.lora_dropout:
-                widths = act.adapter_inputs(mn.shape, targets, moe=kind == "moe", tp=tp)
-                adapter_drop[kind] = tokens * widths * (2 * elem + act.MASK_BYTES) / hw.hbm
+    elementwise, elementwise_bwd = _elementwise_times(model, hw, r, tokens=tokens, tp=tp, sp=sp, dropout=dropout)
+    dequant, adapter_drop = _adapter_passes(model, hw, r, lora_targets, tokens=tokens, tp=tp, ep=ep)
     # A non-reentrant checkpoint with early stop ends a dense block's recomputation before its
     # last linear (flops.py): that GEMM, and the TP collective after it, are not re-run.
     skip = float(r.recompute_skips_last_linear)
@@ -225,6 +193,54 @@ def _layer_times(model, hw: Hardware, r, tp, pp, dp, cp, ep, mbs, seq, recompute
                         gemm_bwd_dense=gemm_bwd["dense"], attn=attn, vocab_padded=vocab_padded)
     return {"compute": compute, "recompute_extra": recompute_extra, "layer": layer,
             "first_input_grad": first_input_grad, **comms}
+
+
+def _elementwise_times(model, hw: Hardware, r, *, tokens, tp, sp, dropout) -> tuple[dict, dict]:
+    """One layer's element-wise passes per micro-batch at HBM speed, by layer kind: (forward
+    seconds, backward seconds)."""
+    f, h, elem = floats, model.hidden, r.act_bytes
+    # norms, residual adds and dropout see the full hidden width of every token, or 1/t of the
+    # tokens under sequence parallelism (Korthikanti et al. 2022 §4.2.2); the MLP activation
+    # and RoPE work on the TP-sharded width, in an MoE layer on each of a token's top-k routed
+    # copies (expert parallelism brings a rank as many as it sends) and the shared experts
+    hidden_shard = where(f(sp) > 0, tp, 1.0)
+    mlp_width = {"dense": model.ffn,
+                 "moe": model.top_k * (model.expert_ffn or model.ffn) + model.shared_ffn_total if model.is_moe else 0}
+    drop_fwd, drop_bwd = dropout_passes(r.fused_kernels, elem)
+    dropped = f(dropout) > 0
+    elementwise, elementwise_bwd = {}, {}
+    for kind, width in mlp_width.items():
+        sharded = model.mlp_matrices * width / tp \
+            + (2 * (model.q_dim + model.kv_dim) / tp if model.position == "rotary" else 0)
+        passes = 10 + norm_features.extra_norm_passes(model)  # norms, residual adds (and sandwich norms)
+        elementwise[kind] = tokens * ((passes + drop_fwd * dropped) * h / hidden_shard + sharded) * elem / hw.hbm
+        elementwise_bwd[kind] = tokens * ((2 * passes + drop_bwd * dropped) * h / hidden_shard + 2 * sharded) * elem / hw.hbm
+    return elementwise, elementwise_bwd
+
+
+def _adapter_passes(model, hw: Hardware, r, lora_targets, *, tokens, tp, ep) -> tuple[dict, dict]:
+    """LoRA's and QLoRA's extra passes per layer and micro-batch at HBM speed, by layer kind:
+    (dequantization seconds, adapter dropout seconds); none when training in full."""
+    elem = r.act_bytes
+    # QLoRA (bitsandbytes' MatMul4Bit): every use of a quantized weight dequantizes it to the
+    # compute dtype first, in the forward (and a recomputed forward) and for the backward's input
+    # gradient: a pass reading the packed weight and writing the 16-bit one
+    dequant = {kind: 0.0 for kind in ("dense", "moe")}
+    # LoRA's dropout on each adapter's input: a pass reading it and writing the dropped copy and
+    # its 1-byte mask, and in the backward one reading the gradient and the mask
+    adapter_drop = {kind: 0.0 for kind in ("dense", "moe")}
+    if lora_targets is not None:
+        from .model_numbers import layer_matrix_params, model_numbers
+
+        mn = model_numbers(model)
+        targets = {name: 1.0 for name in lora_targets}
+        for kind, lp in (("dense", mn.dense), ("moe", mn.moe)):
+            if r.frozen_weight_bytes < r.compute_weight_bytes:
+                dequant[kind] = layer_matrix_params(lp, tp, ep, mn.kv_heads) * (r.frozen_weight_bytes + elem) / hw.hbm
+            if r.lora_dropout:
+                widths = act.adapter_inputs(mn.shape, targets, moe=kind == "moe", tp=tp)
+                adapter_drop[kind] = tokens * widths * (2 * elem + act.MASK_BYTES) / hw.hbm
+    return dequant, adapter_drop
 
 
 def _attention_times(model, hw: Hardware, *, tokens, tp, cp, mbs, seq, eager, elem) -> tuple:
