@@ -160,7 +160,9 @@ def test_memoised_figures_equal_fresh_ones(kw):
 def test_recipe_memo_keys_on_every_field_recipe_reads():
     """RECIPE_FIELDS names every plan field the recipe reads (from its source), and two plans
     that differ in one of them get their own recipes."""
-    read = set(re.findall(r"\bplan\.(\w+)", inspect.getsource(recipe_module._recipe)))
+    source = "".join(inspect.getsource(f) for f in (recipe_module._recipe, recipe_module._bytes_per_param,
+                                                   recipe_module._loss_bytes))
+    read = set(re.findall(r"\bplan\.(\w+)", source))
     assert read == set(RECIPE_FIELDS)
     for base, change in ((dict(), dict(framework="megatron")), (dict(), dict(optimizer="sgd")),
                          (dict(), dict(grad_clip=0.0)), (dict(framework="fsdp"), dict(dropout=0.1)),

@@ -162,6 +162,65 @@ _recipe_fields = attrgetter(*RECIPE_FIELDS)
 def _recipe(plan: Plan) -> Recipe:
     conv = conventions()
     fw = conv["frameworks"][plan.framework]
+    b = _bytes_per_param(plan, conv, fw)
+    weight, grad, master, act, compute_w = b["weight"], b["grad"], b["master"], b["act"], b["compute_w"]
+    mixed = plan.precision != "fp32"
+    pure16 = mixed and not plan.master_weights
+    autocast = 2.0 if (mixed and not pure16 and fw.get("autocast_weight_copy", False)) else 0.0
+    # Under autocast the parameters and the residual stream stay fp32: norms run in fp32
+    # (they are on autocast's fp32 list) and only matmul inputs are cast to 16 bits. A LoRA
+    # base frozen in 16 bits keeps a 16-bit stream (its embedding's output; norms cast back to
+    # their input's dtype): only the fp32 adapters' weights are cast.
+    residual = 4.0 if autocast and plan.finetune == "full" else act
+    logit, workspace, traffic, backward = _loss_bytes(plan, conv, fw, act)
+    impl = plan.optimizer_impl or fw["optimizer_impl"]
+    early_stop = bool(fw["recompute_early_stop"] if plan.recompute_early_stop is None
+                      else plan.recompute_early_stop) and plan.dropout == 0
+    return Recipe(
+        weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
+        reduce_bytes=float(DTYPE_BYTES[plan.reduce_dtype]) if plan.reduce_dtype
+        else compute_w if fw.get("reduce_in_compute_dtype", False) else grad,
+        optimizer_bytes=b["opt"], state_bytes=float(b["state"]), factored_optimizer=plan.optimizer == "adafactor",
+        act_bytes=act, residual_bytes=residual,
+        linear_in_bytes=b["linear_in"], frozen_weight_bytes=b["frozen"],
+        fused_kernels=bool(fw["fused_kernels"] if plan.fused_kernels is None else plan.fused_kernels),
+        autocast_copy_bytes=autocast, reduce_bucket_elems=float(fw["reduce_bucket_elems"]),
+        per_unit_collectives=bool(fw.get("per_unit_collectives", False)),
+        zero3_module_fetches=bool(fw.get("zero3_module_fetches", False)),
+        zero3_parameter_calls=bool(fw.get("zero3_parameter_calls", False)),
+        zero3_gathers_overlap=bool(fw.get("zero3_gathers_overlap", True)),
+        zero3_max_reuse_distance=float(fw.get("zero3_max_reuse_distance", float("inf"))),
+        grad_bucket_copy=bool(fw["grad_bucket_copy"]),
+        tp_embedding_grad_replicated=bool(fw.get("tp_embedding_grad_replicated", False)),
+        sp_gathers_saved_inputs=bool(fw.get("sp_gathers_saved_inputs", False)),
+        cp_ring_output_copy=bool(fw.get("cp_ring_output_copy", False)),
+        early_stop_checkpoint=early_stop,
+        recompute_skips_last_linear=early_stop and not (plan.finetune != "full" and "down" in plan.lora_targets),
+        logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,
+        loss_backward_bytes=backward,
+        optimizer_impl=impl, optimizer_traffic=float(conv["optimizer_step"][impl]),
+        cpu_optimizer_impl=fw["cpu_optimizer_impl"],
+        lora_dropout=plan.finetune != "full" and plan.lora_dropout > 0,
+        lora_input_copies=plan.finetune != "full" and autocast > 0,
+        cpu_optimizer_traffic=float(conv["optimizer_step"][fw["cpu_optimizer_impl"]]),
+        grad_reduce_passes=float(fw["grad_reduce_passes"]),
+        grad_reduce_passes_zero3=float(fw.get("grad_reduce_passes_zero3", fw["grad_reduce_passes"])),
+        gather_copy_passes=float(fw["gather_copy_passes"]),
+        grad_clip_passes=float(fw["grad_clip_passes"]) if plan.grad_clip > 0 else 0.0,
+        pp_accumulates_unsharded=bool(fw.get("pp_accumulates_unsharded", False)),
+        grads_sharded_from_zero=int(fw.get("grads_sharded_from_zero", 2)),
+        moe_gate_in_activation=bool(fw.get("moe_gate_in_activation", False)),
+        shards_params_at_rest=bool(fw.get("shards_params_at_rest", False)),
+        single_rank_no_shard=bool(fw.get("single_rank_no_shard", False)),
+        pipeline_engine=str(fw.get("pipeline_engine", "megatron")),
+        tp_backward_overlap=bool(fw.get("tp_backward_overlap", False) if plan.tp_backward_overlap is None
+                                 else plan.tp_backward_overlap),
+    )
+
+
+def _bytes_per_param(plan: Plan, conv: dict, fw: dict) -> dict:
+    """The recipe's bytes per parameter (weights, the compute copy, gradients, master copy,
+    optimizer state and its dtype, a QLoRA base's) and per activation element (`_recipe`)."""
     opt = float(conv["optimizers"][plan.optimizer])
     mixed = plan.precision != "fp32"
     # pure 16-bit training: the weights and gradients stay in the compute dtype, no fp32 copy
@@ -205,12 +264,13 @@ def _recipe(plan: Plan) -> Recipe:
         frozen = float(conv["quantized_base"][key]) / 8
     else:
         frozen = compute_w
-    autocast = 2.0 if (mixed and not pure16 and fw.get("autocast_weight_copy", False)) else 0.0
-    # Under autocast the parameters and the residual stream stay fp32: norms run in fp32
-    # (they are on autocast's fp32 list) and only matmul inputs are cast to 16 bits. A LoRA
-    # base frozen in 16 bits keeps a 16-bit stream (its embedding's output; norms cast back to
-    # their input's dtype): only the fp32 adapters' weights are cast.
-    residual = 4.0 if autocast and plan.finetune == "full" else act
+    return {"weight": weight, "grad": grad, "master": master, "act": act, "compute_w": compute_w, "opt": opt,
+            "state": state, "linear_in": linear_in, "frozen": frozen}
+
+
+def _loss_bytes(plan: Plan, conv: dict, fw: dict, act: float) -> tuple:
+    """The loss's bytes per logit: those it keeps, its workspace, and what its forward and its
+    backward move (`_recipe`)."""
     # The loss (conventions.toml [runtime]): PyTorch's cross-entropy works on an fp32 copy of
     # the logits and keeps the fp32 log-probabilities; a fused kernel keeps the 16-bit logits and
     # writes a 16-bit gradient, its only workspace.
@@ -222,46 +282,4 @@ def _recipe(plan: Plan) -> Recipe:
     backward = 2 * traffic
     if not plan.fused_loss and "loss_forward_bytes" in fw:  # the framework's own loss kernels
         traffic, backward = float(fw["loss_forward_bytes"]), float(fw["loss_backward_bytes"])
-    impl = plan.optimizer_impl or fw["optimizer_impl"]
-    early_stop = bool(fw["recompute_early_stop"] if plan.recompute_early_stop is None
-                      else plan.recompute_early_stop) and plan.dropout == 0
-    return Recipe(
-        weight_bytes=weight, compute_weight_bytes=compute_w, grad_bytes=grad, master_bytes=master,
-        reduce_bytes=float(DTYPE_BYTES[plan.reduce_dtype]) if plan.reduce_dtype
-        else compute_w if fw.get("reduce_in_compute_dtype", False) else grad,
-        optimizer_bytes=opt, state_bytes=float(state), factored_optimizer=plan.optimizer == "adafactor", act_bytes=act,
-        residual_bytes=residual,
-        linear_in_bytes=linear_in, frozen_weight_bytes=frozen,
-        fused_kernels=bool(fw["fused_kernels"] if plan.fused_kernels is None else plan.fused_kernels),
-        autocast_copy_bytes=autocast, reduce_bucket_elems=float(fw["reduce_bucket_elems"]),
-        per_unit_collectives=bool(fw.get("per_unit_collectives", False)),
-        zero3_module_fetches=bool(fw.get("zero3_module_fetches", False)),
-        zero3_parameter_calls=bool(fw.get("zero3_parameter_calls", False)),
-        zero3_gathers_overlap=bool(fw.get("zero3_gathers_overlap", True)),
-        zero3_max_reuse_distance=float(fw.get("zero3_max_reuse_distance", float("inf"))),
-        grad_bucket_copy=bool(fw["grad_bucket_copy"]),
-        tp_embedding_grad_replicated=bool(fw.get("tp_embedding_grad_replicated", False)),
-        sp_gathers_saved_inputs=bool(fw.get("sp_gathers_saved_inputs", False)),
-        cp_ring_output_copy=bool(fw.get("cp_ring_output_copy", False)),
-        early_stop_checkpoint=early_stop,
-        recompute_skips_last_linear=early_stop and not (plan.finetune != "full" and "down" in plan.lora_targets),
-        logit_bytes=logit, loss_workspace_bytes=workspace, loss_traffic_bytes=traffic,
-        loss_backward_bytes=backward,
-        optimizer_impl=impl, optimizer_traffic=float(conv["optimizer_step"][impl]),
-        cpu_optimizer_impl=fw["cpu_optimizer_impl"],
-        lora_dropout=plan.finetune != "full" and plan.lora_dropout > 0,
-        lora_input_copies=plan.finetune != "full" and autocast > 0,
-        cpu_optimizer_traffic=float(conv["optimizer_step"][fw["cpu_optimizer_impl"]]),
-        grad_reduce_passes=float(fw["grad_reduce_passes"]),
-        grad_reduce_passes_zero3=float(fw.get("grad_reduce_passes_zero3", fw["grad_reduce_passes"])),
-        gather_copy_passes=float(fw["gather_copy_passes"]),
-        grad_clip_passes=float(fw["grad_clip_passes"]) if plan.grad_clip > 0 else 0.0,
-        pp_accumulates_unsharded=bool(fw.get("pp_accumulates_unsharded", False)),
-        grads_sharded_from_zero=int(fw.get("grads_sharded_from_zero", 2)),
-        moe_gate_in_activation=bool(fw.get("moe_gate_in_activation", False)),
-        shards_params_at_rest=bool(fw.get("shards_params_at_rest", False)),
-        single_rank_no_shard=bool(fw.get("single_rank_no_shard", False)),
-        pipeline_engine=str(fw.get("pipeline_engine", "megatron")),
-        tp_backward_overlap=bool(fw.get("tp_backward_overlap", False) if plan.tp_backward_overlap is None
-                                 else plan.tp_backward_overlap),
-    )
+    return logit, workspace, traffic, backward
