@@ -124,14 +124,30 @@ def gemm_terms(hw) -> str:
 def explain_time_lines(result: PlanResult) -> list[str]:
     """The step's terms with the plan's numbers: one micro-batch on the slowest stage, by layer
     kind and part, then the pipeline, the data-parallel collectives and the optimizer."""
-    from .estimate.attention_rates import flash_efficiency
-    from .estimate.stage import recomputed_share
     from .estimate.time import step_derivation
     from .profile import load_profile
 
     L, p = result.layout, result.layout.plan
     r = recipe(p)
     d = step_derivation(L, load_profile(p.gpu_profile) if p.gpu_profile else None, result.memory)
+    out = _micro_batch_lines(result, d, r)
+    bd = result.time["breakdown_s"]
+    out.append(f"Step: {L.micro_batches} micro-batch{'es' if L.micro_batches != 1 else ''}, {p.schedule}"
+               + (f" v={L.vpp}" if L.vpp > 1 else "") + f" over {L.pp} stage{'s' if L.pp != 1 else ''}: pipeline "
+               f"{_t(float(np.asarray(d['pipeline_s']).ravel()[0]))} (bubble {_t(bd['bubble'])})")
+    if L.dp * L.cp > 1:
+        out.append(_data_parallel_line(result, d, r))
+    out.append(_optimizer_line(result, d, r))
+    return out
+
+
+def _micro_batch_lines(result: PlanResult, d: dict, r) -> list[str]:
+    """`explain_time_lines`' micro-batch on the slowest stage: the rates, each layer kind's parts,
+    the head and the embedding where the stage holds them, the exposed communication, the sum."""
+    from .estimate.attention_rates import flash_efficiency
+    from .estimate.stage import recomputed_share
+
+    L, p = result.layout, result.layout.plan
     hw, det = d["hardware"], d["detail"]
     stage_s = np.broadcast_to(np.asarray(d["stage_s"], dtype=float), (L.pp,))
     i = int(np.argmax(stage_s))
@@ -188,50 +204,57 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     parts = {k: float(np.asarray(v).ravel()[0]) for k, v in d["micro_batch_s"].items()}
     out.append("  micro-batch = " + " + ".join(f"{k.replace('_', ' ')} {_t(v)}" for k, v in parts.items() if v)
                + f" = {_t(sum(parts.values()))}")
-    bd = result.time["breakdown_s"]
-    out.append(f"Step: {L.micro_batches} micro-batch{'es' if L.micro_batches != 1 else ''}, {p.schedule}"
-               + (f" v={L.vpp}" if L.vpp > 1 else "") + f" over {L.pp} stage{'s' if L.pp != 1 else ''}: pipeline "
-               f"{_t(float(np.asarray(d['pipeline_s']).ravel()[0]))} (bubble {_t(bd['bubble'])})")
+    return out
+
+
+def _data_parallel_line(result: PlanResult, d: dict, r) -> str:
+    """`explain_time_lines`' data-parallel collectives: what they move, their calls and latency,
+    the framework's own passes, and how much of them the step exposes."""
+    L, p, hw, bd = result.layout, result.layout.plan, d["hardware"], result.time["breakdown_s"]
     coll = {k: float(np.asarray(v).ravel()[0]) for k, v in d["dp_collectives_s"].items()}
-    group = L.dp * L.cp
-    if group > 1:
-        if r.keeps_stage_gathered(L.pp, L.zero):
-            what = (f"per step, the parameters kept gathered and the gradients accumulated unsharded across the "
-                    f"micro-batches (pipelined FSDP), a parameter all-gather of {_t(coll['all_gather'])} and a "
-                    f"gradient reduce-scatter of {_t(coll['reduce_scatter'])}")
-        elif L.zero >= 3:
-            again = float(np.asarray(d["dp_regathered"]).ravel()[0])
-            more = f" (and {again:.0%} of one more for the recomputed forward)" if again > 0 else ""
-            what = (f"per micro-batch 2 parameter all-gathers{more} of {_t(coll['all_gather'])} and a gradient "
-                    f"reduce-scatter of {_t(coll['reduce_scatter'])} (backward prefetch {p.backward_prefetch})")
-        else:
-            reductions, gathers = (float(np.asarray(d[k]).ravel()[0]) for k in ("dp_reductions", "dp_gathers"))
-            times = lambda n, what: f"{n:g} {what}{'s' if n != 1 else ''}"  # noqa: E731
-            each = " (one in each micro-batch)" if reductions > 1 else ""
-            what = (f"per step {times(reductions, 'gradient reduce-scatter')}{each} of {_t(coll['reduce_scatter'])} "
-                    f"and {times(gathers, 'parameter all-gather')} of {_t(coll['all_gather'])}" if L.zero >= 1
-                    else f"per step {times(reductions, 'gradient all-reduce')}{each} of {_t(coll['all_reduce'])}")
-        overlap = (f"overlapped, compute beside them {hw.overlap_slowdown:.1%} slower" if p.overlap_dp
-                   else "not overlapped")
-        n_calls = float(np.asarray(d["dp_gather_calls" if L.zero >= 3 else "dp_calls"]).ravel()[0])
-        unit = "a submodule each" if L.zero >= 3 and r.zero3_module_fetches else "a layer each, and the root"
-        calls = f"{n_calls:g} calls ({unit})" if n_calls > 1 else "one call"
-        lat = float(np.asarray(d["dp_call_latency_s"]["all_gather" if L.zero >= 1 else "all_reduce"]).ravel()[0])
-        book = float(np.asarray(d["dp_bookkeeping_s"]).ravel()[0])
-        passes = (f"; {p.framework}'s own passes over the gradients ({r.grad_reduce_passes:g} per reduction)"
-                  + (f" and gathered parameters ({r.gather_copy_passes:g} per gather)" if r.gather_copy_passes else "")
-                  + f" {_t(book)}, included") if book else ""
-        hybrid = (f" (sharded in groups of {L.dp_shard * L.cp}, {L.dp // L.dp_shard} replicas: each gradient "
-                  f"reduce-scatter includes their all-reduce of its output, {_t(coll['replica_all_reduce'])})"
-                  if L.zero >= 1 and L.dp_shard < L.dp else "")
-        fetch = float(np.asarray(d["param_fetch_s"]).ravel()[0])
-        fetched = (f"; fetching each parameter shard from the host before its gather (at {hw.h2d / 1e9:g} GB/s) "
-                   f"{_t(fetch)}, included" if p.offload_params else "")
-        algos = ", ".join(f"{k.removeprefix('DP ')} {v}" for k, v in d.get("nccl_algorithms", {}).items()
-                          if k.startswith("DP "))
-        out.append(f"  + data parallel over {group} ranks{hybrid}: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
-                   f"each collective {calls} of {_t(lat)} NCCL latency, {_bus(L, hw)}{passes}{fetched}"
-                   + (f"; NCCL runs (its tuner's algorithm/protocol for the call size) {algos}" if algos else ""))
+    if r.keeps_stage_gathered(L.pp, L.zero):
+        what = (f"per step, the parameters kept gathered and the gradients accumulated unsharded across the "
+                f"micro-batches (pipelined FSDP), a parameter all-gather of {_t(coll['all_gather'])} and a "
+                f"gradient reduce-scatter of {_t(coll['reduce_scatter'])}")
+    elif L.zero >= 3:
+        again = float(np.asarray(d["dp_regathered"]).ravel()[0])
+        more = f" (and {again:.0%} of one more for the recomputed forward)" if again > 0 else ""
+        what = (f"per micro-batch 2 parameter all-gathers{more} of {_t(coll['all_gather'])} and a gradient "
+                f"reduce-scatter of {_t(coll['reduce_scatter'])} (backward prefetch {p.backward_prefetch})")
+    else:
+        reductions, gathers = (float(np.asarray(d[k]).ravel()[0]) for k in ("dp_reductions", "dp_gathers"))
+        times = lambda n, what: f"{n:g} {what}{'s' if n != 1 else ''}"  # noqa: E731
+        each = " (one in each micro-batch)" if reductions > 1 else ""
+        what = (f"per step {times(reductions, 'gradient reduce-scatter')}{each} of {_t(coll['reduce_scatter'])} "
+                f"and {times(gathers, 'parameter all-gather')} of {_t(coll['all_gather'])}" if L.zero >= 1
+                else f"per step {times(reductions, 'gradient all-reduce')}{each} of {_t(coll['all_reduce'])}")
+    overlap = (f"overlapped, compute beside them {hw.overlap_slowdown:.1%} slower" if p.overlap_dp
+               else "not overlapped")
+    n_calls = float(np.asarray(d["dp_gather_calls" if L.zero >= 3 else "dp_calls"]).ravel()[0])
+    unit = "a submodule each" if L.zero >= 3 and r.zero3_module_fetches else "a layer each, and the root"
+    calls = f"{n_calls:g} calls ({unit})" if n_calls > 1 else "one call"
+    lat = float(np.asarray(d["dp_call_latency_s"]["all_gather" if L.zero >= 1 else "all_reduce"]).ravel()[0])
+    book = float(np.asarray(d["dp_bookkeeping_s"]).ravel()[0])
+    passes = (f"; {p.framework}'s own passes over the gradients ({r.grad_reduce_passes:g} per reduction)"
+              + (f" and gathered parameters ({r.gather_copy_passes:g} per gather)" if r.gather_copy_passes else "")
+              + f" {_t(book)}, included") if book else ""
+    hybrid = (f" (sharded in groups of {L.dp_shard * L.cp}, {L.dp // L.dp_shard} replicas: each gradient "
+              f"reduce-scatter includes their all-reduce of its output, {_t(coll['replica_all_reduce'])})"
+              if L.zero >= 1 and L.dp_shard < L.dp else "")
+    fetch = float(np.asarray(d["param_fetch_s"]).ravel()[0])
+    fetched = (f"; fetching each parameter shard from the host before its gather (at {hw.h2d / 1e9:g} GB/s) "
+               f"{_t(fetch)}, included" if p.offload_params else "")
+    algos = ", ".join(f"{k.removeprefix('DP ')} {v}" for k, v in d.get("nccl_algorithms", {}).items()
+                      if k.startswith("DP "))
+    return (f"  + data parallel over {L.dp * L.cp} ranks{hybrid}: {what}, {overlap}: {_t(bd['dp_comm'])} exposed; "
+               f"each collective {calls} of {_t(lat)} NCCL latency, {_bus(L, hw)}{passes}{fetched}"
+               + (f"; NCCL runs (its tuner's algorithm/protocol for the call size) {algos}" if algos else ""))
+
+
+def _optimizer_line(result: PlanResult, d: dict, r) -> str:
+    """`explain_time_lines`' optimizer step (on the host when offloaded), the wait for data, and
+    the step."""
+    L, p, hw, bd = result.layout, result.layout.plan, d["hardware"], result.time["breakdown_s"]
     if p.offload_optimizer:
         off = {k: float(np.asarray(v).ravel()[0]) for k, v in d["offloaded_optimizer_s"].items()}
         hosts = min(p.gpus_per_node, L.gpus)
@@ -243,10 +266,9 @@ def explain_time_lines(result: PlanResult) -> list[str]:
     else:
         where = ""
     impl = r.cpu_optimizer_impl if where else r.optimizer_impl
-    out.append(f"  + optimizer {_t(bd['optimizer'])}{where} ({p.optimizer} {impl}"
+    return (f"  + optimizer {_t(bd['optimizer'])}{where} ({p.optimizer} {impl}"
                + (f", {r.optimizer_traffic:g}x a fused step's traffic" if r.optimizer_traffic != 1 and not where else "")
                + (f"; clipping at norm {p.grad_clip:g}, {r.grad_clip_passes:g} pass"
                   f"{'es' if r.grad_clip_passes != 1 else ''} over the gradients" if r.grad_clip_passes else "") + ")"
                + (f" + waiting for data {_t(bd['data'])}" if bd["data"] else "")
                + f" = step {_t(result.time['step_s'])}")
-    return out
