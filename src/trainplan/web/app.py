@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 from threading import Lock
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
@@ -169,111 +169,145 @@ def create_app(heavy_workers: int | None = None, heavy_queue: int | None = None,
             return _refused(refusal)
         return await call_next(request)
 
-    async def on_cpu(fn, *args):
-        return await asyncio.wrap_future(cpu.submit(fn, *args))
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def index() -> HTMLResponse:
-        return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
-
-    @app.get("/static/{name}", include_in_schema=False)
-    def static(name: str) -> Response:
-        suffix = name[name.rfind("."):] if "." in name else ""
-        path = STATIC / name
-        if "/" in name or ".." in name or suffix not in MEDIA or not path.is_file():
-            return Response(status_code=404)
-        return Response(path.read_bytes(), media_type=MEDIA[suffix])
-
-    @app.get("/docs/{name}", include_in_schema=False)
-    def document(name: str) -> Response:
-        stem = name.removesuffix(".md")
-        path = DOCS / f"{stem}.md"
-        if not name.endswith(".md") or stem not in DOC_NAMES or not path.is_file():
-            return HTMLResponse(NOT_HERE.format(name=escape(name[:80])), status_code=404)
-        return HTMLResponse(render_markdown(path.read_text(encoding="utf-8"), f"trainplan — docs/{name}"))
-
-    @app.get("/api/models")
-    def models() -> list[dict]:
-        from ..specs import catalog
-
-        return catalog.model_rows()  # the rows `trainplan models --json` prints
-
-    @app.get("/api/gpus")
-    def gpus() -> list[dict]:
-        from ..specs import catalog
-
-        return catalog.gpu_rows()  # the rows `trainplan gpus --json` prints
-
-    def checked(kind: str, raw: bytes) -> tuple[dict, dict]:
-        options, extras = validate(kind, parse(raw))
-        if kind == "compare":
-            jobs.compare_plans(options, extras["compare_gpus"])  # every accelerator named is known
-        else:
-            jobs.web_plan(options)
-        return options, extras
-
-    async def heavy_request(request: Request, kind: str) -> Response:
-        try:
-            options, x = await on_cpu(checked, kind, await _read(request))
-            if kind == "search":
-                args, seconds = (options, x["fixed"], x["top"], x["objective"]), SEARCH_MAX_SECONDS
-            else:
-                args, seconds = (options, x["compare_gpus"], x["fixed"], x["objective"]), COMPARE_MAX_SECONDS
-            payload = await heavy.run(kind, args, seconds + HEAVY_GRACE_S)
-        except (Refusal, PlanError) as err:
-            return _refused(err)
-        return Response(payload, media_type="application/json")
-
-    @app.post("/api/search")
-    async def search_layouts(request: Request) -> Response:
-        return await heavy_request(request, "search")
-
-    @app.post("/api/compare")
-    async def compare_accelerators(request: Request) -> Response:
-        return await heavy_request(request, "compare")
-
-    def plan_answer(raw: bytes) -> bytes:
-        options, extras = validate("plan", parse(raw))
-        payload = jobs.plan_json(options, extras["timeline"], extras["explain"])
-        cache.put(raw, payload)
-        return payload
-
-    def export_answer(raw: bytes) -> bytes:
-        options, extras = validate("export", parse(raw))
-        return jobs.export_json(options, extras["target"])
-
-    def import_answer(raw: bytes) -> bytes:
-        options, extras = validate("import", parse(raw))
-        return jobs.import_json(extras["text"], extras["name"], options.get("model"))
-
-    async def light_request(request: Request, answer) -> Response:
-        """A request answered in the thread pool (`answer`: its raw body -> the JSON answer)."""
-        try:
-            payload = await on_cpu(answer, await _read(request))
-        except (Refusal, PlanError) as err:
-            return _refused(err)
-        return Response(payload, media_type="application/json")
-
-    @app.post("/api/import")
-    async def import_config(request: Request) -> Response:
-        return await light_request(request, import_answer)
-
-    @app.post("/api/export")
-    async def export_run(request: Request) -> Response:
-        return await light_request(request, export_answer)
-
-    @app.post("/api/plan")
-    async def plan(request: Request) -> Response:
-        try:
-            raw = await _read(request)
-            # a plan is a pure function of its body: the same bytes (a shared URL, a language
-            # switch) are answered from the cache, on the event loop (a dictionary look-up)
-            payload = cache.get(raw) or await on_cpu(plan_answer, raw)
-        except (Refusal, PlanError) as err:
-            return _refused(err)
-        return Response(payload, media_type="application/json")
-
+    for router in (pages, catalogs, planning):
+        app.include_router(router)
     return app
+
+
+# ---- the page, its assets and the documents it cites
+pages = APIRouter(include_in_schema=False)
+
+
+@pages.get("/", response_class=HTMLResponse)
+def index() -> HTMLResponse:
+    return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))
+
+
+@pages.get("/static/{name}")
+def static(name: str) -> Response:
+    suffix = name[name.rfind("."):] if "." in name else ""
+    path = STATIC / name
+    if "/" in name or ".." in name or suffix not in MEDIA or not path.is_file():
+        return Response(status_code=404)
+    return Response(path.read_bytes(), media_type=MEDIA[suffix])
+
+
+@pages.get("/docs/{name}")
+def document(name: str) -> Response:
+    stem = name.removesuffix(".md")
+    path = DOCS / f"{stem}.md"
+    if not name.endswith(".md") or stem not in DOC_NAMES or not path.is_file():
+        return HTMLResponse(NOT_HERE.format(name=escape(name[:80])), status_code=404)
+    return HTMLResponse(render_markdown(path.read_text(encoding="utf-8"), f"trainplan — docs/{name}"))
+
+
+# ---- the catalogs
+catalogs = APIRouter()
+
+
+@catalogs.get("/api/models")
+def models() -> list[dict]:
+    from ..specs import catalog
+
+    return catalog.model_rows()  # the rows `trainplan models --json` prints
+
+
+@catalogs.get("/api/gpus")
+def gpus() -> list[dict]:
+    from ..specs import catalog
+
+    return catalog.gpu_rows()  # the rows `trainplan gpus --json` prints
+
+
+# ---- plans, searches, comparisons, exports and imports: computed off the event loop (`pool`)
+planning = APIRouter()
+
+
+async def _on_cpu(request: Request, fn, *args):
+    """fn(*args) in the app's thread pool."""
+    return await asyncio.wrap_future(request.app.state.cpu.submit(fn, *args))
+
+
+def _checked(kind: str, raw: bytes) -> tuple[dict, dict]:
+    options, extras = validate(kind, parse(raw))
+    if kind == "compare":
+        jobs.compare_plans(options, extras["compare_gpus"])  # every accelerator named is known
+    else:
+        jobs.web_plan(options)
+    return options, extras
+
+
+async def _heavy_request(request: Request, kind: str) -> Response:
+    """A search or a comparison, checked in the thread pool and run in the app's bounded pool."""
+    try:
+        options, x = await _on_cpu(request, _checked, kind, await _read(request))
+        if kind == "search":
+            args, seconds = (options, x["fixed"], x["top"], x["objective"]), SEARCH_MAX_SECONDS
+        else:
+            args, seconds = (options, x["compare_gpus"], x["fixed"], x["objective"]), COMPARE_MAX_SECONDS
+        payload = await request.app.state.heavy.run(kind, args, seconds + HEAVY_GRACE_S)
+    except (Refusal, PlanError) as err:
+        return _refused(err)
+    return Response(payload, media_type="application/json")
+
+
+@planning.post("/api/search")
+async def search_layouts(request: Request) -> Response:
+    return await _heavy_request(request, "search")
+
+
+@planning.post("/api/compare")
+async def compare_accelerators(request: Request) -> Response:
+    return await _heavy_request(request, "compare")
+
+
+def _plan_answer(cache: ResponseCache, raw: bytes) -> bytes:
+    options, extras = validate("plan", parse(raw))
+    payload = jobs.plan_json(options, extras["timeline"], extras["explain"])
+    cache.put(raw, payload)
+    return payload
+
+
+def _export_answer(raw: bytes) -> bytes:
+    options, extras = validate("export", parse(raw))
+    return jobs.export_json(options, extras["target"])
+
+
+def _import_answer(raw: bytes) -> bytes:
+    options, extras = validate("import", parse(raw))
+    return jobs.import_json(extras["text"], extras["name"], options.get("model"))
+
+
+async def _light_request(request: Request, answer) -> Response:
+    """A request answered in the thread pool (`answer`: its raw body -> the JSON answer)."""
+    try:
+        payload = await _on_cpu(request, answer, await _read(request))
+    except (Refusal, PlanError) as err:
+        return _refused(err)
+    return Response(payload, media_type="application/json")
+
+
+@planning.post("/api/import")
+async def import_config(request: Request) -> Response:
+    return await _light_request(request, _import_answer)
+
+
+@planning.post("/api/export")
+async def export_run(request: Request) -> Response:
+    return await _light_request(request, _export_answer)
+
+
+@planning.post("/api/plan")
+async def plan(request: Request) -> Response:
+    cache = request.app.state.cache
+    try:
+        raw = await _read(request)
+        # a plan is a pure function of its body: the same bytes (a shared URL, a language
+        # switch) are answered from the cache, on the event loop (a dictionary look-up)
+        payload = cache.get(raw) or await _on_cpu(request, _plan_answer, cache, raw)
+    except (Refusal, PlanError) as err:
+        return _refused(err)
+    return Response(payload, media_type="application/json")
 
 
 app = create_app()
