@@ -332,100 +332,148 @@ def torchtitan_peaks(cfg: dict) -> list[dict]:
 def _compare(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str = "triton") -> dict:
     """One published row against its prediction (`attention`: the kernel MosaicML rows run,
     their published Triton one unless a comparison asks for another)."""
-    if table == "narayanan2021":
-        pb, a, h, L, tp, pp, g, gbs, pub = row
-        spec, kw = narayanan_setup(cfg, row)
-        layout = resolve(_plan(profiles, **kw), spec)
-        t = evaluate_layout(layout)["time"]
-        s, V = 2048, 51200
-        flops = 96 * gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-        pred = flops / t["step_s"] / g / 1e12
-        label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, {g} GPUs"
-        return dict(source=table, gpu=cfg["gpu"], label=label, metric="TFLOP/s per GPU (96-count)", published=pub,
-                    predicted=pred)
-    if table == "megatron_core_h100":
-        pb, a, h, L, tp, pp, g, gbs, pub = row
-        s, V = 4096, 131072
-        # separate input and output embeddings: the published sizes count both (1.7B is
-        # 1.49B tied, 1.75B untied; 7.1B 6.60 / 7.13; 462B 459.1 / 461.5)
-        spec = _gpt(f"GPT {pb}B", h, a, L, V, s, tied=False)
-        layout, out, rc = _with_recompute_rule(
-            spec, profiles, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=s, zero=1, sp=tp > 1,
-            framework="megatron", attention="cudnn", precision="bf16", overlap_tp=True, overlap_dp=True)
-        flops = megatron_model_flops(spec, tokens=gbs * s, seq=s, vocab_padded=layout.vocab_padded)
-        pred = flops / out["time"]["step_s"] / g / 1e12
-        label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, recompute {rc}"
-        return dict(source=table, gpu=cfg["gpu"], label=label, metric="TFLOP/s per GPU (model)", published=pub,
-                    predicted=pred)
-    if table == "megatron_single_node":
-        h, a, L, mp, g, system, gbs, ms, tf = row
-        spec = _gpt(f"GPT h{h}", h, a, L, 50257, 1024)
-        gpu = "V100" if system == "V100" else "A100-40GB-SXM"
-        layout = resolve(_plan(profiles, gpu=gpu, gpus=g, tp=mp, gbs=gbs, mbs=gbs // (g // mp), seq_len=1024,
-                                   recompute="full", framework="megatron", attention="eager", precision="fp16",
-                                   overlap_dp=False, tp_backward_overlap=False, gpus_per_node=16 if system == "V100" else 8), spec)
-        t = evaluate_layout(layout)["time"]
-        label = f"{system}: h {h}, {L} layers, MP {mp}, {g} GPUs"
-        return dict(source=table, gpu=gpu, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)
-    if table.startswith("mosaicml_"):
-        name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row[:12]
-        spec, kw = mosaicml_setup(cfg, row, attention=attention)
-        layout = resolve(_plan(profiles, **kw), spec)
-        t = evaluate_layout(layout)["time"]
-        label = (f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"
-                 + (", SHARD_GRAD_OP" if kw["zero"] == 2 else ""))
-        return dict(source=table, gpu=cfg["gpu"], label=label, metric="tokens/s per GPU", published=tok,
-                    predicted=t["tokens_per_s"] / g)
-    if table == "llama3_405b":
-        g, tp, cp, pp, dp, seq, pub = row
-        layout = resolve(_plan(profiles, **llama3_setup(cfg, row)))
-        assert layout.dp == dp
-        flops = palm_model_flops(layout.model, tokens=layout.gbs * seq, seq=seq)
-        pred = flops / evaluate_layout(layout)["time"]["step_s"] / g / 1e12
-        label = f"Llama 3 405B, TP {tp} CP {cp} PP {pp} DP {dp}, {g:,} GPUs, s {seq:,}"
-        return dict(source=table, gpu=cfg["gpu"], label=label, metric="TFLOP/s per GPU (model)", published=pub,
-                    predicted=pred)
-    if table == "automodel_h100":
-        label, *_, step_s, tok = row
-        layout = resolve(_plan(profiles, **automodel_setup(cfg, row)))
-        t = evaluate_layout(layout)["time"]
-        par = ", ".join(f"{k.upper()} {getattr(layout, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(layout, k) > 1)
-        return dict(source=table, gpu=cfg["gpu"], label=f"{label}, {layout.gpus} GPUs, FSDP {layout.dp}"
-                    + (f", {par}" if par else ""), metric="tokens/s per GPU", published=tok,
-                    predicted=t["tokens_per_s"] / layout.gpus, moe=layout.model.is_moe)
-    if table == "bloom_176b":
-        label, g, tp, pp, dp = row[:5]
-        spec, kw = bloom_setup(cfg, row)
-        layout = resolve(_plan(profiles, **kw), spec)
-        assert layout.dp == dp
-        t = evaluate_layout(layout)["time"]
-        return dict(source=table, gpu=cfg["gpu"], label=f"{label}, TP {tp} PP {pp} DP {dp}, {g} GPUs",
-                    metric="iteration s", published=row[8], predicted=t["step_s"])
-    if table == "opt_175b":
-        label, g, tp, dp = row[:4]
-        spec, kw = opt_setup(cfg, row)
-        layout = resolve(_plan(profiles, **kw), spec)
-        assert layout.dp == dp
-        t = evaluate_layout(layout)["time"]
-        s, h, L, V = layout.seq_len, spec.hidden, spec.layers, spec.vocab
-        flops = 96 * layout.gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-        return dict(source=table, gpu=cfg["gpu"], label=f"{label}, TP {tp} FSDP (ZeRO-2) {dp}, {g} GPUs",
-                    metric="TFLOP/s per GPU (96-count)", published=row[7], predicted=flops / t["step_s"] / g / 1e12)
-    if table == "deepspeed_azure_zero3":
-        label, g = row[0], row[4]
-        spec, kw = azure_zero3_setup(cfg, row)
-        layout = resolve(_plan(profiles, **kw), spec)
-        t = evaluate_layout(layout)["time"]
-        s, h, L, V = layout.seq_len, spec.hidden, spec.layers, layout.vocab_padded
-        flops = 96 * layout.gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-        return dict(source=table, gpu=cfg["gpu"], label=f"{label}, ZeRO-3 {g}, mb {kw['mbs']}, s {s}"
-                    + (", optimizer on the CPU" if kw["offload_optimizer"] else ""),
-                    metric="TFLOP/s per GPU (96-count)", published=row[8], predicted=flops / t["step_s"] / g / 1e12)
-    if table == "torchtitan_h100":
-        tab, label, _, g = row[:4]
-        layout = resolve(_plan(profiles, **torchtitan_setup(cfg, row)))
-        t = evaluate_layout(layout)["time"]
-        name = layout.model.name
-        return dict(source=table, gpu=cfg["gpu"], label=f"Table {tab}: {name}, {label}, {g} GPUs, s {layout.seq_len:,}",
-                    metric="tokens/s per GPU", published=row[13], predicted=t["tokens_per_s"] / g)
-    raise ValueError(table)
+    compare = _COMPARISONS.get("mosaicml" if table.startswith("mosaicml_") else table)
+    if compare is None:
+        raise ValueError(table)
+    return compare(table, cfg, row, profiles, attention)
+
+
+def _compare_narayanan2021(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """Narayanan et al. 2021, Table 1: TFLOP/s per GPU by their 96-count formula."""
+    pb, a, h, L, tp, pp, g, gbs, pub = row
+    spec, kw = narayanan_setup(cfg, row)
+    layout = resolve(_plan(profiles, **kw), spec)
+    t = evaluate_layout(layout)["time"]
+    s, V = 2048, 51200
+    flops = 96 * gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    pred = flops / t["step_s"] / g / 1e12
+    label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, {g} GPUs"
+    return dict(source=table, gpu=cfg["gpu"], label=label, metric="TFLOP/s per GPU (96-count)", published=pub,
+                predicted=pred)
+
+
+def _compare_megatron_core_h100(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """Megatron-Core's H100 weak-scaling table: model TFLOP/s per GPU, recomputation by its rule."""
+    pb, a, h, L, tp, pp, g, gbs, pub = row
+    s, V = 4096, 131072
+    # separate input and output embeddings: the published sizes count both (1.7B is
+    # 1.49B tied, 1.75B untied; 7.1B 6.60 / 7.13; 462B 459.1 / 461.5)
+    spec = _gpt(f"GPT {pb}B", h, a, L, V, s, tied=False)
+    layout, out, rc = _with_recompute_rule(
+        spec, profiles, gpu=cfg["gpu"], gpus=g, tp=tp, pp=pp, gbs=gbs, mbs=1, seq_len=s, zero=1, sp=tp > 1,
+        framework="megatron", attention="cudnn", precision="bf16", overlap_tp=True, overlap_dp=True)
+    flops = megatron_model_flops(spec, tokens=gbs * s, seq=s, vocab_padded=layout.vocab_padded)
+    pred = flops / out["time"]["step_s"] / g / 1e12
+    label = f"GPT {pb}B, TP {tp} PP {pp} DP {layout.dp}, recompute {rc}"
+    return dict(source=table, gpu=cfg["gpu"], label=label, metric="TFLOP/s per GPU (model)", published=pub,
+                predicted=pred)
+
+
+def _compare_megatron_single_node(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """Megatron-LM v1/v2's GPT-2 scaling table (tensor parallelism only): iteration milliseconds."""
+    h, a, L, mp, g, system, gbs, ms, tf = row
+    spec = _gpt(f"GPT h{h}", h, a, L, 50257, 1024)
+    gpu = "V100" if system == "V100" else "A100-40GB-SXM"
+    layout = resolve(_plan(profiles, gpu=gpu, gpus=g, tp=mp, gbs=gbs, mbs=gbs // (g // mp), seq_len=1024,
+                               recompute="full", framework="megatron", attention="eager", precision="fp16",
+                               overlap_dp=False, tp_backward_overlap=False, gpus_per_node=16 if system == "V100" else 8), spec)
+    t = evaluate_layout(layout)["time"]
+    label = f"{system}: h {h}, {L} layers, MP {mp}, {g} GPUs"
+    return dict(source=table, gpu=gpu, label=label, metric="iteration ms", published=ms, predicted=t["step_s"] * 1e3)
+
+
+def _compare_mosaicml(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """MosaicML's LLM Foundry throughput tables: tokens/s per GPU."""
+    name, d, a, L, seq, g, mb, ga, gbs, ckpt, tok, mfu = row[:12]
+    spec, kw = mosaicml_setup(cfg, row, attention=attention)
+    layout = resolve(_plan(profiles, **kw), spec)
+    t = evaluate_layout(layout)["time"]
+    label = (f"MPT-{name}, s {seq}, {g} GPUs, mb {mb}{', act ckpt' if ckpt else ''}"
+             + (", SHARD_GRAD_OP" if kw["zero"] == 2 else ""))
+    return dict(source=table, gpu=cfg["gpu"], label=label, metric="tokens/s per GPU", published=tok,
+                predicted=t["tokens_per_s"] / g)
+
+
+def _compare_llama3_405b(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """Llama 3 405B (Table 4): model TFLOP/s per GPU."""
+    g, tp, cp, pp, dp, seq, pub = row
+    layout = resolve(_plan(profiles, **llama3_setup(cfg, row)))
+    assert layout.dp == dp
+    flops = palm_model_flops(layout.model, tokens=layout.gbs * seq, seq=seq)
+    pred = flops / evaluate_layout(layout)["time"]["step_s"] / g / 1e12
+    label = f"Llama 3 405B, TP {tp} CP {cp} PP {pp} DP {dp}, {g:,} GPUs, s {seq:,}"
+    return dict(source=table, gpu=cfg["gpu"], label=label, metric="TFLOP/s per GPU (model)", published=pub,
+                predicted=pred)
+
+
+def _compare_automodel_h100(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """NeMo AutoModel's H100 runs: tokens/s per GPU."""
+    label, *_, step_s, tok = row
+    layout = resolve(_plan(profiles, **automodel_setup(cfg, row)))
+    t = evaluate_layout(layout)["time"]
+    par = ", ".join(f"{k.upper()} {getattr(layout, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(layout, k) > 1)
+    return dict(source=table, gpu=cfg["gpu"], label=f"{label}, {layout.gpus} GPUs, FSDP {layout.dp}"
+                + (f", {par}" if par else ""), metric="tokens/s per GPU", published=tok,
+                predicted=t["tokens_per_s"] / layout.gpus, moe=layout.model.is_moe)
+
+
+def _compare_bloom_176b(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """BLOOM 176B: iteration seconds."""
+    label, g, tp, pp, dp = row[:5]
+    spec, kw = bloom_setup(cfg, row)
+    layout = resolve(_plan(profiles, **kw), spec)
+    assert layout.dp == dp
+    t = evaluate_layout(layout)["time"]
+    return dict(source=table, gpu=cfg["gpu"], label=f"{label}, TP {tp} PP {pp} DP {dp}, {g} GPUs",
+                metric="iteration s", published=row[8], predicted=t["step_s"])
+
+
+def _compare_opt_175b(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """OPT-175B: TFLOP/s per GPU by the 96-count formula."""
+    label, g, tp, dp = row[:4]
+    spec, kw = opt_setup(cfg, row)
+    layout = resolve(_plan(profiles, **kw), spec)
+    assert layout.dp == dp
+    t = evaluate_layout(layout)["time"]
+    s, h, L, V = layout.seq_len, spec.hidden, spec.layers, spec.vocab
+    flops = 96 * layout.gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    return dict(source=table, gpu=cfg["gpu"], label=f"{label}, TP {tp} FSDP (ZeRO-2) {dp}, {g} GPUs",
+                metric="TFLOP/s per GPU (96-count)", published=row[7], predicted=flops / t["step_s"] / g / 1e12)
+
+
+def _compare_deepspeed_azure_zero3(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """DeepSpeed ZeRO-3 on Azure: TFLOP/s per GPU by the 96-count formula."""
+    label, g = row[0], row[4]
+    spec, kw = azure_zero3_setup(cfg, row)
+    layout = resolve(_plan(profiles, **kw), spec)
+    t = evaluate_layout(layout)["time"]
+    s, h, L, V = layout.seq_len, spec.hidden, spec.layers, layout.vocab_padded
+    flops = 96 * layout.gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    return dict(source=table, gpu=cfg["gpu"], label=f"{label}, ZeRO-3 {g}, mb {kw['mbs']}, s {s}"
+                + (", optimizer on the CPU" if kw["offload_optimizer"] else ""),
+                metric="TFLOP/s per GPU (96-count)", published=row[8], predicted=flops / t["step_s"] / g / 1e12)
+
+
+def _compare_torchtitan_h100(table: str, cfg: dict, row: list, profiles: dict[str, str], attention: str) -> dict:
+    """torchtitan's Llama 3.1 runs: tokens/s per GPU."""
+    tab, label, _, g = row[:4]
+    layout = resolve(_plan(profiles, **torchtitan_setup(cfg, row)))
+    t = evaluate_layout(layout)["time"]
+    name = layout.model.name
+    return dict(source=table, gpu=cfg["gpu"], label=f"Table {tab}: {name}, {label}, {g} GPUs, s {layout.seq_len:,}",
+                metric="tokens/s per GPU", published=row[13], predicted=t["tokens_per_s"] / g)
+
+
+# each table's comparison, by table name (every MosaicML table one)
+_COMPARISONS = {
+    "narayanan2021": _compare_narayanan2021,
+    "megatron_core_h100": _compare_megatron_core_h100,
+    "megatron_single_node": _compare_megatron_single_node,
+    "mosaicml": _compare_mosaicml,
+    "llama3_405b": _compare_llama3_405b,
+    "automodel_h100": _compare_automodel_h100,
+    "bloom_176b": _compare_bloom_176b,
+    "opt_175b": _compare_opt_175b,
+    "deepspeed_azure_zero3": _compare_deepspeed_azure_zero3,
+    "torchtitan_h100": _compare_torchtitan_h100,
+}
