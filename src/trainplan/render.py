@@ -368,102 +368,135 @@ def render_bench(results: dict) -> None:
     m = results["machine"]
     console.print(f"[bold]{m['name']}[/bold] ({m['device']}, torch {m['torch']}, {m['date']})"
                   + (f" vs the {results['gpu']} datasheet" if results.get("gpu") else ""))
-    pct = lambda v: "" if v is None else f"{v:.1f}%"  # noqa: E731
-    if results.get("gemm"):
-        table = Table(title="GEMM C = A @ B (square, checked against float64)")
-        for col in ("dtype", "n", "ms", "TFLOP/s", "% of peak", "rel. error"):
-            table.add_column(col, justify="left" if col == "dtype" else "right")
-        for r in results["gemm"]:
-            table.add_row(r["dtype"], str(r["n"]), f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}",
-                          pct(r.get("pct_of_peak")), f"{r['rel_error']:.1e}")
-        console.print(table)
-    if results.get("gemm_k"):
-        rows = results["gemm_k"]
-        table = Table(title=f"GEMM {rows[0]['m']} x k x {rows[0]['n']} over the inner dimension (bf16)")
-        for col in ("k", "ms", "TFLOP/s", "% of peak"):
-            table.add_column(col, justify="right")
-        for r in rows:
-            table.add_row(str(r["k"]), f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}", pct(r.get("pct_of_peak")))
-        console.print(table)
-    if results.get("gemm_model"):
-        rows = results["gemm_model"]
-        table = Table(title=f"GEMM shapes of {rows[0]['model']} (bf16, one layer and the head, no TP)")
-        for col in ("GEMM", "m x k x n", "ms", "TFLOP/s", "% of peak"):
-            table.add_column(col, justify="left" if col == "GEMM" else "right")
-        for r in rows:
-            table.add_row(r["gemm"], f"{r['m']}x{r['k']}x{r['n']}", f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}",
-                          pct(r.get("pct_of_peak")))
-        console.print(table)
-    if results.get("memory"):
-        table = Table(title="Memory bandwidth (bytes read + written)")
-        for col in ("kernel", "MiB moved", "ms", "GB/s", "% of spec"):
-            table.add_column(col, justify="left" if col == "kernel" else "right")
-        for r in results["memory"]:
-            if r["gbs"] is None:
-                table.add_row(r["kernel"], "", "", r.get("note") or "", "")
-                continue
-            table.add_row(r["kernel"], f"{r['bytes'] / 2**20:.0f}", f"{r['seconds'] * 1e3:.3f}", f"{r['gbs']:.1f}",
-                          pct(r.get("pct_of_spec")))
-        console.print(table)
-    if results.get("alignment"):
-        table = Table(title="Alignment (bf16; the aligned GEMM does more FLOPs)")
-        for col in ("case", "unaligned ms", "aligned ms", "speedup"):
-            table.add_column(col, justify="left" if col == "case" else "right")
-        for r in results["alignment"]:
-            table.add_row(r["case"], f"{r['unaligned_s'] * 1e3:.3f}", f"{r['aligned_s'] * 1e3:.3f}",
-                          f"{r['speedup']:.2f}x")
-        console.print(table)
-    if results.get("fusion"):
-        rows = results["fusion"]
-        table = Table(title=f"Fusion: residual + dropout(gelu(x + bias)), {rows[0]['elements']:,} {rows[0]['dtype']} "
-                            "elements (outputs checked against float64; bytes as modelled)")
-        for col in ("variant", "MiB moved", "ms", "GB/s", "speedup", "note"):
-            table.add_column(col, justify="left" if col in ("variant", "note") else "right")
-        for r in rows:
-            table.add_row(r["variant"], f"{r['bytes'] / 2**20:.1f}", _ms(r["seconds"]), _num(r["gbs"], ".1f"),
-                          _num(r["speedup"], ".2f", "x"), r["note"] or "")
-        console.print(table)
-    if results.get("tiling"):
-        table = Table(title=f"Tiling: matmul {results['tiling'][0]['dtype']} (checked against float64)")
-        for col in ("n", "kernel", "BMxBNxBK", "ms", "TFLOP/s", "vs torch", "note"):
-            table.add_column(col, justify="right" if col in ("n", "ms", "TFLOP/s", "vs torch") else "left")
-        for r in results["tiling"]:
-            table.add_row(str(r["n"]), r["kernel"], r["blocks"], _ms(r["seconds"]), _num(r["tflops"], ".3g"),
-                          _num(r["vs_torch"], ".2f", "x"), r["note"] or "")
-        console.print(table)
-    if results.get("attention"):
-        r0 = results["attention"][0]
-        table = Table(title=f"Attention, causal ({r0['heads']} heads, head dim {r0['head_dim']}, {r0['dtype']}, "
-                            "batch x seq constant; checked against float64)")
-        for col in ("seq", "batch", "variant", "ms", "TFLOP/s", "vs SDPA", "peak MiB", "note"):
-            table.add_column(col, justify="left" if col in ("variant", "note") else "right")
-        for r in results["attention"]:
-            table.add_row(str(r["seq"]), str(r["batch"]), r["variant"], _ms(r["seconds"]), _num(r["tflops"], ".3g"),
-                          _num(r["vs_sdpa"], ".2f", "x"),
-                          "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.0f}", r["note"] or "")
-        console.print(table)
-    if results.get("recompute"):
-        rows = results["recompute"]
-        table = Table(title=f"Recompute ({rows[0]['layers']} layers, hidden {rows[0]['hidden']}, "
-                            f"{rows[0]['tokens']:,} tokens; loss and gradients equal)")
-        for col in ("recompute", "activations MiB", "vs none", "peak MiB", "step ms", "vs none"):
-            table.add_column(col, justify="left" if col == "recompute" else "right")
-        for r in rows:
-            table.add_row(r["recompute"], f"{r['activation_bytes'] / 2**20:.1f}", f"{r['activation_ratio']:.2f}x",
-                          "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}",
-                          f"{r['step_s'] * 1e3:.1f}", f"{r['time_ratio']:.2f}x")
-        console.print(table)
+    for key, table in _BENCH_TABLES:
+        if results.get(key):
+            console.print(table(results[key]))
 
 
-    if results.get("collectives"):
-        rows = results["collectives"]
-        table = Table(title=f"Collectives across {rows[0]['world']} ranks (nccl-tests bus bandwidth; results checked)")
-        for col in ("op", "size", "ms", "algbw GB/s", "busbw GB/s", "note"):
-            table.add_column(col, justify="left" if col in ("op", "note") else "right")
-        for r in rows:
-            table.add_row(r["op"], "" if r["size"] is None else _bytes(r["size"]), _ms(r["seconds"]),
-                          _num(r["algbw_gbs"], ".2f"), _num(r["busbw_gbs"], ".2f"), r["note"] or "")
-        console.print(table)
+def _pct(v) -> str:
+    return "" if v is None else f"{v:.1f}%"
+
+
+def _gemm_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of square GEMMs."""
+    table = Table(title="GEMM C = A @ B (square, checked against float64)")
+    for col in ("dtype", "n", "ms", "TFLOP/s", "% of peak", "rel. error"):
+        table.add_column(col, justify="left" if col == "dtype" else "right")
+    for r in rows:
+        table.add_row(r["dtype"], str(r["n"]), f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}",
+                      _pct(r.get("pct_of_peak")), f"{r['rel_error']:.1e}")
+    return table
+
+
+def _gemm_k_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of GEMMs over the inner dimension."""
+    table = Table(title=f"GEMM {rows[0]['m']} x k x {rows[0]['n']} over the inner dimension (bf16)")
+    for col in ("k", "ms", "TFLOP/s", "% of peak"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["k"]), f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}", _pct(r.get("pct_of_peak")))
+    return table
+
+
+def _gemm_model_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of the model's GEMM shapes."""
+    table = Table(title=f"GEMM shapes of {rows[0]['model']} (bf16, one layer and the head, no TP)")
+    for col in ("GEMM", "m x k x n", "ms", "TFLOP/s", "% of peak"):
+        table.add_column(col, justify="left" if col == "GEMM" else "right")
+    for r in rows:
+        table.add_row(r["gemm"], f"{r['m']}x{r['k']}x{r['n']}", f"{r['seconds'] * 1e3:.3f}", f"{r['tflops']:.3f}",
+                      _pct(r.get("pct_of_peak")))
+    return table
+
+
+def _memory_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of memory bandwidth."""
+    table = Table(title="Memory bandwidth (bytes read + written)")
+    for col in ("kernel", "MiB moved", "ms", "GB/s", "% of spec"):
+        table.add_column(col, justify="left" if col == "kernel" else "right")
+    for r in rows:
+        if r["gbs"] is None:
+            table.add_row(r["kernel"], "", "", r.get("note") or "", "")
+            continue
+        table.add_row(r["kernel"], f"{r['bytes'] / 2**20:.0f}", f"{r['seconds'] * 1e3:.3f}", f"{r['gbs']:.1f}",
+                      _pct(r.get("pct_of_spec")))
+    return table
+
+
+def _alignment_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of aligned against unaligned GEMMs."""
+    table = Table(title="Alignment (bf16; the aligned GEMM does more FLOPs)")
+    for col in ("case", "unaligned ms", "aligned ms", "speedup"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for r in rows:
+        table.add_row(r["case"], f"{r['unaligned_s'] * 1e3:.3f}", f"{r['aligned_s'] * 1e3:.3f}",
+                      f"{r['speedup']:.2f}x")
+    return table
+
+
+def _fusion_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of fused against unfused element-wise ops."""
+    table = Table(title=f"Fusion: residual + dropout(gelu(x + bias)), {rows[0]['elements']:,} {rows[0]['dtype']} "
+                        "elements (outputs checked against float64; bytes as modelled)")
+    for col in ("variant", "MiB moved", "ms", "GB/s", "speedup", "note"):
+        table.add_column(col, justify="left" if col in ("variant", "note") else "right")
+    for r in rows:
+        table.add_row(r["variant"], f"{r['bytes'] / 2**20:.1f}", _ms(r["seconds"]), _num(r["gbs"], ".1f"),
+                      _num(r["speedup"], ".2f", "x"), r["note"] or "")
+    return table
+
+
+def _tiling_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of our tiled matmuls."""
+    table = Table(title=f"Tiling: matmul {rows[0]['dtype']} (checked against float64)")
+    for col in ("n", "kernel", "BMxBNxBK", "ms", "TFLOP/s", "vs torch", "note"):
+        table.add_column(col, justify="right" if col in ("n", "ms", "TFLOP/s", "vs torch") else "left")
+    for r in rows:
+        table.add_row(str(r["n"]), r["kernel"], r["blocks"], _ms(r["seconds"]), _num(r["tflops"], ".3g"),
+                      _num(r["vs_torch"], ".2f", "x"), r["note"] or "")
+    return table
+
+
+def _attention_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of attention kernels."""
+    r0 = rows[0]
+    table = Table(title=f"Attention, causal ({r0['heads']} heads, head dim {r0['head_dim']}, {r0['dtype']}, "
+                        "batch x seq constant; checked against float64)")
+    for col in ("seq", "batch", "variant", "ms", "TFLOP/s", "vs SDPA", "peak MiB", "note"):
+        table.add_column(col, justify="left" if col in ("variant", "note") else "right")
+    for r in rows:
+        table.add_row(str(r["seq"]), str(r["batch"]), r["variant"], _ms(r["seconds"]), _num(r["tflops"], ".3g"),
+                      _num(r["vs_sdpa"], ".2f", "x"),
+                      "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.0f}", r["note"] or "")
+    return table
+
+
+def _recompute_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of recomputation's memory and time."""
+    table = Table(title=f"Recompute ({rows[0]['layers']} layers, hidden {rows[0]['hidden']}, "
+                        f"{rows[0]['tokens']:,} tokens; loss and gradients equal)")
+    for col in ("recompute", "activations MiB", "vs none", "peak MiB", "step ms", "vs none"):
+        table.add_column(col, justify="left" if col == "recompute" else "right")
+    for r in rows:
+        table.add_row(r["recompute"], f"{r['activation_bytes'] / 2**20:.1f}", f"{r['activation_ratio']:.2f}x",
+                      "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}",
+                      f"{r['step_s'] * 1e3:.1f}", f"{r['time_ratio']:.2f}x")
+    return table
+
+
+def _collectives_table(rows: list[dict]) -> Table:
+    """`trainplan bench`'s table of collectives."""
+    table = Table(title=f"Collectives across {rows[0]['world']} ranks (nccl-tests bus bandwidth; results checked)")
+    for col in ("op", "size", "ms", "algbw GB/s", "busbw GB/s", "note"):
+        table.add_column(col, justify="left" if col in ("op", "note") else "right")
+    for r in rows:
+        table.add_row(r["op"], "" if r["size"] is None else _bytes(r["size"]), _ms(r["seconds"]),
+                      _num(r["algbw_gbs"], ".2f"), _num(r["busbw_gbs"], ".2f"), r["note"] or "")
+    return table
+
+
+# each suite's table, in the order they print
+_BENCH_TABLES = (("gemm", _gemm_table), ("gemm_k", _gemm_k_table), ("gemm_model", _gemm_model_table), ("memory", _memory_table), ("alignment", _alignment_table), ("fusion", _fusion_table), ("tiling", _tiling_table), ("attention", _attention_table), ("recompute", _recompute_table), ("collectives", _collectives_table))
 
 
 def _ms(seconds) -> str:
