@@ -98,7 +98,8 @@ def _last_chunk():
     """The last stage of the pipelines' Llama-style model (one block, final norm, head), its
     input a leaf that requires grad like a stage's receive buffer, and a loss target."""
     from trainplan.validate.pipelining import _chunk_module
-    from trainplan.validate.run import PIPELINE_SCALE, Scale, build_model, scale_model
+    from trainplan.validate.run import PIPELINE_SCALE, Scale, scale_model
+    from trainplan.validate.step import build_model
 
     plan = make_plan(model="llama-3-8b", gpus=1, framework="torch", precision="fp32")
     d = PIPELINE_SCALE

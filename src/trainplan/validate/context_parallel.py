@@ -146,8 +146,8 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
     from ..plan import Plan, resolve
     from .distributed import join_gloo
     from .measure import SavedTensors, tensor_bytes
-    from .run import build_model, low_dtype, make_optimizer, optimizer_state_bytes
     from .sequence import local_flops
+    from .step import build_model, low_dtype, make_optimizer, optimizer_state_bytes
 
     join_gloo(rank, world, port)
     try:

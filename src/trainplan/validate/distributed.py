@@ -79,7 +79,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
 
     from ..plan import Plan, resolve
     from .measure import SavedTensors, counted_flops, tensor_bytes
-    from .run import build_model, low_dtype, make_optimizer
+    from .step import build_model, low_dtype, make_optimizer
 
     join_gloo(rank, world, port)
     try:
@@ -291,7 +291,7 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
         from .sequence import check_sp
 
         check_sp(layout)
-    from .run import check_state_dtype
+    from .step import check_state_dtype
 
     check_state_dtype(plan)
     if layout.zero == 1 and plan.precision != "fp32" and plan.framework != "torch":
@@ -305,7 +305,7 @@ def run_distributed(layout: Layout, spec: ModelSpec, device: str, name: str) -> 
     working_set = None
     if plan.recompute == "full":
         # One layer re-run in backward, per rank: the same shapes as on one process (tp = 1).
-        from .run import build_model, low_dtype, recompute_working_set
+        from .step import build_model, low_dtype, recompute_working_set
 
         twin = build_model(spec, plan, device)
         mixed = plan.precision != "fp32"

@@ -146,7 +146,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
 
     from ..plan import Plan
     from .measure import SavedTensors, tensor_bytes
-    from .run import build_model, make_optimizer
+    from .step import build_model, make_optimizer
 
     join_gloo(rank, world, port)
     try:
@@ -155,7 +155,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
         shard_experts(model, rank, world, payload["routing"])
         megatron = plan.framework == "megatron"
         if megatron:  # 16-bit weights, fp32 main_grad buffers and fp32 master copies (as run.measure)
-            from .run import low_dtype
+            from .step import low_dtype
 
             model.to(low_dtype(plan))
         params = list(model.parameters())
@@ -176,7 +176,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
 
         def forward():
             if autocast:
-                from .run import low_dtype
+                from .step import low_dtype
 
                 with torch.autocast("cpu", dtype=low_dtype(plan)):
                     return model(ids, ids)
@@ -205,7 +205,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
                     p.copy_(m)
                     m.grad = None
                     p.main_grad.zero_()
-        from .run import optimizer_state_bytes
+        from .step import optimizer_state_bytes
 
         result = {"params_bytes": tensor_bytes(params), "grads_bytes": grads,
                   "optimizer_bytes": optimizer_state_bytes(opt) + (tensor_bytes(masters) if megatron else 0),

@@ -224,7 +224,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
 
     from ..plan import Plan, resolve
     from .measure import counted_flops, tensor_bytes
-    from .run import build_model, make_optimizer, optimizer_state_bytes
+    from .step import build_model, make_optimizer, optimizer_state_bytes
 
     join_gloo(rank, world, port)
     try:

@@ -46,7 +46,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
 
     from ..plan import Plan
     from .measure import SavedTensors, tensor_bytes
-    from .run import build_model, low_dtype
+    from .step import build_model, low_dtype
 
     join_gloo(rank, world, port)
     try:
@@ -115,7 +115,7 @@ def _worker(rank: int, world: int, port: int, payload: dict, out_dir: str) -> No
             for p in params:
                 p.copy_(gathered[start:start + p.numel()].view_as(p))
                 start += p.numel()
-        from .run import optimizer_state_bytes
+        from .step import optimizer_state_bytes
 
         result = {"params_bytes": tensor_bytes(params), "grads_bytes": kept,
                   "optimizer_bytes": optimizer_state_bytes(opt) + tensor_bytes([master]),
@@ -147,7 +147,7 @@ def check(layout: Layout) -> None:
         raise PlanError("zero", "validate's ZeRO-2 emulation runs data parallelism alone (tp = pp = cp = ep = 1)")
     if plan.recompute != "none" or plan.finetune != "full" or plan.dropout > 0:
         raise PlanError("zero", "validate's ZeRO-2 emulation covers full training without recompute or dropout")
-    from .run import check_state_dtype
+    from .step import check_state_dtype
 
     check_state_dtype(plan)
 
