@@ -67,7 +67,8 @@ def test_peak_stage_is_first_under_1f1b():
 
 
 # ---- event simulation -------------------------------------------------------------------
-from trainplan.estimate.pipeline import pipeline_time, simulate  # noqa: E402
+from trainplan.estimate.pipeline import pipeline_time  # noqa: E402
+from trainplan.estimate.pipeline_simulation import simulate  # noqa: E402
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -122,7 +123,8 @@ def test_closed_form_matches_simulation_with_uneven_stages(schedule, v, p, m):
 
 
 # ---- every schedule as it runs: simulation against the memory model ---------------------
-from trainplan.estimate.pipeline import SCHEDULES, megatron_schedule_table  # noqa: E402
+from trainplan.estimate.pipeline import SCHEDULES  # noqa: E402
+from trainplan.estimate.pipeline_simulation import megatron_schedule_table  # noqa: E402
 
 
 def _grid():

@@ -9,7 +9,7 @@ import pytest
 
 from trainplan.estimate import torch_orders as to
 from trainplan.estimate import torch_schedules as ts
-from trainplan.estimate.pipeline import simulate
+from trainplan.estimate.pipeline_simulation import simulate
 
 # (schedule, chunks per rank) for every torch schedule; P = 2, 4 and m = P, 2P, 4P
 CASES = [(name, v) for name, vs in (("gpipe", (1,)), ("1f1b", (1,)), ("interleaved", (2, 3)), ("looped_bfs", (2, 3)),

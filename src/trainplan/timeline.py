@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from .errors import PlanError
-from .estimate.pipeline import FWD_SHARE, simulate
+from .estimate.pipeline import FWD_SHARE
+from .estimate.pipeline_simulation import simulate
 from .estimate.torch_schedules import TORCH_CLASSES, stage_ranks
 from .limits import MAX_TIMELINE_STEPS
 from .plots import pyplot_for

@@ -1,6 +1,6 @@
 """The order in which each rank runs its actions under torch.distributed.pipelining's schedules
 (PyTorch 2.13, torch/distributed/pipelining/schedules.py), rebuilt without torch so the event
-simulation (`pipeline.simulate`, framework torch) runs them as torch does.
+simulation (`pipeline_simulation.simulate`, framework torch) runs them as torch does.
 
 An action is (kind, stage, micro-batch): kind "F" forward, "B" full backward, "I" the input
 half of a split backward (BACKWARD_INPUT, run with retain_graph) and "W" its weight half

@@ -77,7 +77,7 @@ def schedule_batch_rules(plan: Plan, pp: int, m: int) -> None:
         if n > m or n < pp:
             # megatron/core/pipeline_parallel/schedules.py @d98e8a64 (interleaving): with fewer
             # than pp per group the last stage's first backward waits on forwards its warm-up
-            # has not run (the order deadlocks; estimate/pipeline.py simulate)
+            # has not run (the order deadlocks; estimate/pipeline_simulation.py simulate)
             raise PlanError("pp_group", f"contiguous micro-batches per virtual stage must lie in [pp={pp}, "
                             f"micro-batches per step={m}]; got {n}")
         if plan.framework == "megatron":
