@@ -178,8 +178,9 @@ _BASE: list = [None, None]  # (plan, gpus, model) and what `_base` derived from 
 
 
 def _base(plan: Plan, gpus: int, model):
-    """What every layout of a search shares: the plan resolved on one GPU layout, its
-    precision recipe and the hardware rates (derived once per search, not per batch)."""
+    """What every layout of a search shares: the plan resolved on one GPU layout (its recompute
+    settings as given, held to plan's rules), its precision recipe and the hardware rates
+    (derived once per search, not per batch)."""
     key, value = _BASE
     if key is not None and key[0] is plan and key[1] == gpus and key[2] is model:
         return value
@@ -191,8 +192,6 @@ def _base(plan: Plan, gpus: int, model):
                                            "dp_shard": None,
                                            "gpus": gpus, "gbs": None, "mbs": 1, "schedule": "1f1b",
                                            "vpp": None, "pp_group": None, "stage_layers": None,
-                                           # (recompute modules apply to selective recomputation only)
-                                           "recompute": "none" if plan.recompute_modules is None else plan.recompute,
                                            "ep_overlap": False}), model)
     profile = None
     if plan.gpu_profile:
@@ -286,7 +285,8 @@ def _grid_memory(plan: Plan, layouts: dict[str, np.ndarray], model, grid: Grid, 
         zero=_on_axis(grid.zero, 3), mbs=_on_axis(grid.mbs, 1), seq=seq,
         vocab_padded=vocab_padded, attention=act.ATTENTION_CODE[model.attention_kernel(plan.attention)],
         recompute=_on_axis(priced_recompute(grid.recompute, plan.recompute_modules), 2),
-        modules=module_flags(plan.recompute_modules), fp8_cache=fp8_cache_flags(plan), recompute_layers=10**9, dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
+        modules=module_flags(plan.recompute_modules), fp8_cache=fp8_cache_flags(plan), recompute_layers=10**9,
+        dropout=float(plan.dropout > 0), lora=plan.finetune != "full",
         lora_saves=lora_saves(plan), lora_rank=plan.lora_rank, offload_optimizer=plan.offload_optimizer,
         offload_params=plan.offload_params, pp=pp,
         reserved_bytes=(plan.overhead_gib if plan.overhead_gib is not None else run["reserved_gib"]) * GiB,
