@@ -11,6 +11,7 @@ from .estimate.memo import Memo, SameObjects
 from .estimate.memory import estimate_memory_and_line
 from .estimate.micro_batch_limit import max_micro_batch
 from .estimate.recipe import Recipe, recipe
+from .estimate.scalars import largest
 from .estimate.time import step_time
 from .estimate.training import training_figures
 from .plan import Layout, Plan, conventions, resolve
@@ -36,8 +37,7 @@ class PlanResult:
 
     @property
     def peak(self) -> float:
-        total = self.memory["total"]
-        return float(total.max() if total.__class__ is np.ndarray else np.max(total))
+        return largest(self.memory["total"])
 
     @property
     def fits(self) -> bool:

@@ -349,7 +349,7 @@ def _schedule_inputs(schedule: str, framework: str, pp: int, micro_batches: int,
     heads (read-only arrays; one schedule's memoised, `version` the rules registered)."""
     sched = SCHEDULE_CODE[schedule]
     out = (*_both_ends(schedule, framework, pp),
-           in_flight(sched, _stage_indices(pp), pp, micro_batches, vpp, group, framework),
+           in_flight(sched, stage_indices(pp), pp, micro_batches, vpp, group, framework),
            last_stage_logits_in_flight(sched, micro_batches, framework, pp),
            last_stage_heads_in_flight(sched, micro_batches, framework, pp))
     for a in out:
@@ -359,7 +359,7 @@ def _schedule_inputs(schedule: str, framework: str, pp: int, micro_batches: int,
 
 
 @lru_cache(maxsize=64)
-def _stage_indices(pp: int) -> np.ndarray:
+def stage_indices(pp: int) -> np.ndarray:
     """The stage indices 0..pp-1 as floats, as the in-flight rules take them (read-only)."""
     out = np.arange(pp, dtype=float)
     out.flags.writeable = False

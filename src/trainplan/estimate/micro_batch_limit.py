@@ -10,7 +10,7 @@ import numpy as np
 
 from ..plan import Layout
 from .memo import SameObjects, track
-from .memory import LINE_KEYS, estimate_memory_and_line, layout_inputs
+from .memory import LINE_KEYS, estimate_memory_and_line, layout_inputs, stage_indices
 from .pipeline import (
     SCHEDULE_CODE,
     in_flight,
@@ -88,14 +88,6 @@ def _peak_stages(kinds: tuple, grows: bool) -> np.ndarray:
         for i, kind in enumerate(kinds):
             first.setdefault(kind, i)
         out = np.fromiter(first.values(), dtype=np.int64, count=len(first))
-    out.flags.writeable = False
-    return out
-
-
-@lru_cache(maxsize=64)
-def _stage_column(pp: int) -> np.ndarray:
-    """The stage indices 0..pp-1 as a column of floats, as the in-flight rules take them (read-only)."""
-    out = np.arange(pp, dtype=float)[:, None]
     out.flags.writeable = False
     return out
 
@@ -220,7 +212,7 @@ def _mbs_grid(layout: Layout, kinds: tuple, cands, m) -> tuple:
     # (m falls as the size grows, `_mbs_candidates`: the most micro-batches first, the fewest last;
     # without a global batch it is the same at every size, whose counts one column gives)
     row = (m[None, :] if len(m) and m[0] != m[-1] else m[None, :1]).astype(float)  # (as the rules take it)
-    every = in_flight(sched, _stage_column(layout.pp), layout.pp, row, layout.vpp, plan.pp_group, plan.framework)
+    every = in_flight(sched, stage_indices(layout.pp)[:, None], layout.pp, row, layout.vpp, plan.pp_group, plan.framework)
     stages = _peak_stages(kinds, _grows(every[:, ::max(row.shape[1] - 1, 1)]))
     logits = last_stage_logits_in_flight(sched, row, plan.framework, layout.pp)
     heads = last_stage_heads_in_flight(sched, row, plan.framework, layout.pp)

@@ -67,6 +67,11 @@ def floats(x):
     return np.asarray(x, dtype=float)
 
 
+def largest(x) -> float:
+    """float(np.max(x)); an array's own max without numpy's Python-level function wrapper."""
+    return float(x.max() if x.__class__ is np.ndarray else np.max(x))
+
+
 def values(x):
     """np.asarray(x), with a scalar left as it is (for comparisons and logic)."""
     if x.__class__ in SCALAR_TYPES:

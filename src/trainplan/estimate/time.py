@@ -55,7 +55,7 @@ from .pipeline import SCHEDULE_CODE, WGRAD_SHARE, pipeline_time
 from .pipeline_engine import engine_terms
 from .placement import ends, placement
 from .recipe import Recipe, recipe
-from .scalars import floats, maximum, minimum, values, where
+from .scalars import floats, largest, maximum, minimum, values, where
 from .stage import lora_arguments, model_recomputed_share, stage_times
 
 
@@ -298,7 +298,7 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     data = data_report(plan, model, layout.gbs * layout.seq_len / layout.dp)
     tail = dict(zero=layout.zero, m=layout.micro_batches, vpp=layout.vpp, schedule=SCHEDULE_CODE[plan.schedule],
                 overlap_dp=plan.overlap_dp, offload_optimizer=plan.offload_optimizer,
-                offload_params=plan.offload_params, trainable=_largest(mem["trainable_params"]), gbs=layout.gbs,
+                offload_params=plan.offload_params, trainable=largest(mem["trainable_params"]), gbs=layout.gbs,
                 gpus=layout.gpus, model_flops=float(fl["model"]), hw_flops=float(fl["hardware"]),
                 data_s=data["per_step_s"], prefetch=plan.prefetch,
                 backward_prefetch=BACKWARD_PREFETCH_CODE[plan.backward_prefetch], dp_shard=layout.dp_shard)
@@ -313,11 +313,6 @@ def _step(layout: Layout, profile: dict | None, memory: dict | None, r: Recipe |
     except TypeError:  # an unhashable setting: not memoised
         found = figures()
     return found, fl, data, hw
-
-
-def _largest(x) -> float:
-    """float(np.max(x)), for an array without numpy's function wrapper."""
-    return float(x.max() if x.__class__ is np.ndarray else np.max(x))
 
 
 class StageSettings(NamedTuple):
@@ -367,10 +362,10 @@ class LayoutStages:
             cp_allgather=s.cp_allgather, recompute_layers=s.recompute_layers, ep_node_limit=s.ep_node_limit,
             ep_overlap=s.ep_overlap))
         self.lora, self.eager = dict(s.lora), s.eager
-        stage_layers = np.asarray(s.dense, dtype=float) + list(s.moe)
-        self.recompute_share = float(model_recomputed_share(s.recompute, s.recompute_layers, stage_layers))
-        self.stages = read_only(stage_times(model, hw, r, **self.kwargs, **self.lora))
         k = self.kwargs
+        self.recompute_share = float(model_recomputed_share(s.recompute, s.recompute_layers,
+                                                            k["stage_dense"] + k["stage_moe"]))
+        self.stages = read_only(stage_times(model, hw, r, **k, **self.lora))
         self.terms = read_only(_layout_terms(model, r, tp=s.tp, pp=s.pp, dp=s.dp, cp=s.cp, seq=s.seq,
                                              recompute=s.recompute, gpn=s.gpn, total_dense=k["total_dense"],
                                              total_moe=k["total_moe"], sharp=s.sharp))
